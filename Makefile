@@ -1,0 +1,47 @@
+# The two commands of the README: `make reproduce` and `make test`.
+# Each creates .venv from the system Python (3.11+) if needed and installs what it needs.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip --disable-pip-version-check -q
+
+.PHONY: reproduce test test-slow test-all lint bench venv clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip
+
+$(VENV)/.installed-experiments: pyproject.toml | $(PY)
+	$(PIP) install -e ".[experiments]"
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml | $(PY)
+	$(PIP) install -e ".[dev]"
+	touch $@
+
+venv: $(VENV)/.installed-dev
+
+## Reproduce the excess-risk rates (and the other experiments) at the quick default scale.
+reproduce: $(VENV)/.installed-experiments
+	$(PY) -m experiments all --out results
+
+## Run the default test suite (statistical heavy suites are marked `slow` and excluded).
+test: $(VENV)/.installed-dev
+	$(PY) -m pytest -m "not slow" -q
+
+## The heavy statistical suites (audits with many trials, full-scale checks).
+test-slow: $(VENV)/.installed-dev
+	$(PY) -m pytest -m slow -q
+
+test-all: $(VENV)/.installed-dev
+	$(PY) -m pytest -q
+
+lint: $(VENV)/.installed-dev
+	$(PY) -m ruff check dpjax tests experiments benchmarks
+	$(PY) -m ruff format --check dpjax tests experiments benchmarks
+
+bench: $(VENV)/.installed-dev
+	$(PY) -m benchmarks --out results
+
+clean:
+	rm -rf $(VENV) results .pytest_cache

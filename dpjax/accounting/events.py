@@ -1,0 +1,143 @@
+"""Privacy events: the record of what a release spent, shared by samplers, solvers and accountants.
+
+A solver or sampler returns an event; an accountant composes events and answers ε(δ). Each
+event names the neighbouring relation its parameters were computed under, so an accountant can
+refuse to mix relations.
+
+Conventions (read these before building an event):
+
+* ``noise_multiplier`` of a Gaussian event is σ/Δ₂, with Δ₂ the ℓ2 sensitivity of the released
+  quantity **under the event's relation**.
+* For the subsampled events (DP-SGD), ``noise_multiplier`` is σ/C, where C bounds one example's
+  contribution to the noised sum (its add/remove-one sensitivity). Under ``REPLACE_ONE`` the
+  accountant accounts for the sensitivity 2C itself; do not pre-double.
+* ``count`` is the number of noisy releases (noise draws), never a number of micro-batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from dpjax import _validate
+from dpjax.relation import ADD_OR_REMOVE_ONE, REPLACE_ONE, NeighbouringRelation, as_relation
+
+__all__ = [
+    "PrivacyEvent",
+    "GaussianEvent",
+    "LaplaceEvent",
+    "EpsilonDeltaEvent",
+    "PoissonSampledGaussianEvent",
+    "FixedBatchGaussianEvent",
+    "LaplaceDPSGDEvent",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivacyEvent:
+    """Base class of all events."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "relation", as_relation(self.relation))  # type: ignore[attr-defined]
+        _validate.positive_int("count", self.count)  # type: ignore[attr-defined]
+
+
+@dataclasses.dataclass(frozen=True)
+class GaussianEvent(PrivacyEvent):
+    """``count`` releases of a Gaussian mechanism with σ/Δ₂ = ``noise_multiplier``."""
+
+    noise_multiplier: float
+    count: int = 1
+    relation: NeighbouringRelation = REPLACE_ONE
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _validate.positive("noise_multiplier", self.noise_multiplier)
+
+
+@dataclasses.dataclass(frozen=True)
+class LaplaceEvent(PrivacyEvent):
+    """``count`` releases of a Laplace mechanism with b/Δ₁ = ``noise_multiplier`` (ε = 1/it)."""
+
+    noise_multiplier: float
+    count: int = 1
+    relation: NeighbouringRelation = REPLACE_ONE
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _validate.positive("noise_multiplier", self.noise_multiplier)
+
+
+@dataclasses.dataclass(frozen=True)
+class EpsilonDeltaEvent(PrivacyEvent):
+    """``count`` releases of a generic (ε, δ)-DP mechanism (only composition theorems apply)."""
+
+    epsilon: float
+    delta: float = 0.0
+    count: int = 1
+    relation: NeighbouringRelation = REPLACE_ONE
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _validate.epsilon(self.epsilon)
+        _validate.delta(self.delta)
+
+
+@dataclasses.dataclass(frozen=True)
+class PoissonSampledGaussianEvent(PrivacyEvent):
+    """``count`` DP-SGD steps: Poisson sampling at rate q, clipped sum + N(0, (σ·C)²).
+
+    ``sampling_rate = 1`` is full-batch DP-GD.
+    """
+
+    noise_multiplier: float
+    sampling_rate: float
+    count: int = 1
+    relation: NeighbouringRelation = ADD_OR_REMOVE_ONE
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _validate.positive("noise_multiplier", self.noise_multiplier)
+        _validate.probability(self.sampling_rate, "sampling_rate")
+
+
+@dataclasses.dataclass(frozen=True)
+class FixedBatchGaussianEvent(PrivacyEvent):
+    """``count`` steps on fixed-size batches of ``batch_size`` drawn without replacement
+    from ``dataset_size`` records (shuffling), clipped sum + N(0, (σ·C)²).
+
+    Only analyses for sampling without replacement apply (not the Poisson accountant).
+    """
+
+    noise_multiplier: float
+    batch_size: int
+    dataset_size: int
+    count: int = 1
+    relation: NeighbouringRelation = REPLACE_ONE
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _validate.positive("noise_multiplier", self.noise_multiplier)
+        _validate.positive_int("batch_size", self.batch_size)
+        _validate.positive_int("dataset_size", self.dataset_size)
+        if self.batch_size > self.dataset_size:
+            _validate.fail("batch_size", self.batch_size, f"at most dataset_size={self.dataset_size}")
+
+
+@dataclasses.dataclass(frozen=True)
+class LaplaceDPSGDEvent(PrivacyEvent):
+    """The Laplace-noise DP-SGD of 004 (Theorems 36–37): per-step pure-DP budgets ε_h.
+
+    ``epsilons`` holds the per-release ε_h; the run is (Σ ε_h, 0)-DP by basic composition.
+    """
+
+    epsilons: tuple[float, ...]
+    count: int = 1
+    relation: NeighbouringRelation = REPLACE_ONE
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "epsilons", tuple(float(e) for e in self.epsilons))
+        if not self.epsilons:
+            _validate.fail("epsilons", self.epsilons, "a non-empty sequence")
+        for e in self.epsilons:
+            _validate.epsilon(e, "epsilons[i]")

@@ -1,0 +1,1 @@
+"""Experiments that reproduce the lectures' results; run ``python -m experiments --help``."""

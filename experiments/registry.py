@@ -1,0 +1,27 @@
+"""The registry of experiments: name -> module with ``add_arguments(parser)`` and ``run(args)``.
+
+Each experiment module defines
+
+* ``DESCRIPTION``: one line for ``--help``;
+* ``run(out_dir: pathlib.Path, *, full: bool, seed: int) -> dict``: runs, writes its JSON and
+  plots under ``out_dir`` and returns a summary dict (``{"report_md": "...markdown..."}`` at least).
+
+``ORDER`` lists what ``python -m experiments all`` runs (the main job, ``make reproduce``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+# name -> module path. Add new experiments here.
+EXPERIMENTS: dict[str, str] = {}
+
+ORDER: tuple[str, ...] = tuple(EXPERIMENTS)
+
+
+def load(name: str) -> ModuleType:
+    """Import the module of experiment ``name``."""
+    if name not in EXPERIMENTS:
+        raise ValueError(f"experiment must be one of {sorted(EXPERIMENTS)!r}; got {name!r}")
+    return importlib.import_module(EXPERIMENTS[name])
