@@ -1,0 +1,185 @@
+"""Jaxpr surgery for ghost clipping: find dense weights and tap their layers.
+
+The per-example loss is traced to a jaxpr with every ``jit`` call inlined. A parameter leaf is a
+*dense weight* when it is used exactly once, as one operand of a ``dot_general`` without batch
+dimensions. For such a weight ``W`` the per-example gradient is a contraction of the layer input
+``a`` (the other operand) with the gradient ``g`` of the loss at the layer output, so its norm and
+the clipped sum can be formed from ``a`` and ``g`` without materialising it.
+
+:func:`evaluate_tapped` re-evaluates the jaxpr, adds a zero *perturbation* to every tapped output
+and returns the captured inputs: the gradient with respect to a perturbation is ``g``.
+Every other parameter is left to the per-example (vmap) fallback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.extend.core as jex
+import numpy as np
+
+__all__ = ["DenseTap", "GhostPlan", "make_plan", "evaluate_tapped"]
+
+_INLINED = ("jit", "pjit")
+
+
+@dataclasses.dataclass(frozen=True)
+class DenseTap:
+    """One tapped ``dot_general`` whose operand ``weight_pos`` is the parameter leaf ``leaf``.
+
+    The canonical per-example layout is ``A: (T, K)`` (activations), ``G: (T, N)`` (output
+    gradients) and ``∇W = Aᵀ G: (K, N)``; the fields hold the permutations that reach it.
+    """
+
+    eqn_index: int
+    leaf: int
+    weight_pos: int
+    act_perm: tuple[int, ...]  # activation dims -> (free..., contracting...)
+    out_perm: tuple[int, ...]  # output dims -> (act free..., weight free...)
+    weight_perm: tuple[int, ...]  # weight dims -> (contracting..., free...)
+    t: int
+    k: int
+    n: int
+    out_shape: tuple[int, ...]
+    out_dtype: Any
+    weight_shape: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class GhostPlan:
+    """The inlined per-example jaxpr and the dense weights found in it."""
+
+    jaxpr: Any  # jex.ClosedJaxpr with invars = param leaves + example leaves
+    num_params: int
+    taps: tuple[DenseTap, ...]
+
+    @property
+    def tapped_leaves(self) -> frozenset[int]:
+        return frozenset(t.leaf for t in self.taps)
+
+
+def _read(env: dict, v: Any) -> Any:
+    return v.val if isinstance(v, jex.Literal) else env[v]
+
+
+def _bind(eqn: Any, invals: Sequence[Any]) -> list[Any]:
+    bind_params = eqn.primitive.get_bind_params(eqn.params)
+    with eqn.ctx.manager:
+        out = eqn.primitive.bind(*invals, **bind_params)
+    return list(out) if eqn.primitive.multiple_results else [out]
+
+
+def _eval_inlined(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
+    """Evaluate ``jaxpr`` binding every primitive, with ``jit`` calls evaluated inline."""
+    env: dict = {}
+    env.update(zip(jaxpr.constvars, consts, strict=True))
+    env.update(zip(jaxpr.invars, args, strict=True))
+    for eqn in jaxpr.eqns:
+        invals = [_read(env, v) for v in eqn.invars]
+        if eqn.primitive.name in _INLINED:
+            inner = eqn.params["jaxpr"]
+            outs = _eval_inlined(inner.jaxpr, inner.consts, invals)
+        else:
+            outs = _bind(eqn, invals)
+        env.update(zip(eqn.outvars, outs, strict=True))
+    return [_read(env, v) for v in jaxpr.outvars]
+
+
+def _inlined_jaxpr(flat_fn: Callable, avals: Sequence[Any]) -> Any:
+    closed = jax.make_jaxpr(flat_fn)(*avals)
+    return jax.make_jaxpr(lambda *a: _eval_inlined(closed.jaxpr, closed.consts, a))(*avals)
+
+
+def _dense_tap(eqn_index: int, eqn: Any, leaf: int, weight_pos: int) -> DenseTap | None:
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    if lb or rb:
+        return None
+    w_contract, a_contract = (lc, rc) if weight_pos == 0 else (rc, lc)
+    w_aval = eqn.invars[weight_pos].aval
+    a_aval = eqn.invars[1 - weight_pos].aval
+    out_aval = eqn.outvars[0].aval
+    w_free = [d for d in range(w_aval.ndim) if d not in w_contract]
+    a_free = [d for d in range(a_aval.ndim) if d not in a_contract]
+    n_w_free = len(w_free)
+    # dot_general output dims: (lhs free..., rhs free...).
+    if weight_pos == 0:
+        out_perm = tuple(range(n_w_free, out_aval.ndim)) + tuple(range(n_w_free))
+    else:
+        out_perm = tuple(range(out_aval.ndim))
+    return DenseTap(
+        eqn_index=eqn_index,
+        leaf=leaf,
+        weight_pos=weight_pos,
+        act_perm=tuple(a_free) + tuple(a_contract),
+        out_perm=out_perm,
+        weight_perm=tuple(w_contract) + tuple(w_free),
+        t=int(np.prod([a_aval.shape[d] for d in a_free], dtype=np.int64)),
+        k=int(np.prod([w_aval.shape[d] for d in w_contract], dtype=np.int64)),
+        n=int(np.prod([w_aval.shape[d] for d in w_free], dtype=np.int64)),
+        out_shape=tuple(out_aval.shape),
+        out_dtype=out_aval.dtype,
+        weight_shape=tuple(w_aval.shape),
+    )
+
+
+def _find_taps(jaxpr: Any, num_params: int) -> tuple[DenseTap, ...]:
+    uses: dict[Any, list[tuple[int, int]]] = defaultdict(list)
+    for i, eqn in enumerate(jaxpr.eqns):
+        for j, v in enumerate(eqn.invars):
+            if isinstance(v, jex.Var):
+                uses[v].append((i, j))
+    outvars = {v for v in jaxpr.outvars if isinstance(v, jex.Var)}
+    taps = []
+    for leaf, var in enumerate(jaxpr.invars[:num_params]):
+        if var in outvars or len(uses[var]) != 1:
+            continue
+        i, pos = uses[var][0]
+        eqn = jaxpr.eqns[i]
+        if eqn.primitive.name != "dot_general" or pos > 1 or eqn.invars[1 - pos] is var:
+            continue
+        if not np.issubdtype(var.aval.dtype, np.floating):
+            continue
+        tap = _dense_tap(i, eqn, leaf, pos)
+        if tap is not None:
+            taps.append(tap)
+    return tuple(taps)
+
+
+def make_plan(flat_fn: Callable, param_avals: Sequence[Any], example_avals: Sequence[Any]):
+    """Trace ``flat_fn(*param_leaves, *example_leaves)`` (one example) and find dense weights."""
+    closed = _inlined_jaxpr(flat_fn, list(param_avals) + list(example_avals))
+    out = closed.jaxpr.outvars
+    if (
+        len(out) != 1
+        or out[0].aval.shape != ()
+        or not np.issubdtype(out[0].aval.dtype, np.floating)
+    ):
+        raise ValueError("loss_fn must return a floating scalar for one example")
+    return GhostPlan(closed, len(param_avals), _find_taps(closed.jaxpr, len(param_avals)))
+
+
+def evaluate_tapped(plan: GhostPlan, args: Sequence[Any], perturbations: Sequence[Any]):
+    """Evaluate the plan's jaxpr with ``perturbations[j]`` added to the output of tap ``j``.
+
+    Returns:
+        ``(loss, activations)`` where ``activations[j]`` is tap ``j``'s non-weight operand.
+    """
+    jaxpr = plan.jaxpr.jaxpr
+    tap_of = {t.eqn_index: j for j, t in enumerate(plan.taps)}
+    activations: list[Any] = [None] * len(plan.taps)
+    env: dict = {}
+    env.update(zip(jaxpr.constvars, plan.jaxpr.consts, strict=True))
+    env.update(zip(jaxpr.invars, args, strict=True))
+    for i, eqn in enumerate(jaxpr.eqns):
+        invals = [_read(env, v) for v in eqn.invars]
+        outs = _bind(eqn, invals)
+        j = tap_of.get(i)
+        if j is not None:
+            activations[j] = invals[1 - plan.taps[j].weight_pos]
+            outs = [outs[0] + perturbations[j]]
+        env.update(zip(eqn.outvars, outs, strict=True))
+    return _read(env, jaxpr.outvars[0]), activations

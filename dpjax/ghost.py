@@ -1,0 +1,240 @@
+r"""Ghost clipping: per-example clipped gradient sums without per-example weight gradients.
+
+For a dense layer ``out = a · W`` the gradient of one example's loss is ``∇W = aᵀ g``, where
+``g`` is the gradient of the loss at the layer's output. Its norm follows from ``a`` and ``g``
+alone (Goodfellow 2015; Li et al. 2022, "ghost clipping"):
+
+.. math::  \|∇W\|_F^2 = \|a\|^2 \|g\|^2 \quad\text{or, for sequences,}\quad
+           \sum_{t,s} (a_t·a_s)(g_t·g_s),
+
+and the clipped sum is one re-weighted contraction over the batch axis (book-keeping, Bu et
+al. 2023): ``Σ_i s_i a_iᵀ g_i = einsum('bk,bn,b->kn', a, g, s)`` with
+``s_i = min(1, C / ‖∇ℓ_i‖)``. The layers are found by tracing the per-example loss
+(:mod:`dpjax._ghost_trace`), so flax linen/nnx models and plain pytrees (``x @ W + b``) work
+alike. Parameters that are not dense weights (biases, norms, convolutions, tied weights) get
+per-example gradients by ``jax.vmap``; they are usually small.
+
+This module is the ``method="ghost"`` path of :func:`dpjax.clipped_grad`; the result equals the
+vmap path up to float rounding (tested in ``tests/test_ghost.py``).
+
+Formal guarantees:
+    Same as the vmap path: every example's gradient over the whole parameter pytree is
+    scaled to ℓ2 norm ≤ ``l2_clip_norm`` before summation (the norms are exact, not bounds),
+    so the sum has ℓ2 sensitivity ``C`` under add-or-remove-one and ``2C`` under replace-one
+    (Abadi et al. 2016, "Deep Learning with Differential Privacy", §3.1). Examples with
+    ``mask=False`` or (``nan_safe``) a non-finite gradient norm contribute exactly zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dpjax import _validate
+from dpjax._ghost_trace import DenseTap, GhostPlan, evaluate_tapped, make_plan
+
+__all__ = ["supports", "ghost_clipped_sum", "plan"]
+
+
+def _as_batch(batch: Any) -> tuple[Any, ...]:
+    return tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
+
+
+def _aval(x: Any, *, drop_batch: bool = False) -> jax.ShapeDtypeStruct:
+    shape = jnp.shape(x)[1:] if drop_batch else jnp.shape(x)
+    return jax.ShapeDtypeStruct(shape, jnp.result_type(x))
+
+
+def plan(loss_fn: Callable, params: Any, *batch: Any) -> tuple[GhostPlan, Callable]:
+    """Trace ``loss_fn`` for one example and find its dense weights.
+
+    Args:
+        loss_fn: ``loss_fn(params, *example) -> scalar``, the loss of ONE example.
+        params: the parameter pytree.
+        *batch: the batched arguments (leading axis = examples).
+
+    Returns:
+        ``(plan, flat_fn)``: the traced plan and ``flat_fn(*param_leaves, *example_leaves)``.
+    """
+    p_leaves, p_tree = jax.tree.flatten(params)
+    e_leaves, e_tree = jax.tree.flatten(batch)
+    n = len(p_leaves)
+
+    def flat_fn(*leaves: Any) -> Any:
+        p = jax.tree.unflatten(p_tree, leaves[:n])
+        example = jax.tree.unflatten(e_tree, leaves[n:])
+        return loss_fn(p, *example)
+
+    p_avals = [_aval(x) for x in p_leaves]
+    e_avals = [_aval(x, drop_batch=True) for x in e_leaves]
+    return make_plan(flat_fn, p_avals, e_avals), flat_fn
+
+
+def supports(loss_fn: Callable, params: Any, *batch: Any) -> bool:
+    """Whether the ghost path can speed up ``loss_fn``: it has at least one dense weight.
+
+    Args:
+        loss_fn: ``loss_fn(params, *example) -> scalar``, the loss of ONE example.
+        params: the parameter pytree.
+        *batch: the batched arguments (leading axis = examples).
+
+    Returns:
+        ``True`` iff tracing found a parameter used once as an operand of a matrix product.
+        Functions that cannot be traced for one example give ``False`` (the vmap path then
+        reports the error).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> loss = lambda w, x, y: (x @ w - y) ** 2
+        >>> supports(loss, jnp.zeros(3), jnp.ones((4, 3)), jnp.ones(4))
+        True
+        >>> supports(lambda w, x: jnp.sum((w - x) ** 2), jnp.zeros(3), jnp.ones((4, 3)))
+        False
+    """
+    try:
+        ghost_plan, _ = plan(loss_fn, params, *batch)
+    except Exception:  # noqa: BLE001 - any tracing failure means "not supported"
+        return False
+    return len(ghost_plan.taps) > 0
+
+
+def _per_example_parts(ghost_plan: GhostPlan, p_leaves: list, e_leaves: list):
+    """vmap over examples: per-example grads of untapped leaves, tap output grads, activations."""
+    tapped = ghost_plan.tapped_leaves
+    other = [i for i in range(len(p_leaves)) if i not in tapped]
+
+    def one(example: list) -> tuple:
+        perts = [jnp.zeros(t.out_shape, t.out_dtype) for t in ghost_plan.taps]
+
+        def f(other_vals: list, perts: list):
+            leaves = list(p_leaves)
+            for i, v in zip(other, other_vals, strict=True):
+                leaves[i] = v
+            return evaluate_tapped(ghost_plan, leaves + list(example), perts)
+
+        loss, vjp, acts = jax.vjp(f, [p_leaves[i] for i in other], perts, has_aux=True)
+        g_other, g_perts = vjp(jnp.ones_like(loss))
+        return g_other, g_perts, acts
+
+    g_other, g_perts, acts = jax.vmap(one)(e_leaves)
+    return other, g_other, g_perts, acts
+
+
+def _canonical(tap: DenseTap, act: jax.Array, g: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Per-example activations ``(B, T, K)`` and output gradients ``(B, T, N)``."""
+    b = act.shape[0]
+    a = jnp.transpose(act, (0,) + tuple(d + 1 for d in tap.act_perm)).reshape(b, tap.t, tap.k)
+    g = jnp.transpose(g, (0,) + tuple(d + 1 for d in tap.out_perm)).reshape(b, tap.t, tap.n)
+    return a, g
+
+
+def _dense_sq_norms(a: jax.Array, g: jax.Array) -> jax.Array:
+    r"""Per-example ``‖aᵢᵀ gᵢ‖²_F``: ``‖a‖²‖g‖²`` when T = 1, else the cheaper of Gram / direct."""
+    _, t, k = a.shape
+    n = g.shape[2]
+    if t == 1:
+        return jnp.einsum("btk,btk->b", a, a) * jnp.einsum("btn,btn->b", g, g)
+    if t * (k + n) < k * n:  # Σ_{t,s} (a_t·a_s)(g_t·g_s): B·T²·(K+N) flops, no B·K·N buffer
+        return jnp.einsum(
+            "bts,bts->b", jnp.einsum("btk,bsk->bts", a, a), jnp.einsum("btn,bsn->bts", g, g)
+        )
+    per_example = jnp.einsum("btk,btn->bkn", a, g)
+    return jnp.einsum("bkn,bkn->b", per_example, per_example)
+
+
+def _flat_sq_norms(per_example: jax.Array) -> jax.Array:
+    flat = per_example.reshape(per_example.shape[0], -1)
+    return jnp.einsum("bi,bi->b", flat, flat)
+
+
+def _dense_clipped_sum(tap: DenseTap, a: jax.Array, g_scaled: jax.Array, dtype: Any) -> jax.Array:
+    """``Σ_i aᵢᵀ (sᵢ gᵢ)`` in the weight's own layout: one contraction over batch and T."""
+    total = jnp.einsum("btk,btn->kn", a, g_scaled)
+    contract_then_free = [tap.weight_shape[d] for d in tap.weight_perm]
+    total = total.reshape(contract_then_free)
+    return jnp.transpose(total, np.argsort(tap.weight_perm)).astype(dtype)
+
+
+def _norm_dtype(leaves: Sequence[Any]) -> Any:
+    floats = [
+        jnp.result_type(x) for x in leaves if jnp.issubdtype(jnp.result_type(x), jnp.floating)
+    ]
+    return max(floats, key=lambda d: jnp.dtype(d).itemsize) if floats else jnp.result_type(float)
+
+
+def _row_where(keep: jax.Array, x: jax.Array) -> jax.Array:
+    return jnp.where(keep.reshape((-1,) + (1,) * (x.ndim - 1)), x, jnp.zeros((), x.dtype))
+
+
+def ghost_clipped_sum(
+    loss_fn: Callable,
+    params: Any,
+    batch: Any,
+    *,
+    l2_clip_norm: float,
+    mask: jax.Array | None = None,
+    nan_safe: bool = True,
+) -> tuple[Any, jax.Array, jax.Array]:
+    r"""Sum of per-example gradients clipped to ℓ2 ≤ C, by ghost norms and book-keeping.
+
+    .. math::  \sum_i \min(1, C/\|∇ℓ(θ; x_i)\|)\, ∇ℓ(θ; x_i)
+
+    Args:
+        loss_fn: ``loss_fn(params, *example) -> scalar``, the loss of ONE example.
+        params: the parameter pytree.
+        batch: tuple of the batched arguments of ``loss_fn`` (leading axis = examples).
+        l2_clip_norm: the clip norm ``C > 0`` over the whole pytree.
+        mask: optional boolean ``(B,)``; rows with ``False`` contribute zero.
+        nan_safe: zero (and count) examples whose gradient norm is not finite.
+
+    Returns:
+        ``(clipped_sum, per_example_norms, num_nonfinite)``: the sum (same structure as
+        ``params``), the unclipped per-example gradient norms ``(B,)`` and the number of
+        unmasked examples with a non-finite norm.
+
+    Formal guarantees:
+        Each example's contribution has ℓ2 norm ≤ ``l2_clip_norm`` (see the module docstring).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> loss = lambda w, x, y: 0.5 * (x @ w - y) ** 2
+        >>> x, y = jnp.array([[3.0, 4.0], [0.3, 0.4]]), jnp.zeros(2)
+        >>> total, norms, bad = ghost_clipped_sum(loss, jnp.ones(2), (x, y), l2_clip_norm=1.0)
+        >>> [round(float(v), 3) for v in total], [round(float(v), 3) for v in norms]
+        ([0.81, 1.08], [35.0, 0.35])
+    """
+    _validate.positive("l2_clip_norm", l2_clip_norm, allow_inf=True)
+    batch = _as_batch(batch)
+    ghost_plan, _ = plan(loss_fn, params, *batch)
+    p_leaves, p_tree = jax.tree.flatten(params)
+    e_leaves = jax.tree.leaves(batch)
+    other, g_other, g_perts, acts = _per_example_parts(ghost_plan, p_leaves, e_leaves)
+    dtype = _norm_dtype(p_leaves)
+
+    dense = [_canonical(t, a, g) for t, a, g in zip(ghost_plan.taps, acts, g_perts, strict=True)]
+    sq = [_dense_sq_norms(a, g).astype(dtype) for a, g in dense]
+    sq += [_flat_sq_norms(g).astype(dtype) for g in g_other]
+    norms = jnp.sqrt(sum(sq[1:], sq[0]))
+
+    finite = jnp.isfinite(norms)
+    keep = jnp.ones(norms.shape, bool) if mask is None else jnp.asarray(mask, bool)
+    num_nonfinite = jnp.sum(jnp.logical_and(keep, ~finite), dtype=jnp.int32)
+    if nan_safe:
+        keep = jnp.logical_and(keep, finite)
+    scale = jnp.minimum(jnp.ones((), dtype), jnp.asarray(l2_clip_norm, dtype) / norms)
+
+    sums: list[Any] = [None] * len(p_leaves)
+    for tap, (a, g) in zip(ghost_plan.taps, dense, strict=True):
+        g_scaled = _row_where(keep, g * scale.astype(g.dtype)[:, None, None])
+        sums[tap.leaf] = _dense_clipped_sum(
+            tap, _row_where(keep, a), g_scaled, p_leaves[tap.leaf].dtype
+        )
+    for i, g in zip(other, g_other, strict=True):
+        weights = jnp.where(keep, scale, jnp.zeros((), dtype)).astype(g.dtype)
+        flat = _row_where(keep, g).reshape(g.shape[0], -1)
+        sums[i] = jnp.einsum("bi,b->i", flat, weights).reshape(g.shape[1:])
+    return jax.tree.unflatten(p_tree, sums), norms, num_nonfinite
