@@ -1,0 +1,459 @@
+r"""Per-example clipping: the SUM of per-example gradients, each clipped to ℓ2 norm ≤ C.
+
+``clipped_grad(loss_fn, l2_clip_norm=C)`` is ``jax.grad`` for DP-SGD: ``loss_fn(params, *example)``
+is the loss of ONE example, and the returned function maps ``(params, *batch)`` to
+
+.. math::  S(D) = \sum_{i \in \text{batch}} \text{clip}_C(\nabla \ell(\theta; x_i)),
+   \qquad \text{clip}_C(g) = g \cdot \min(1, C / \|g\|_2),
+
+together with a :class:`ClippingInfo` (pre-clipping norms, counters). It is a **sum**, never a
+mean: divide by a public constant afterwards (:func:`dpjax.normalize_by`), never by the realised
+batch size (anchors §3.3).
+
+Edge cases (per example):
+
+==========================  ===========================================================
+per-example gradient        contribution to the sum
+==========================  ===========================================================
+‖g‖ ≤ C                     g unchanged
+‖g‖ > C                     g · C/‖g‖ (norm exactly C)
+‖g‖ = 0                     0
+NaN / inf anywhere          0 and counted in ``num_nonfinite`` (``nan_safe=True``)
+mask False (padding row)    exactly 0, not counted anywhere, norm reported as 0
+==========================  ===========================================================
+
+Formal guarantees:
+    Every example contributes a vector of ℓ2 norm ≤ C to the sum (per-layer: ≤ sqrt(Σ_l c_l²)),
+    so the ℓ2 sensitivity of the sum is C under add/remove-one and 2C under replace-one
+    (triangle inequality; DP-GD with per-example clipping, 003_eb46ba05ef56608d.txt; Abadi et al.
+    2016, §3.1). ``grad_fn.sensitivity(relation)`` returns exactly this number; the Gaussian noise
+    of :func:`dpjax.add_gaussian_noise` must be calibrated to it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from dpjax import _validate
+from dpjax.relation import ADD_OR_REMOVE_ONE, REPLACE_ONE, NeighbouringRelation, as_relation
+
+__all__ = ["ClippingInfo", "ClippedGrad", "clipped_grad", "clip_pytree"]
+
+METHODS = ("auto", "vmap", "ghost")
+
+
+class ClippingInfo(NamedTuple):
+    """Auxiliary (NOT privatised) output of a clipped-gradient call.
+
+    Attributes:
+        per_example_norms: (B,) pre-clipping ℓ2 norms of the per-example gradients (0 for masked
+            rows; non-finite where the gradient was non-finite).
+        num_nonfinite: int32 scalar, real examples zeroed because their gradient was NaN/inf.
+        num_clipped: int32 scalar, real finite examples whose norm exceeded the clip norm.
+    """
+
+    per_example_norms: jax.Array
+    num_nonfinite: jax.Array
+    num_clipped: jax.Array
+
+
+# ----------------------------------------------------------------------------- tree helpers
+
+
+def _norm_dtype(tree: Any) -> Any:
+    """float64 if any leaf is float64, else float32 (norms of low-precision leaves in float32)."""
+    dtypes = [jnp.result_type(x) for x in jax.tree.leaves(tree)]
+    return jnp.float64 if any(d == jnp.float64 for d in dtypes) else jnp.float32
+
+
+def _leaf_sq_norms(tree: Any, dtype: Any) -> list[jax.Array]:
+    return [jnp.sum(jnp.square(jnp.asarray(x, dtype))) for x in jax.tree.leaves(tree)]
+
+
+def _global_norm(tree: Any) -> jax.Array:
+    dtype = _norm_dtype(tree)
+    sq = _leaf_sq_norms(tree, dtype)
+    return jnp.sqrt(sum(sq, jnp.zeros((), dtype)))
+
+
+def clip_pytree(tree: Any, l2_clip_norm: float) -> tuple[Any, jax.Array]:
+    """Clip a whole pytree to global ℓ2 norm ≤ ``l2_clip_norm``.
+
+    Args:
+        tree: a pytree of arrays (one example's gradient).
+        l2_clip_norm: C > 0.
+
+    Returns:
+        ``(clipped_tree, norm)`` with ``clipped = tree · min(1, C/‖tree‖)`` and the pre-clip norm.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> clipped, norm = clip_pytree({"w": jnp.array([3.0, 4.0])}, 1.0)
+        >>> float(norm), [round(float(v), 3) for v in clipped["w"]]
+        (5.0, [0.6, 0.8])
+    """
+    _validate.positive("l2_clip_norm", l2_clip_norm)
+    norm = _global_norm(tree)
+    scale = _clip_scale(norm, l2_clip_norm)
+    return jax.tree.map(lambda x: x * scale.astype(jnp.result_type(x)), tree), norm
+
+
+def _clip_scale(norm: jax.Array, c: Any) -> jax.Array:
+    """min(1, c/norm), safe at norm = 0 (returns 1)."""
+    c = jnp.asarray(c, norm.dtype)
+    return c / jnp.maximum(norm, c)
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _batch_size(batch: tuple[Any, ...]) -> int:
+    """Common leading axis of every batch leaf; a ValueError otherwise (mean-vs-sum guard)."""
+    leaves = jax.tree.leaves(batch)
+    if not leaves:
+        _validate.fail("batch", batch, "at least one array with a leading batch axis")
+    sizes = set()
+    for leaf in leaves:
+        shape = jnp.shape(leaf)
+        if len(shape) == 0:
+            _validate.fail(
+                "batch",
+                f"a leaf of shape {shape}",
+                "arrays with a leading batch axis (B, ...): one row per example",
+            )
+        sizes.add(shape[0])
+    if len(sizes) != 1:
+        _validate.fail(
+            "batch", f"leading axes {sorted(sizes)}", "arrays sharing one leading batch axis B"
+        )
+    return sizes.pop()
+
+
+def _check_mask(mask: Any, batch_size: int) -> jax.Array:
+    if mask is None:
+        return jnp.ones((batch_size,), dtype=bool)
+    mask = jnp.asarray(mask)
+    if mask.shape != (batch_size,) or mask.dtype != jnp.bool_:
+        _validate.fail(
+            "mask",
+            f"array of shape {mask.shape} and dtype {mask.dtype}",
+            f"bool of shape ({batch_size},)",
+        )
+    return mask
+
+
+def _check_scalar_loss(loss_fn: Callable, params: Any, batch: tuple[Any, ...]) -> None:
+    """loss_fn on ONE example must return a scalar (a per-batch / per-example-vector loss fails)."""
+
+    def one_row(x: Any) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct(jnp.shape(x)[1:], jnp.result_type(x))
+
+    example = jax.tree.map(one_row, batch)
+    out = jax.eval_shape(loss_fn, params, *example)
+    if not hasattr(out, "shape") or out.shape != ():
+        _validate.fail(
+            "loss_fn",
+            f"a function returning {out} for one example",
+            "a function of (params, *example) returning the scalar loss of ONE example "
+            "(dpjax vmaps it over the batch; do not average over a batch inside it)",
+        )
+
+
+# ----------------------------------------------------------------------------- the vmap core
+
+
+def _per_example_grads(loss_fn: Callable, params: Any, batch: tuple[Any, ...]) -> Any:
+    grad = jax.grad(loss_fn)
+    return jax.vmap(grad, in_axes=(None,) + (0,) * len(batch))(params, *batch)
+
+
+def _zero_rows(tree: Any, keep: jax.Array) -> Any:
+    """Replace rows with keep=False by exact zeros (0·NaN would be NaN, so use where)."""
+
+    def zero(x: jax.Array) -> jax.Array:
+        k = keep.reshape(keep.shape + (1,) * (x.ndim - 1))
+        return jnp.where(k, x, jnp.zeros((), x.dtype))
+
+    return jax.tree.map(zero, tree)
+
+
+def _weighted_row_sum(tree: Any, weights: Any) -> Any:
+    """Σ_i w_i g_i as a tensordot over the batch axis (not jnp.sum of a scaled (B, ...) tensor)."""
+    return jax.tree.map(lambda w, x: jnp.tensordot(w.astype(x.dtype), x, axes=1), weights, tree)
+
+
+def _vmap_clipped_sum(
+    loss_fn: Callable,
+    params: Any,
+    batch: tuple[Any, ...],
+    *,
+    l2_clip_norm: Any,
+    mask: jax.Array,
+    nan_safe: bool,
+    per_layer: bool = False,
+) -> tuple[Any, jax.Array, jax.Array]:
+    """Materialise per-example gradients with vmap, clip, zero bad/padding rows, contract.
+
+    Returns:
+        ``(clipped_sum, per_example_norms, num_nonfinite)``.
+    """
+    grads = _per_example_grads(loss_fn, params, batch)
+    dtype = _norm_dtype(grads)
+    leaves, treedef = jax.tree.flatten(grads)
+    leaf_sq = [jnp.sum(jnp.square(x.astype(dtype)), axis=tuple(range(1, x.ndim))) for x in leaves]
+    norms = jnp.sqrt(sum(leaf_sq, jnp.zeros(mask.shape, dtype)))
+    finite = jnp.isfinite(norms)
+    keep = mask & finite if nan_safe else mask
+    grads = _zero_rows(grads, keep)
+    if per_layer:
+        clip_norms = treedef.flatten_up_to(l2_clip_norm)
+        scales = [_clip_scale(jnp.sqrt(s), c) for s, c in zip(leaf_sq, clip_norms, strict=True)]
+    else:
+        scales = [_clip_scale(norms, l2_clip_norm)] * len(leaves)
+    weights = [jnp.where(keep, s, jnp.zeros((), s.dtype)) for s in scales]
+    clipped_sum = _weighted_row_sum(grads, jax.tree.unflatten(treedef, weights))
+    norms = jnp.where(mask, norms, jnp.zeros((), dtype))
+    num_nonfinite = jnp.sum(mask & ~finite, dtype=jnp.int32)
+    return clipped_sum, norms, num_nonfinite
+
+
+# ----------------------------------------------------------------------------- dispatch
+
+
+def _ghost_module() -> Any:
+    """dpjax.ghost if it exists (written in parallel), else None."""
+    try:
+        return importlib.import_module("dpjax.ghost")
+    except ImportError:
+        return None
+
+
+def _clipped_sum_dispatch(
+    method: str,
+    loss_fn: Callable,
+    params: Any,
+    batch: tuple[Any, ...],
+    *,
+    l2_clip_norm: Any,
+    mask: jax.Array,
+    nan_safe: bool,
+    per_layer: bool,
+) -> tuple[Any, jax.Array, jax.Array]:
+    """Choose the per-example core: "vmap", "ghost", or "auto" (ghost when it supports the loss)."""
+    kwargs = dict(l2_clip_norm=l2_clip_norm, mask=mask, nan_safe=nan_safe)
+    if per_layer or method == "vmap":
+        return _vmap_clipped_sum(loss_fn, params, batch, per_layer=per_layer, **kwargs)
+    ghost = _ghost_module()
+    if method == "ghost":
+        if ghost is None:
+            _validate.fail("method", method, "'vmap' or 'auto' (dpjax.ghost is not available)")
+        return ghost.ghost_clipped_sum(loss_fn, params, batch, **kwargs)
+    if ghost is not None and ghost.supports(loss_fn, params, *batch):
+        return ghost.ghost_clipped_sum(loss_fn, params, batch, **kwargs)
+    return _vmap_clipped_sum(loss_fn, params, batch, per_layer=False, **kwargs)
+
+
+# ----------------------------------------------------------------------------- microbatching
+
+
+def _pad_rows(tree: Any, pad: int) -> Any:
+    def pad_leaf(x: jax.Array) -> jax.Array:
+        x = jnp.asarray(x)
+        return jnp.concatenate([x, jnp.zeros((pad,) + x.shape[1:], x.dtype)], axis=0)
+
+    return jax.tree.map(pad_leaf, tree)
+
+
+def _microbatched(core: Callable, params: Any, batch: tuple, mask: jax.Array, size: int):
+    """Run ``core`` on chunks of ``size`` rows with lax.scan, summing the clipped sums."""
+    n = mask.shape[0]
+    num_chunks = -(-n // size)
+    pad = num_chunks * size - n
+    if pad:
+        batch, mask = _pad_rows(batch, pad), _pad_rows(mask, pad)  # padded rows have mask False
+    chunk = lambda x: x.reshape((num_chunks, size) + x.shape[1:])  # noqa: E731
+    batch_c, mask_c = jax.tree.map(chunk, batch), chunk(mask)
+
+    def body(acc, xs):
+        b, m = xs
+        s, norms, bad = core(params, b, m)
+        acc_sum, acc_bad = acc
+        return (jax.tree.map(jnp.add, acc_sum, s), acc_bad + bad), norms
+
+    s0, _, _ = jax.eval_shape(core, params, jax.tree.map(lambda x: x[0], batch_c), mask_c[0])
+    init = (jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), s0), jnp.zeros((), jnp.int32))
+    (total, bad), norms = jax.lax.scan(body, init, (batch_c, mask_c))
+    return total, norms.reshape(-1)[:n], bad
+
+
+# ----------------------------------------------------------------------------- public API
+
+
+class ClippedGrad:
+    """A clipped-gradient function bound to the sensitivity of what it returns.
+
+    Built by :func:`clipped_grad`; call it as ``grad_fn(params, *batch, mask=None)``.
+
+    Attributes:
+        l2_clip_norm: C as given (a float, or a pytree of per-leaf norms for per-layer clipping).
+        l2_norm_bound: the bound on one example's contribution (C, or sqrt(Σ c_l²) per-layer).
+    """
+
+    def __init__(self, loss_fn, *, l2_clip_norm, per_layer, microbatch_size, method, nan_safe):
+        self.loss_fn = loss_fn
+        self.l2_clip_norm = l2_clip_norm
+        self.per_layer = per_layer
+        self.microbatch_size = microbatch_size
+        self.method = method
+        self.nan_safe = nan_safe
+        self.l2_norm_bound = _norm_bound(l2_clip_norm, per_layer)
+
+    def sensitivity(self, relation: NeighbouringRelation | str = ADD_OR_REMOVE_ONE) -> float:
+        """ℓ2 sensitivity of the clipped sum: C under add/remove-one, 2C under replace-one.
+
+        Args:
+            relation: the neighbouring relation of the guarantee you will claim.
+
+        Returns:
+            The ℓ2 sensitivity (a Python float).
+        """
+        relation = as_relation(relation)
+        return 2.0 * self.l2_norm_bound if relation == REPLACE_ONE else self.l2_norm_bound
+
+    def _clip_norms_for(self, params: Any) -> Any:
+        if not self.per_layer:
+            return self.l2_clip_norm
+        treedef = jax.tree.structure(params)
+        if isinstance(self.l2_clip_norm, int | float):
+            c = self.l2_clip_norm / math.sqrt(treedef.num_leaves)
+            return jax.tree.unflatten(treedef, [c] * treedef.num_leaves)
+        try:
+            treedef.flatten_up_to(self.l2_clip_norm)
+        except (ValueError, TypeError):
+            _validate.fail("l2_clip_norm", self.l2_clip_norm, "a float or a pytree like params")
+        return self.l2_clip_norm
+
+    def _core(self, params: Any, clip_norms: Any) -> Callable:
+        def core(p, batch, mask):
+            return _clipped_sum_dispatch(
+                self.method,
+                self.loss_fn,
+                p,
+                batch,
+                l2_clip_norm=clip_norms,
+                mask=mask,
+                nan_safe=self.nan_safe,
+                per_layer=self.per_layer,
+            )
+
+        return core
+
+    def __call__(self, params: Any, *batch: Any, mask: Any = None) -> tuple[Any, ClippingInfo]:
+        """Clipped per-example gradient sum over ``batch`` (rows with ``mask`` False excluded)."""
+        batch_size = _batch_size(batch)
+        mask = _check_mask(mask, batch_size)
+        _check_scalar_loss(self.loss_fn, params, batch)
+        core = self._core(params, self._clip_norms_for(params))
+        if self.microbatch_size is None or self.microbatch_size >= batch_size:
+            clipped_sum, norms, bad = core(params, batch, mask)
+        else:
+            clipped_sum, norms, bad = _microbatched(core, params, batch, mask, self.microbatch_size)
+        return clipped_sum, ClippingInfo(norms, bad, self._num_clipped(norms, mask))
+
+    def _num_clipped(self, norms: jax.Array, mask: jax.Array) -> jax.Array:
+        # per-layer: counts examples whose global norm exceeds the total bound (an indicator only)
+        over = jnp.isfinite(norms) & (norms > jnp.asarray(self.l2_norm_bound, norms.dtype))
+        return jnp.sum(mask & over, dtype=jnp.int32)
+
+    def __repr__(self) -> str:
+        return (
+            f"ClippedGrad(l2_clip_norm={self.l2_clip_norm!r}, per_layer={self.per_layer}, "
+            f"microbatch_size={self.microbatch_size}, method={self.method!r})"
+        )
+
+
+def _norm_bound(l2_clip_norm: Any, per_layer: bool) -> float:
+    if isinstance(l2_clip_norm, int | float) and not isinstance(l2_clip_norm, bool):
+        _validate.positive("l2_clip_norm", l2_clip_norm)
+        return float(l2_clip_norm)
+    if not per_layer:
+        valid = "a positive float (a pytree needs per_layer=True)"
+        _validate.fail("l2_clip_norm", l2_clip_norm, valid)
+    leaves = jax.tree.leaves(l2_clip_norm)
+    if not leaves:
+        _validate.fail("l2_clip_norm", l2_clip_norm, "a non-empty pytree of positive floats")
+    for c in leaves:
+        _validate.positive("l2_clip_norm leaf", c)
+    return math.sqrt(sum(float(c) ** 2 for c in leaves))
+
+
+def clipped_grad(
+    loss_fn: Callable[..., jax.Array],
+    *,
+    l2_clip_norm: float | Any,
+    per_layer: bool = False,
+    microbatch_size: int | None = None,
+    method: str = "auto",
+    nan_safe: bool = True,
+) -> ClippedGrad:
+    r"""Per-example clipped gradient SUM of ``loss_fn`` (like ``jax.grad``, for DP-SGD).
+
+    .. math::  S = \sum_i m_i \, g_i \min(1, C/\|g_i\|_2), \quad g_i = \nabla_\theta
+       \ell(\theta; x_i), \ m_i \in \{0, 1\} \text{ the mask}.
+
+    Args:
+        loss_fn: ``loss_fn(params, *example) -> scalar``, the loss of ONE example (no batch axis).
+        l2_clip_norm: C > 0. With ``per_layer=True``: a float C (each of the L leaves is clipped
+            to C/sqrt(L), so one example's total norm is ≤ C) or a pytree like params of per-leaf
+            norms c_l (total bound sqrt(Σ c_l²)).
+        per_layer: clip each leaf separately instead of the whole pytree (always uses vmap).
+        microbatch_size: process the batch in chunks of this many rows (``lax.scan``) to bound
+            memory; the result is the same sum. ``None``: one chunk.
+        method: "vmap" (materialise per-example grads), "ghost" (``dpjax.ghost``: norms without
+            per-example grads, for supported dense models), "auto" (ghost if it supports the
+            loss, else vmap).
+        nan_safe: zero (and count) examples whose gradient is NaN/inf; never release them.
+
+    Returns:
+        A :class:`ClippedGrad` ``grad_fn``; ``grad_fn(params, *batch, mask=None)`` returns
+        ``(clipped_sum, ClippingInfo)``, every batch argument having leading axis B and ``mask``
+        an optional bool (B,) marking real rows. ``grad_fn.sensitivity(relation)`` is the ℓ2
+        sensitivity of ``clipped_sum``.
+
+    Raises:
+        ValueError: non-positive C, unknown method, batch arguments without a shared leading
+            axis, a loss that is not a scalar for one example, a mask of the wrong shape.
+
+    Formal guarantees:
+        One example changes ``clipped_sum`` by at most C in ℓ2 (add/remove-one; 2C replace-one),
+        whatever its data, including NaN-producing data (zeroed when ``nan_safe``). Padding rows
+        (mask False) contribute exactly 0. See the module docstring (003_eb46ba05ef56608d.txt,
+        DP-GD with clipping; Abadi et al. 2016).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> loss = lambda w, x, y: 0.5 * (jnp.dot(w, x) - y) ** 2
+        >>> grad_fn = clipped_grad(loss, l2_clip_norm=1.0)
+        >>> s, info = grad_fn(jnp.zeros(2), jnp.array([[3.0, 4.0], [0.1, 0.0]]), jnp.ones(2))
+        >>> [round(float(v), 3) for v in s], int(info.num_clipped), grad_fn.sensitivity()
+        ([-0.7, -0.8], 1, 1.0)
+    """
+    _validate.one_of("method", method, METHODS)
+    if microbatch_size is not None:
+        microbatch_size = _validate.positive_int("microbatch_size", microbatch_size)
+    if not callable(loss_fn):
+        _validate.fail("loss_fn", loss_fn, "a callable loss_fn(params, *example) -> scalar")
+    return ClippedGrad(
+        loss_fn,
+        l2_clip_norm=l2_clip_norm,
+        per_layer=bool(per_layer),
+        microbatch_size=microbatch_size,
+        method=method,
+        nan_safe=bool(nan_safe),
+    )

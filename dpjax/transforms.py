@@ -1,0 +1,278 @@
+r"""Noise and normalisation as optax GradientTransformations (applied to a clipped SUM).
+
+The privatised update of DP-SGD is built in three visible steps:
+
+1. :func:`add_gaussian_noise` — the clipped sum (from :func:`dpjax.clipped_grad`) plus
+   N(0, stddev²) per coordinate; stddev = σ · sensitivity.
+2. :func:`normalize_by` — division by a PUBLIC constant (the expected batch size), never the
+   realised batch size, so normalisation leaks nothing (post-processing).
+3. any optax optimizer (post-processing again).
+
+:func:`add_laplace_dpsgd_noise` is the Laplace-noise DP-SGD of 004_f02b245d52dd0fec.txt
+(Theorems 36–37). Every transform that draws noise REQUIRES a key (no default), keeps it in its
+state, splits it on every update and per leaf (through :mod:`dpjax._noise`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from dpjax import _noise, _validate
+
+__all__ = [
+    "NoiseState",
+    "add_gaussian_noise",
+    "normalize_by",
+    "add_laplace_dpsgd_noise",
+    "laplace_dpsgd_theta",
+    "laplace_dpsgd_step_size",
+]
+
+
+class NoiseState(NamedTuple):
+    """State of a noise transform: the PRNG key (split every update) and the release count."""
+
+    key: jax.Array
+    count: jax.Array
+
+
+def _check_key(key: Any) -> jax.Array:
+    """A JAX PRNG key is required: no default, no int seeds (they invite reuse across runs)."""
+    if key is None:
+        raise TypeError("key is required: pass key=jax.random.key(<seed>) (no default key)")
+    if not isinstance(key, jax.Array):
+        raise TypeError(f"key must be a JAX PRNG key (jax.random.key(seed)); got {key!r}")
+    is_typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+    if not (is_typed or (key.dtype == jnp.uint32 and key.shape == (2,))):
+        raise TypeError(f"key must be a JAX PRNG key; got an array of {key.dtype}{key.shape}")
+    return key
+
+
+def _check_update_shapes(updates: Any, params: Any) -> None:
+    """Updates must be shaped like params: a SUM, not per-example gradients (B, ...)."""
+    if params is None:
+        return
+    shapes_u = jax.tree.map(jnp.shape, updates)
+    shapes_p = jax.tree.map(jnp.shape, params)
+    if shapes_u != shapes_p:
+        _validate.fail(
+            "updates",
+            f"a tree of shapes {shapes_u}",
+            f"shaped like params {shapes_p} (the clipped SUM from dpjax.clipped_grad, "
+            "not per-example gradients)",
+        )
+
+
+def _normal(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
+    return jax.random.normal(key, shape, dtype)
+
+
+def _laplace(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
+    return jax.random.laplace(key, shape, dtype)
+
+
+def _init_noise_state(key: jax.Array) -> NoiseState:
+    return NoiseState(key=jnp.copy(key), count=jnp.zeros([], jnp.int32))
+
+
+def add_gaussian_noise(stddev: float, *, key: jax.Array) -> optax.GradientTransformation:
+    r"""Add N(0, stddev²) independently to every coordinate of every leaf.
+
+    .. math::  u \mapsto u + \text{stddev} \cdot Z, \quad Z \sim N(0, I).
+
+    Apply it to the clipped SUM (shape of params): with stddev = σ · Δ₂ (Δ₂ =
+    ``grad_fn.sensitivity(relation)``) each update is the Gaussian mechanism with noise
+    multiplier σ.
+
+    Args:
+        stddev: absolute noise standard deviation ≥ 0 (0 = no privacy, for debugging).
+        key: a JAX PRNG key (``jax.random.key(seed)``); required, copied into the state and
+            split on every update and once per leaf.
+
+    Returns:
+        An ``optax.GradientTransformation`` with state :class:`NoiseState`.
+
+    Raises:
+        TypeError: no key / not a key. ValueError: negative or non-finite stddev, or (when
+            ``params`` is passed to ``update``) updates not shaped like params.
+
+    Formal guarantees:
+        With stddev = σ·Δ₂, one update is the Gaussian mechanism on a query of ℓ2 sensitivity Δ₂
+        (Theorem on the Gaussian mechanism, 000_a9865af81d0677e1.txt; exact profile Balle–Wang
+        2018); T updates compose adaptively and are accounted by :mod:`dpjax.accounting`.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> tx = add_gaussian_noise(1.0, key=jax.random.key(0))
+        >>> state = tx.init(jnp.zeros(3))
+        >>> noisy, state = tx.update(jnp.zeros(3), state)
+        >>> noisy.shape, int(state.count)
+        ((3,), 1)
+    """
+    _validate.non_negative("stddev", stddev)
+    key = _check_key(key)
+
+    def init_fn(params: Any) -> NoiseState:
+        del params
+        return _init_noise_state(key)
+
+    def update_fn(updates: Any, state: NoiseState, params: Any = None):
+        _check_update_shapes(updates, params)
+        next_key, noise_key = jax.random.split(state.key)
+        noisy = _noise.tree_add_noise(noise_key, updates, _normal, stddev)
+        return noisy, NoiseState(key=next_key, count=optax.safe_increment(state.count))
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+def normalize_by(constant: float) -> optax.GradientTransformation:
+    """Divide updates by a PUBLIC constant (e.g. the expected batch size q·n).
+
+    Args:
+        constant: a data-independent positive number. Never pass the realised batch size of a
+            Poisson batch: it depends on the data and breaks the accounting (opacus#571).
+
+    Returns:
+        A stateless ``optax.GradientTransformation``.
+
+    Formal guarantees:
+        Post-processing of the noised sum (000_a9865af81d0677e1.txt): privacy is unchanged.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> tx = normalize_by(4.0)
+        >>> tx.update(jnp.array([8.0]), tx.init(None))[0]
+        Array([2.], dtype=float32)
+    """
+    _validate.positive("constant", constant)
+
+    def update_fn(updates: Any, state: optax.EmptyState, params: Any = None):
+        del params
+        scaled = jax.tree.map(lambda u: u / jnp.asarray(constant, jnp.result_type(u)), updates)
+        return scaled, state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
+
+
+# ----------------------------------------------------------------------------- Laplace DP-SGD
+
+
+def laplace_dpsgd_step_size(h: Any, rho: float) -> Any:
+    """γ_{h-1} = h^(-ρ): the step size used by iteration h = 1, 2, … (γ_j = (1+j)^(-ρ), 004)."""
+    return h ** (-rho)
+
+
+def laplace_dpsgd_theta(h: Any, *, l1_sensitivity: float, epsilon: float, rho: float, kappa: float):
+    r"""Noise scale θ_h of iteration h ≥ 1 (Theorem 36 in 004_f02b245d52dd0fec.txt).
+
+    .. math::  \theta_h = \frac{1}{a_h}\Big\{\frac{\sum_{j=0}^{h-2}\gamma_j}{\gamma_{h-1}}
+       + 1\Big\} \frac{\Delta_1}{\varepsilon}, \quad a_h = h^\kappa, \ \gamma_j = (1+j)^{-\rho}
+
+    (θ_1 = Δ₁/ε). Works on NumPy or JAX arrays ``h`` (float).
+
+    Args:
+        h: iteration index (1-based).
+        l1_sensitivity: Δ₁ = Δ(∇L), the ℓ1 sensitivity of the (batch-1) gradient.
+        epsilon: ε > 0, the base budget of Theorem 36.
+        rho: step-size exponent ρ ∈ (0, 1).
+        kappa: privacy-weight exponent κ ≥ 0 (a_h = h^κ).
+
+    Returns:
+        θ_h, same shape as ``h``.
+    """
+    xp = jnp if isinstance(h, jax.Array) else np
+    h = xp.asarray(h)
+    # Σ_{j=0}^{h-2} (1+j)^{-ρ} = Σ_{k=1}^{h-1} k^{-ρ}: the generalised harmonic number H_{h-1}^{(ρ)}
+    past = _harmonic(h - 1, rho, xp)
+    ratio = past / laplace_dpsgd_step_size(h, rho) + 1.0
+    return ratio / h**kappa * (l1_sensitivity / epsilon)
+
+
+def _harmonic(m: Any, rho: float, xp: Any) -> Any:
+    """Σ_{k=1}^{m} k^{-ρ} for integer-valued m ≥ 0 (exact sum; m up to ~1e6 in NumPy)."""
+    if xp is np:
+        m = np.asarray(m)
+        top = int(np.max(m)) if m.size else 0
+        cums = np.concatenate([[0.0], np.cumsum(np.arange(1, top + 1, dtype=np.float64) ** -rho)])
+        return cums[m.astype(np.int64)]
+    # JAX (traced h): Hurwitz zeta difference, ζ(ρ,1) - ζ(ρ,m+1) is not defined for ρ<1, so use
+    # the Euler–Maclaurin expansion, accurate to < 1e-6 relative for m ≥ 1.
+    return _harmonic_em(m, rho, xp)
+
+
+def _harmonic_em(m: Any, rho: float, xp: Any) -> Any:
+    """Euler–Maclaurin: Σ_{k=1}^m k^{-ρ} with the first 16 terms summed exactly."""
+    m = xp.asarray(m)
+    head_n = 16
+    k = xp.arange(1, head_n + 1, dtype=m.dtype)
+    head = xp.sum(xp.where(k <= m[..., None], k ** (-rho), 0.0), axis=-1)
+    a = xp.asarray(head_n, m.dtype)
+    b = xp.maximum(m, a)
+
+    def integral(x):
+        return x ** (1.0 - rho) / (1.0 - rho)
+
+    tail = (
+        integral(b)
+        - integral(a)
+        + 0.5 * (b ** (-rho) - a ** (-rho))
+        - rho / 12.0 * (b ** (-rho - 1.0) - a ** (-rho - 1.0))
+    )
+    return xp.where(m > head_n, head + tail, head)
+
+
+def add_laplace_dpsgd_noise(
+    *, l1_sensitivity: float, epsilon: float, rho: float, kappa: float, key: jax.Array
+) -> optax.GradientTransformation:
+    r"""Add θ_h · Laplace(0, 1) noise at iteration h (the Laplace DP-SGD of 004, Thm 36–37).
+
+    Implements the noise of  β^{(h)} = β^{(h-1)} − γ_{h-1}(∇L_{Ω_h}(β^{(h-1)}) + θ_h Z_h)  with
+    :func:`laplace_dpsgd_theta`; chain it with ``optax.scale_by_schedule`` of −γ (see
+    :func:`dpjax.laplace_dpsgd`, which also builds the privacy event).
+
+    Args:
+        l1_sensitivity: Δ₁, ℓ1 sensitivity of the released gradient under replace-one (for a
+            batch-1 gradient clipped to ℓ2 norm C in dimension d: Δ₁ ≤ 2C√d).
+        epsilon: ε > 0 of Theorem 36.
+        rho: step-size exponent ρ ∈ (0, 1), γ_j = (1+j)^{-ρ}.
+        kappa: privacy-weight exponent κ ≥ 0, a_h = h^κ; the utility term vanishes iff
+            2κ + ρ > 2 (Theorem 37 discussion).
+        key: required JAX PRNG key.
+
+    Returns:
+        An ``optax.GradientTransformation`` with state :class:`NoiseState`.
+
+    Formal guarantees:
+        Per step, the noisy gradient is the Laplace mechanism with b = θ_h on a query of ℓ1
+        sensitivity Δ₁, hence (Δ₁/θ_h, 0)-DP (replace-one; 001_22975d579ade9c52.txt), and T
+        steps are (Σ_h Δ₁/θ_h, 0)-DP by basic composition — the rigorous statement recorded by
+        :func:`dpjax.laplace_dpsgd_event`. Theorem 36 of 004 additionally states that the
+        h-th iterate alone is ε·a_h-DP (its proof bounds the iterate's sensitivity by
+        Σ_{j<h} γ_j Δ₁ and treats earlier steps as fixed).
+    """
+    _validate.positive("l1_sensitivity", l1_sensitivity)
+    _validate.epsilon(epsilon)
+    _validate.in_range("rho", rho, 0.0, 1.0, low_inclusive=False)
+    _validate.non_negative("kappa", kappa)
+    key = _check_key(key)
+
+    def init_fn(params: Any) -> NoiseState:
+        del params
+        return _init_noise_state(key)
+
+    def update_fn(updates: Any, state: NoiseState, params: Any = None):
+        _check_update_shapes(updates, params)
+        h = (state.count + 1).astype(_noise.float_dtype_of(jax.tree.leaves(updates)[0]))
+        theta = laplace_dpsgd_theta(
+            h, l1_sensitivity=l1_sensitivity, epsilon=epsilon, rho=rho, kappa=kappa
+        )
+        next_key, noise_key = jax.random.split(state.key)
+        noisy = _noise.tree_add_noise(noise_key, updates, _laplace, theta)
+        return noisy, NoiseState(key=next_key, count=optax.safe_increment(state.count))
+
+    return optax.GradientTransformation(init_fn, update_fn)
