@@ -11,7 +11,12 @@ keys seeded from the OS (``os.urandom``) and non-porous noise; see README "Secur
 """
 
 from dpjax import accounting, mechanisms
+from dpjax.clipping import ClippedGrad, ClippingInfo, clipped_grad
+from dpjax.distributed import data_parallel
+from dpjax.optimizers import accumulate_clipped_sums, dpsgd, laplace_dpsgd, laplace_dpsgd_event
 from dpjax.relation import ADD_OR_REMOVE_ONE, REPLACE_ONE, NeighbouringRelation
+from dpjax.samplers import PaddedBatch, PoissonSampler, ShuffledBatchSampler
+from dpjax.transforms import add_gaussian_noise, add_laplace_dpsgd_noise, normalize_by
 
 __version__ = "0.1.0"
 
@@ -21,4 +26,19 @@ __all__ = [
     "NeighbouringRelation",
     "accounting",
     "mechanisms",
+    # DP-SGD (issue 4)
+    "ClippedGrad",
+    "ClippingInfo",
+    "clipped_grad",
+    "data_parallel",
+    "accumulate_clipped_sums",
+    "dpsgd",
+    "laplace_dpsgd",
+    "laplace_dpsgd_event",
+    "PaddedBatch",
+    "PoissonSampler",
+    "ShuffledBatchSampler",
+    "add_gaussian_noise",
+    "add_laplace_dpsgd_noise",
+    "normalize_by",
 ]
