@@ -1,0 +1,45 @@
+"""Empirical privacy auditing: lower bounds on ε that catch implementation bugs.
+
+* :mod:`dpjax.auditing.estimators` – ε lower bounds from scores (direct Clopper–Pearson,
+  Gaussian-DP, one-run);
+* :mod:`dpjax.auditing.harness` – runs a mechanism on D and D′ with independent keys (vmapped);
+* :mod:`dpjax.auditing.porosity` – Mironov's floating-point test: outputs on D impossible on D′.
+
+Audits are evidence, not proofs: a correct mechanism must give ε_LB ≤ claimed ε, a broken one
+is caught when ε_LB > claimed ε (literature.md §3).
+"""
+
+from dpjax.auditing.estimators import (
+    EpsilonLowerBound,
+    clopper_pearson_lower,
+    clopper_pearson_upper,
+    direct_epsilon_lower_bound,
+    epsilon_from_rates,
+    gdp_delta,
+    gdp_epsilon,
+    gdp_epsilon_lower_bound,
+    gdp_mu_for,
+    gdp_mu_from_rates,
+    one_run_epsilon_lower_bound,
+    one_run_p_value,
+)
+from dpjax.auditing.harness import AuditResult, audit, audit_repeated, run_trials
+
+__all__ = [
+    "AuditResult",
+    "EpsilonLowerBound",
+    "audit",
+    "audit_repeated",
+    "clopper_pearson_lower",
+    "clopper_pearson_upper",
+    "direct_epsilon_lower_bound",
+    "epsilon_from_rates",
+    "gdp_delta",
+    "gdp_epsilon",
+    "gdp_epsilon_lower_bound",
+    "gdp_mu_for",
+    "gdp_mu_from_rates",
+    "one_run_epsilon_lower_bound",
+    "one_run_p_value",
+    "run_trials",
+]
