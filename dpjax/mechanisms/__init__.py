@@ -1,5 +1,20 @@
 """Noise mechanisms of the lectures: each ``name(key, value, *, ...)`` plus its calibration."""
 
+from dpjax.mechanisms.bounded_laplace import (
+    bounded_laplace,
+    bounded_laplace_delta_c,
+    bounded_laplace_epsilon,
+    bounded_laplace_scale,
+)
+from dpjax.mechanisms.exponential import (
+    exponential_mechanism,
+    exponential_mechanism_expected_gap_bound,
+    exponential_mechanism_probabilities,
+    exponential_mechanism_scale,
+    exponential_mechanism_utility_bound,
+    report_noisy_max,
+    report_noisy_max_scale,
+)
 from dpjax.mechanisms.gaussian import (
     analytic_gaussian_sigma,
     classic_gaussian_sigma,
@@ -14,16 +29,85 @@ from dpjax.mechanisms.laplace import (
     laplace_linf_tail_bound,
     laplace_scale,
 )
+from dpjax.mechanisms.mixed_noise import (
+    MixedNoiseScale,
+    mixed_noise,
+    mixed_noise_lecture_delta,
+    mixed_noise_scale,
+    mixed_noise_threshold,
+)
+from dpjax.mechanisms.randomized_response import (
+    COIN_EPSILON,
+    coin_randomized_response,
+    randomized_response,
+    randomized_response_epsilon,
+    randomized_response_frequencies,
+    randomized_response_keep_probability,
+)
+from dpjax.mechanisms.sensitivity import (
+    mean_sensitivity,
+    median_sensitivity,
+    variance_sensitivity,
+)
+from dpjax.mechanisms.smooth_sensitivity import (
+    SmoothNoise,
+    heavy_tailed_noise,
+    local_sensitivity_median,
+    smooth_laplace_delta,
+    smooth_median,
+    smooth_noise_parameters,
+    smooth_sensitivity_median,
+)
+from dpjax.mechanisms.subsample_aggregate import (
+    clipped_mean,
+    clipped_mean_sensitivity,
+    subsample_and_aggregate,
+)
 
 __all__ = [
+    "COIN_EPSILON",
+    "MixedNoiseScale",
+    "SmoothNoise",
     "analytic_gaussian_sigma",
+    "bounded_laplace",
+    "bounded_laplace_delta_c",
+    "bounded_laplace_epsilon",
+    "bounded_laplace_scale",
     "classic_gaussian_sigma",
+    "clipped_mean",
+    "clipped_mean_sensitivity",
+    "coin_randomized_response",
+    "exponential_mechanism",
+    "exponential_mechanism_expected_gap_bound",
+    "exponential_mechanism_probabilities",
+    "exponential_mechanism_scale",
+    "exponential_mechanism_utility_bound",
     "gaussian",
     "gaussian_delta",
     "gaussian_epsilon",
     "gaussian_sigma",
+    "heavy_tailed_noise",
     "laplace",
     "laplace_expected_l1_error",
     "laplace_linf_tail_bound",
     "laplace_scale",
+    "local_sensitivity_median",
+    "mean_sensitivity",
+    "median_sensitivity",
+    "mixed_noise",
+    "mixed_noise_lecture_delta",
+    "mixed_noise_scale",
+    "mixed_noise_threshold",
+    "randomized_response",
+    "randomized_response_epsilon",
+    "randomized_response_frequencies",
+    "randomized_response_keep_probability",
+    "report_noisy_max",
+    "report_noisy_max_scale",
+    "smooth_laplace_delta",
+    "smooth_median",
+    "smooth_noise_parameters",
+    "smooth_sensitivity_median",
+    "subsample_and_aggregate",
+    "variance_sensitivity",
 ]

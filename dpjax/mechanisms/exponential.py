@@ -1,0 +1,203 @@
+"""The exponential mechanism and report-noisy-max over a finite candidate set (004, 003).
+
+Both select an index from a vector of scores u(D, q) whose sensitivity
+Δ = max_q max_{D~D'} |u(D, q) − u(D', q)| is taken under the caller's neighbouring relation.
+The exponential mechanism is sampled with the Gumbel-max trick:
+argmax_q (εu_q/(2Δ) + G_q), G_q iid standard Gumbel, has law softmax(εu/(2Δ)).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from dpjax import _validate
+from dpjax._noise import tree_add_noise
+
+__all__ = [
+    "exponential_mechanism",
+    "exponential_mechanism_scale",
+    "exponential_mechanism_probabilities",
+    "exponential_mechanism_utility_bound",
+    "exponential_mechanism_expected_gap_bound",
+    "report_noisy_max",
+    "report_noisy_max_scale",
+]
+
+
+def exponential_mechanism_scale(
+    *, sensitivity: float, epsilon: float, monotonic: bool = False
+) -> float:
+    r"""Temperature of the exponential mechanism: :math:`2\Delta/\varepsilon` (Δ/ε if monotonic).
+
+    P[Q = q] ∝ exp(u_q / scale); equivalently the scale of the Gumbel noise added to the scores.
+
+    Args:
+        sensitivity: score sensitivity Δ > 0 under the caller's neighbouring relation.
+        epsilon: ε > 0.
+        monotonic: True when, for every pair of neighbours, all scores move in the same
+            direction (e.g. counts under add/remove-one); then Δ/ε suffices
+            (McSherry & Talwar 2007; Dwork & Roth 2014, remark after Thm 3.10).
+
+    Returns:
+        The temperature 2Δ/ε (or Δ/ε).
+
+    Example:
+        >>> exponential_mechanism_scale(sensitivity=1.0, epsilon=0.5)
+        4.0
+    """
+    _validate.positive("sensitivity", sensitivity)
+    _validate.epsilon(epsilon)
+    factor = 1.0 if monotonic else 2.0
+    return factor * float(sensitivity) / float(epsilon)
+
+
+def _check_scores(scores: jax.Array) -> jax.Array:
+    scores = jnp.asarray(scores)
+    if scores.ndim == 0 or scores.shape[-1] == 0:
+        _validate.fail("scores", scores.shape, "an array with a non-empty last axis (candidates)")
+    if not jnp.issubdtype(scores.dtype, jnp.floating):
+        scores = scores.astype(jnp.result_type(float))
+    return scores
+
+
+def exponential_mechanism(
+    key: jax.Array,
+    scores: jax.Array,
+    *,
+    sensitivity: float,
+    epsilon: float,
+    monotonic: bool = False,
+) -> jax.Array:
+    r"""Select a candidate index q with probability ∝ exp(εu_q/(2Δ)) (Gumbel-max trick).
+
+    Args:
+        key: a JAX PRNG key, used once.
+        scores: u(D, ·), shape (..., d); candidates along the last axis (d ≥ 1). Leading
+            axes are independent selections.
+        sensitivity: score sensitivity Δ > 0 (the same Δ for every candidate).
+        epsilon: ε > 0.
+        monotonic: see ``exponential_mechanism_scale``.
+
+    Returns:
+        Integer index array of shape ``scores.shape[:-1]``.
+
+    Formal guarantees:
+        ε-DP under the relation Δ holds for (004_f02b245d52dd0fec.txt, Theorem 27;
+        McSherry & Talwar 2007, Thm 6; 003_eb46ba05ef56608d.txt). Utility: Lemma 28 of 004,
+        see ``exponential_mechanism_utility_bound``. The Gumbel-max identity
+        P[argmax_q(u_q/T + G_q) = q] = softmax(u/T)_q is exact (Gumbel 1954; Yellott 1977).
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> i = exponential_mechanism(jax.random.key(0), jnp.array([15.0, 20.0, 25.0]),
+        ...                           sensitivity=1.0, epsilon=1.0)
+        >>> i.shape
+        ()
+    """
+    scale = exponential_mechanism_scale(
+        sensitivity=sensitivity, epsilon=epsilon, monotonic=monotonic
+    )
+    scores = _check_scores(scores)
+    # argmax(u/T + G) = argmax(u + T·G): the Gumbel noise goes through the one noise path.
+    noisy = tree_add_noise(key, scores, jax.random.gumbel, scale)
+    return jnp.argmax(noisy, axis=-1)
+
+
+def exponential_mechanism_probabilities(
+    scores: jax.Array, *, sensitivity: float, epsilon: float, monotonic: bool = False
+) -> jax.Array:
+    """The selection probabilities softmax(εu/(2Δ)) of ``exponential_mechanism``."""
+    scale = exponential_mechanism_scale(
+        sensitivity=sensitivity, epsilon=epsilon, monotonic=monotonic
+    )
+    return jax.nn.softmax(_check_scores(scores) / scale, axis=-1)
+
+
+def exponential_mechanism_utility_bound(
+    *, sensitivity: float, epsilon: float, num_candidates: int, t: float
+) -> float:
+    r"""Lemma 28 of 004: P[u(Q) < u* − 2Δ(ln d + t)/ε] ≤ e^{−t}; returns 2Δ(ln d + t)/ε.
+
+    Args:
+        sensitivity: score sensitivity Δ.
+        epsilon: ε > 0.
+        num_candidates: d, the size of the candidate set.
+        t: t > 0; the bound fails with probability at most e^{−t}.
+
+    Returns:
+        The utility gap ψ_t = 2Δ(ln d + t)/ε.
+
+    Formal guarantees:
+        004_f02b245d52dd0fec.txt, Lemma 28 (finite candidate set of size d); McSherry & Talwar
+        2007; Dwork & Roth 2014, Thm 3.11.
+    """
+    _validate.positive("sensitivity", sensitivity)
+    _validate.epsilon(epsilon)
+    d = _validate.positive_int("num_candidates", num_candidates)
+    _validate.positive("t", t)
+    return 2.0 * float(sensitivity) * (math.log(d) + float(t)) / float(epsilon)
+
+
+def exponential_mechanism_expected_gap_bound(
+    *, sensitivity: float, epsilon: float, num_candidates: int
+) -> float:
+    r"""Bound on the expected utility loss: :math:`u^* - E[u(Q)] \le 2\Delta\ln d/\varepsilon`.
+
+    This is the expectation statement of Lemma 28 of 004 (which holds for every t ≥ 0, so also
+    at t = 0). Proof: the exponential mechanism p maximises (ε/(2Δ))E_p[u] + H(p) (Gibbs
+    variational principle), so (ε/(2Δ))(u* − E_p[u]) ≤ H(p) − H(δ_{q*}) ≤ ln d.
+
+    Formal guarantees:
+        004_f02b245d52dd0fec.txt, Lemma 28; Gibbs variational principle (e.g. Dwork & Roth 2014,
+        Thm 3.11 gives the tail form).
+    """
+    _validate.positive("sensitivity", sensitivity)
+    _validate.epsilon(epsilon)
+    d = _validate.positive_int("num_candidates", num_candidates)
+    return 2.0 * float(sensitivity) * math.log(d) / float(epsilon)
+
+
+def report_noisy_max_scale(*, sensitivity: float, epsilon: float) -> float:
+    """Scale 2Δ/ε (rate ε/(2Δ)) of the exponential noise of report-noisy-max (004).
+
+    Example:
+        >>> report_noisy_max_scale(sensitivity=1.0, epsilon=2.0)
+        1.0
+    """
+    _validate.positive("sensitivity", sensitivity)
+    _validate.epsilon(epsilon)
+    return 2.0 * float(sensitivity) / float(epsilon)
+
+
+def report_noisy_max(
+    key: jax.Array, scores: jax.Array, *, sensitivity: float, epsilon: float
+) -> jax.Array:
+    """Return argmax_q (u_q + Z_q) with Z_q iid exponential of rate ε/(2Δ) (004).
+
+    Args:
+        key: a JAX PRNG key, used once.
+        scores: u(D, ·), shape (..., d), candidates along the last axis.
+        sensitivity: score sensitivity Δ > 0 under the caller's neighbouring relation.
+        epsilon: ε > 0.
+
+    Returns:
+        Integer index array of shape ``scores.shape[:-1]``.
+
+    Formal guarantees:
+        ε-DP (004_f02b245d52dd0fec.txt, "Report noisy-max"; Ding, Kifer, Wang et al. 2021,
+        "The permute-and-flip mechanism is identical to report-noisy-max with exponential
+        noise", which also shows it is never worse in expected utility than the exponential
+        mechanism). Only the index is released, never the noisy maximum itself.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> int(report_noisy_max(jax.random.key(0), jnp.array([0.0, 100.0]),
+        ...                      sensitivity=1.0, epsilon=1.0))
+        1
+    """
+    scale = report_noisy_max_scale(sensitivity=sensitivity, epsilon=epsilon)
+    noisy = tree_add_noise(key, _check_scores(scores), jax.random.exponential, scale)
+    return jnp.argmax(noisy, axis=-1)
