@@ -206,7 +206,11 @@ def laplace_dpsgd(
     noise = add_laplace_dpsgd_noise(
         l1_sensitivity=l1_sensitivity, epsilon=epsilon, rho=rho, kappa=kappa, key=key
     )
-    step = optax.scale_by_schedule(lambda count: -laplace_dpsgd_step_size(count + 1.0, rho))
+
+    def step_size(count: jax.Array) -> jax.Array:  # γ_{h-1} at iteration h = count + 1
+        return -laplace_dpsgd_step_size((count + 1).astype(jnp.result_type(float)), rho)
+
+    step = optax.scale_by_schedule(step_size)
     return optax.chain(noise, step)
 
 

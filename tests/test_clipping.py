@@ -1,0 +1,209 @@
+"""Per-example clipping: bound, closed-form sums, NaN safety, masks, misuse errors, sensitivity."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dpjax
+from dpjax.clipping import clip_pytree
+
+
+def linreg_loss(params, x, y):
+    return 0.5 * (jnp.dot(params["w"], x) + params["b"] - y) ** 2
+
+
+def numpy_clipped_sum(w, b, X, Y, C):
+    """Independent reference: closed-form per-example grads (r·x, r), clipped, summed in NumPy."""
+    X, Y = np.asarray(X, np.float64), np.asarray(Y, np.float64)
+    r = X @ np.asarray(w) + float(b) - Y
+    G = np.concatenate([r[:, None] * X, r[:, None]], axis=1)
+    norms = np.linalg.norm(G, axis=1)
+    scale = np.minimum(1.0, C / np.maximum(norms, 1e-300))
+    return (scale[:, None] * G).sum(axis=0), norms
+
+
+@pytest.fixture
+def data(key):
+    kx, ky, kw = jax.random.split(key, 3)
+    X = 3.0 * jax.random.normal(kx, (13, 4))
+    Y = jax.random.normal(ky, (13,))
+    params = {"w": jax.random.normal(kw, (4,)), "b": jnp.asarray(0.3)}
+    return params, X, Y
+
+
+def flat(tree):
+    return np.concatenate([np.ravel(tree["w"]), np.ravel(tree["b"])])
+
+
+@pytest.mark.parametrize("method", ["vmap", "auto"])
+def test_sum_matches_closed_form_reference(data, method):
+    params, X, Y = data
+    C = 1.5
+    grad_fn = dpjax.clipped_grad(linreg_loss, l2_clip_norm=C, method=method)
+    s, info = jax.jit(grad_fn)(params, X, Y)
+    ref, ref_norms = numpy_clipped_sum(params["w"], params["b"], X, Y, C)
+    np.testing.assert_allclose(flat(s), ref, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(info.per_example_norms, ref_norms, rtol=1e-10)
+    assert int(info.num_clipped) == int(np.sum(ref_norms > C))
+    assert int(info.num_nonfinite) == 0
+
+
+def test_clipping_bound_holds_for_every_example(data):
+    params, X, Y = data
+    X = X.at[0].multiply(1e6)  # one huge gradient
+    C = 0.7
+    grad_fn = dpjax.clipped_grad(linreg_loss, l2_clip_norm=C, method="vmap")
+    one = jax.jit(lambda x, y: grad_fn(params, x[None], y[None])[0])
+    contributions = [flat(one(X[i], Y[i])) for i in range(X.shape[0])]
+    norms = np.linalg.norm(contributions, axis=1)
+    assert np.all(norms <= C * (1 + 1e-12)), norms
+    assert np.isclose(norms[0], C)  # the clipped one sits exactly on the bound
+    total = flat(grad_fn(params, X, Y)[0])
+    np.testing.assert_allclose(total, np.sum(contributions, axis=0), rtol=1e-9)
+
+
+def test_nan_example_is_zeroed_and_counted(data):
+    params, X, Y = data
+    grad_fn = dpjax.clipped_grad(linreg_loss, l2_clip_norm=1.0)
+    X_bad = X.at[4, 1].set(jnp.nan)
+    Y_bad = Y.at[7].set(jnp.inf)
+    s, info = jax.jit(grad_fn)(params, X_bad, Y_bad)
+    assert np.all(np.isfinite(flat(s)))
+    assert int(info.num_nonfinite) == 2
+    keep = np.ones(X.shape[0], bool)
+    keep[[4, 7]] = False
+    ref, _ = numpy_clipped_sum(params["w"], params["b"], X[keep], Y[keep], 1.0)
+    np.testing.assert_allclose(flat(s), ref, rtol=1e-10)
+
+
+def test_nan_unsafe_propagates(data):
+    params, X, Y = data
+    grad_fn = dpjax.clipped_grad(linreg_loss, l2_clip_norm=1.0, nan_safe=False, method="vmap")
+    s, info = grad_fn(params, X.at[4, 1].set(jnp.nan), Y)
+    assert not np.all(np.isfinite(flat(s)))
+    assert int(info.num_nonfinite) == 1
+
+
+def test_padding_rows_contribute_zero(data):
+    params, X, Y = data
+    mask = np.arange(X.shape[0]) < 9
+    X_pad = X.at[9:].set(jnp.nan).at[10].set(1e9)  # garbage in padding rows
+    grad_fn = dpjax.clipped_grad(linreg_loss, l2_clip_norm=1.0)
+    s, info = jax.jit(grad_fn)(params, X_pad, Y, mask=jnp.asarray(mask))
+    ref, _ = numpy_clipped_sum(params["w"], params["b"], X[:9], Y[:9], 1.0)
+    np.testing.assert_allclose(flat(s), ref, rtol=1e-10)
+    assert np.all(np.asarray(info.per_example_norms)[9:] == 0.0)
+    assert int(info.num_nonfinite) == 0
+    assert int(info.num_clipped) == int(np.sum(np.asarray(info.per_example_norms)[:9] > 1.0))
+    all_masked = grad_fn(params, X_pad, Y, mask=jnp.zeros(X.shape[0], bool))[0]
+    assert np.all(flat(all_masked) == 0.0)
+
+
+@pytest.mark.parametrize("microbatch_size", [1, 4, 5, 13, 100])
+def test_microbatching_gives_the_same_sum(data, microbatch_size):
+    params, X, Y = data
+    mask = jnp.asarray(np.arange(X.shape[0]) != 3)
+    full = dpjax.clipped_grad(linreg_loss, l2_clip_norm=1.0, method="vmap")
+    micro = dpjax.clipped_grad(
+        linreg_loss, l2_clip_norm=1.0, microbatch_size=microbatch_size, method="vmap"
+    )
+    s_full, i_full = full(params, X.at[5, 0].set(jnp.nan), Y, mask=mask)
+    s_micro, i_micro = jax.jit(micro)(params, X.at[5, 0].set(jnp.nan), Y, mask=mask)
+    np.testing.assert_allclose(flat(s_micro), flat(s_full), rtol=1e-10)
+    np.testing.assert_allclose(i_micro.per_example_norms, i_full.per_example_norms, rtol=1e-12)
+    assert int(i_micro.num_nonfinite) == int(i_full.num_nonfinite) == 1
+    assert int(i_micro.num_clipped) == int(i_full.num_clipped)
+
+
+def test_sensitivity_values():
+    g = dpjax.clipped_grad(linreg_loss, l2_clip_norm=2.5)
+    assert g.l2_clip_norm == 2.5
+    assert g.sensitivity(dpjax.ADD_OR_REMOVE_ONE) == 2.5
+    assert g.sensitivity(dpjax.REPLACE_ONE) == 5.0
+    assert g.sensitivity("replace_one") == 5.0
+    per_leaf = dpjax.clipped_grad(linreg_loss, l2_clip_norm={"w": 3.0, "b": 4.0}, per_layer=True)
+    assert per_leaf.sensitivity(dpjax.ADD_OR_REMOVE_ONE) == pytest.approx(5.0)
+    assert per_leaf.sensitivity(dpjax.REPLACE_ONE) == pytest.approx(10.0)
+    with pytest.raises(ValueError, match="relation"):
+        g.sensitivity("zero_out")
+
+
+def test_per_layer_clipping_bounds_each_leaf(data):
+    params, X, Y = data
+    X = X * 100.0
+    C = 2.0
+    g = dpjax.clipped_grad(linreg_loss, l2_clip_norm=C, per_layer=True)
+    assert g.sensitivity() == C
+    for i in range(3):
+        s, _ = g(params, X[i : i + 1], Y[i : i + 1])
+        for leaf in jax.tree.leaves(s):  # 2 leaves: each ≤ C/√2, total ≤ C
+            assert np.linalg.norm(np.ravel(leaf)) <= C / np.sqrt(2) * (1 + 1e-12)
+        assert np.linalg.norm(flat(s)) <= C * (1 + 1e-12)
+    g_tree = dpjax.clipped_grad(linreg_loss, l2_clip_norm={"w": 0.3, "b": 0.4}, per_layer=True)
+    s, _ = g_tree(params, X[:1], Y[:1])
+    assert np.linalg.norm(s["w"]) == pytest.approx(0.3)
+    assert abs(float(s["b"])) == pytest.approx(0.4)
+
+
+def test_mean_gradient_misuse_is_an_error(data):
+    params, X, Y = data
+    g = dpjax.clipped_grad(linreg_loss, l2_clip_norm=1.0)
+    with pytest.raises(ValueError, match="leading batch axis"):
+        g(params, X, Y[:5])  # arguments disagree on B
+    with pytest.raises(ValueError, match="leading batch axis"):
+        g(params, X[0], jnp.asarray(1.0))  # a single example without a batch axis
+
+    def batch_mean_loss(p, x, y):  # written for a batch: returns per-row residuals
+        return 0.5 * (x @ p["w"] + p["b"] - y) ** 2
+
+    with pytest.raises(ValueError, match="loss_fn"):
+        dpjax.clipped_grad(batch_mean_loss, l2_clip_norm=1.0)(params, X[:, None, :], Y[:, None])
+    with pytest.raises(ValueError, match="mask"):
+        g(params, X, Y, mask=jnp.ones(4, bool))
+    with pytest.raises(ValueError, match="mask"):
+        g(params, X, Y, mask=jnp.ones(X.shape[0]))
+
+
+def test_noise_transform_refuses_per_example_gradients(key, data):
+    params, X, Y = data
+    per_example = jax.vmap(jax.grad(linreg_loss), in_axes=(None, 0, 0))(params, X, Y)
+    tx = dpjax.add_gaussian_noise(1.0, key=key)
+    with pytest.raises(ValueError, match="updates"):
+        tx.update(per_example, tx.init(params), params)
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        ({"l2_clip_norm": 0.0}, "l2_clip_norm"),
+        ({"l2_clip_norm": -1.0}, "l2_clip_norm"),
+        ({"l2_clip_norm": float("inf")}, "l2_clip_norm"),
+        ({"l2_clip_norm": 1.0, "method": "fast"}, "method"),
+        ({"l2_clip_norm": 1.0, "microbatch_size": 0}, "microbatch_size"),
+        ({"l2_clip_norm": {"w": 1.0, "b": 1.0}}, "l2_clip_norm"),
+        ({"l2_clip_norm": {"w": 1.0, "b": 0.0}, "per_layer": True}, "l2_clip_norm"),
+    ],
+)
+def test_bad_arguments_raise(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        dpjax.clipped_grad(linreg_loss, **kwargs)
+
+
+def test_float32_dtype_is_preserved(data):
+    params, X, Y = data
+    p32 = jax.tree.map(lambda x: x.astype(jnp.float32), params)
+    g = dpjax.clipped_grad(linreg_loss, l2_clip_norm=1.0)
+    s, info = jax.jit(g)(p32, X.astype(jnp.float32), Y.astype(jnp.float32))
+    assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves(s))
+    ref, _ = numpy_clipped_sum(params["w"], params["b"], X, Y, 1.0)
+    np.testing.assert_allclose(flat(s), ref, rtol=1e-4)
+
+
+def test_clip_pytree_edge_cases():
+    clipped, norm = clip_pytree({"a": jnp.zeros(3)}, 1.0)
+    assert float(norm) == 0.0 and np.all(np.asarray(clipped["a"]) == 0.0)
+    clipped, norm = clip_pytree({"a": jnp.array([0.3, 0.4])}, 1.0)
+    np.testing.assert_allclose(clipped["a"], [0.3, 0.4])
+    with pytest.raises(ValueError, match="l2_clip_norm"):
+        clip_pytree({"a": jnp.ones(2)}, 0.0)

@@ -1,0 +1,203 @@
+"""Noise and normalisation transforms: noise scale (KS), fresh noise per step/leaf, keys."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from scipy import stats
+
+import dpjax
+from dpjax.transforms import laplace_dpsgd_theta
+from tests.helpers import assert_distribution
+
+
+def normal_cdf(scale):
+    return lambda x: stats.norm.cdf(x, scale=scale)
+
+
+def laplace_cdf(scale):
+    return lambda x: stats.laplace.cdf(x, scale=scale)
+
+
+def test_released_noise_has_std_sigma_c_over_normaliser(key):
+    sigma, C, normaliser = 1.3, 0.8, 16.0
+    tx = dpjax.dpsgd(
+        optimizer=optax.sgd(1.0),
+        noise_multiplier=sigma,
+        l2_clip_norm=C,
+        normalizer=normaliser,
+        key=key,
+    )
+    params = {"a": jnp.zeros((40, 50)), "b": jnp.zeros(2000)}
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    updates, _ = jax.jit(tx.update)(zeros, tx.init(params), params)
+    samples = np.concatenate([np.ravel(u) for u in jax.tree.leaves(updates)])  # n = 4000
+    std = sigma * C / normaliser
+    assert_distribution(
+        samples, normal_cdf(std), wrong_cdfs=[normal_cdf(1.5 * std), normal_cdf(std / 1.5)]
+    )
+
+
+def test_noise_differs_across_steps_and_leaves(key):
+    tx = dpjax.add_gaussian_noise(1.0, key=key)
+    params = {"a": jnp.zeros(500), "b": jnp.zeros(500)}
+    state = tx.init(params)
+    step = jax.jit(tx.update)
+    n1, state = step(params, state, params)
+    n2, state = step(params, state, params)
+    assert int(state.count) == 2
+    draws = [np.asarray(n1["a"]), np.asarray(n1["b"]), np.asarray(n2["a"]), np.asarray(n2["b"])]
+    bound = 5.0 / math.sqrt(500)  # |corr| of independent N(0,1) vectors, 5 standard errors
+    for i in range(4):
+        for j in range(i + 1, 4):
+            assert not np.array_equal(draws[i], draws[j])
+            assert abs(np.corrcoef(draws[i], draws[j])[0, 1]) < bound
+
+
+def test_same_key_reproduces_and_different_key_differs(key):
+    k1, k2 = jax.random.split(key)
+    params = jnp.zeros(100)
+
+    def draw(k):
+        tx = dpjax.add_gaussian_noise(2.0, key=k)
+        return np.asarray(tx.update(params, tx.init(params), params)[0])
+
+    assert np.array_equal(draw(k1), draw(k1))
+    assert not np.array_equal(draw(k1), draw(k2))
+
+
+def test_key_is_required():
+    with pytest.raises(TypeError):
+        dpjax.add_gaussian_noise(1.0)
+    with pytest.raises(TypeError, match="key"):
+        dpjax.add_gaussian_noise(1.0, key=None)
+    with pytest.raises(TypeError, match="key"):
+        dpjax.add_gaussian_noise(1.0, key=0)
+    with pytest.raises(TypeError, match="key"):
+        dpjax.add_gaussian_noise(1.0, key=jnp.zeros(3))
+    with pytest.raises(TypeError):
+        dpjax.dpsgd(
+            optimizer=optax.sgd(1.0), noise_multiplier=1.0, l2_clip_norm=1.0, normalizer=1.0
+        )
+    with pytest.raises(TypeError):
+        dpjax.add_laplace_dpsgd_noise(l1_sensitivity=1.0, epsilon=1.0, rho=0.5, kappa=1.0)
+
+
+def test_legacy_uint32_key_is_accepted():
+    tx = dpjax.add_gaussian_noise(1.0, key=jax.random.PRNGKey(3))
+    out, _ = tx.update(jnp.zeros(4), tx.init(jnp.zeros(4)))
+    assert out.shape == (4,)
+
+
+def test_noise_keeps_float32(key):
+    tx = dpjax.add_gaussian_noise(1.0, key=key)
+    p = jnp.zeros(3, jnp.float32)
+    out, _ = jax.jit(tx.update)(p, tx.init(p), p)
+    assert out.dtype == jnp.float32
+
+
+def test_normalize_by_divides_by_the_constant():
+    tx = dpjax.normalize_by(8.0)
+    out, _ = tx.update({"a": jnp.array([4.0, -8.0])}, tx.init(None))
+    np.testing.assert_allclose(out["a"], [0.5, -1.0])
+
+
+@pytest.mark.parametrize("bad", [0.0, -2.0, float("nan"), float("inf")])
+def test_normalize_by_refuses_non_positive(bad):
+    with pytest.raises(ValueError, match="constant"):
+        dpjax.normalize_by(bad)
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf")])
+def test_noise_stddev_validated(key, bad):
+    with pytest.raises(ValueError, match="stddev"):
+        dpjax.add_gaussian_noise(bad, key=key)
+
+
+# ----------------------------------------------------------------------------- Laplace DP-SGD
+
+
+def theta_by_definition(h, l1, eps, rho, kappa):
+    """Theorem 36 of 004, written out with an explicit loop."""
+    gamma = [(1 + j) ** (-rho) for j in range(h)]
+    past = sum(gamma[j] for j in range(h - 1))  # j = 0..h-2
+    return (past / gamma[h - 1] + 1.0) * l1 / eps / h**kappa
+
+
+def test_laplace_theta_matches_theorem_36():
+    l1, eps, rho, kappa = 0.7, 2.0, 0.5, 0.8
+    for h in [1, 2, 3, 10, 57]:
+        got = float(
+            laplace_dpsgd_theta(
+                np.array([h]), l1_sensitivity=l1, epsilon=eps, rho=rho, kappa=kappa
+            )[0]
+        )
+        assert got == pytest.approx(theta_by_definition(h, l1, eps, rho, kappa), rel=1e-12)
+    assert float(
+        laplace_dpsgd_theta(np.array([1]), l1_sensitivity=l1, epsilon=eps, rho=rho, kappa=kappa)[0]
+    ) == pytest.approx(l1 / eps)
+
+
+def test_laplace_theta_traced_matches_exact():
+    h = np.array([1, 2, 5, 16, 17, 18, 100, 5000, 123456], dtype=np.float64)
+    kw = dict(l1_sensitivity=1.0, epsilon=1.0, rho=0.6, kappa=0.9)
+    exact = laplace_dpsgd_theta(h, **kw)
+    traced = np.asarray(jax.jit(lambda x: laplace_dpsgd_theta(x, **kw))(jnp.asarray(h)))
+    np.testing.assert_allclose(traced, exact, rtol=1e-9)
+
+
+def test_laplace_noise_scale_at_step_h(key):
+    kw = dict(l1_sensitivity=0.5, epsilon=1.0, rho=0.5, kappa=0.75)
+    tx = dpjax.add_laplace_dpsgd_noise(key=key, **kw)
+    params = jnp.zeros(3000)
+    state = tx.init(params)
+    step = jax.jit(tx.update)
+    for _ in range(3):  # h = 1, 2, 3
+        noise, state = step(params, state, params)
+    theta3 = theta_by_definition(3, 0.5, 1.0, 0.5, 0.75)
+    assert_distribution(
+        np.asarray(noise),
+        laplace_cdf(theta3),
+        wrong_cdfs=[laplace_cdf(1.5 * theta3), laplace_cdf(theta3 / 1.5)],
+    )
+
+
+def test_laplace_dpsgd_applies_step_size(key):
+    kw = dict(l1_sensitivity=1e-9, epsilon=1e9, rho=0.5, kappa=1.0)  # ~noise-free
+    tx = dpjax.laplace_dpsgd(key=key, **kw)
+    p = jnp.zeros(2)
+    state = tx.init(p)
+    g = jnp.array([1.0, -2.0])
+    for h in [1, 2, 3]:
+        u, state = tx.update(g, state, p)
+        np.testing.assert_allclose(u, -(h**-0.5) * g, rtol=1e-6)
+
+
+def test_laplace_dpsgd_event():
+    kw = dict(l1_sensitivity=2.0, epsilon=0.5, rho=0.5, kappa=0.75)
+    ev = dpjax.laplace_dpsgd_event(steps=40, **kw)
+    assert isinstance(ev, dpjax.accounting.LaplaceDPSGDEvent)
+    assert ev.relation == dpjax.REPLACE_ONE
+    expected = [2.0 / theta_by_definition(h, 2.0, 0.5, 0.5, 0.75) for h in range(1, 41)]
+    np.testing.assert_allclose(ev.epsilons, expected, rtol=1e-12)
+    assert ev.epsilons[0] == pytest.approx(0.5)  # θ_1 = Δ/ε: step 1 is ε-DP
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(l1_sensitivity=0.0, epsilon=1.0, rho=0.5, kappa=1.0), "l1_sensitivity"),
+        (dict(l1_sensitivity=1.0, epsilon=-1.0, rho=0.5, kappa=1.0), "epsilon"),
+        (dict(l1_sensitivity=1.0, epsilon=1.0, rho=1.0, kappa=1.0), "rho"),
+        (dict(l1_sensitivity=1.0, epsilon=1.0, rho=0.0, kappa=1.0), "rho"),
+        (dict(l1_sensitivity=1.0, epsilon=1.0, rho=0.5, kappa=-0.1), "kappa"),
+    ],
+)
+def test_laplace_arguments_validated(key, kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        dpjax.add_laplace_dpsgd_noise(key=key, **kwargs)
+    with pytest.raises(ValueError, match=name):
+        dpjax.laplace_dpsgd_event(steps=3, **kwargs)
