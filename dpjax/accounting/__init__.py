@@ -1,5 +1,26 @@
-"""Privacy accounting: composition theorems, tight DP-SGD accounting, calibration."""
+"""Privacy accounting: composition theorems, tight DP-SGD accounting, calibration.
 
+Closed forms (host-side floats): :func:`basic_composition`, :func:`parallel_composition`,
+:func:`advanced_composition` (and its per-step corollary), :func:`optimal_composition_epsilon`
+(Kairouz–Oh–Viswanath), :func:`group_privacy`, :func:`amplification_by_subsampling`, zCDP
+(:func:`gaussian_zcdp_rho`, :func:`zcdp_compose`, :func:`zcdp_epsilon`), the DP-GD recipes of
+003 (:func:`dpgd_sigma_advanced`, :func:`dpgd_sigma_zcdp`).
+
+Tight accounting through dp-accounting (RDP and PLD): :func:`dpsgd_epsilon`,
+:func:`calibrate_noise_multiplier`, :func:`max_steps`, :func:`to_dp_event`, and the
+:class:`PrivacyAccountant` over the events of :mod:`dpjax.accounting.events`.
+"""
+
+from dpjax.accounting.accountant import METHODS, PrivacyAccountant
+from dpjax.accounting.composition import (
+    advanced_composition,
+    advanced_composition_heterogeneous,
+    advanced_composition_step_epsilon,
+    basic_composition,
+    group_privacy,
+    parallel_composition,
+)
+from dpjax.accounting.dpsgd import calibrate_noise_multiplier, dpsgd_epsilon, max_steps
 from dpjax.accounting.events import (
     EpsilonDeltaEvent,
     FixedBatchGaussianEvent,
@@ -9,13 +30,66 @@ from dpjax.accounting.events import (
     PoissonSampledGaussianEvent,
     PrivacyEvent,
 )
+from dpjax.accounting.optimal import optimal_composition_delta, optimal_composition_epsilon
+from dpjax.accounting.recipes import (
+    advanced_composition_step_budget,
+    dpgd_sigma_advanced,
+    dpgd_sigma_zcdp,
+)
+from dpjax.accounting.subsampling import SAMPLING_RELATIONS, amplification_by_subsampling
+from dpjax.accounting.tight import (
+    DEFAULT_RDP_ORDERS,
+    DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
+    pld_epsilon,
+    rdp_epsilon,
+    tight_epsilon,
+    to_dp_event,
+)
+from dpjax.accounting.zcdp import (
+    gaussian_zcdp_rho,
+    zcdp_compose,
+    zcdp_epsilon,
+    zcdp_epsilon_bun_steinke,
+    zcdp_epsilon_cks,
+    zcdp_rho_for_epsilon,
+)
 
 __all__ = [
+    "DEFAULT_RDP_ORDERS",
+    "DEFAULT_VALUE_DISCRETIZATION_INTERVAL",
+    "METHODS",
+    "SAMPLING_RELATIONS",
     "EpsilonDeltaEvent",
     "FixedBatchGaussianEvent",
     "GaussianEvent",
     "LaplaceDPSGDEvent",
     "LaplaceEvent",
     "PoissonSampledGaussianEvent",
+    "PrivacyAccountant",
     "PrivacyEvent",
+    "advanced_composition",
+    "advanced_composition_heterogeneous",
+    "advanced_composition_step_budget",
+    "advanced_composition_step_epsilon",
+    "amplification_by_subsampling",
+    "basic_composition",
+    "calibrate_noise_multiplier",
+    "dpgd_sigma_advanced",
+    "dpgd_sigma_zcdp",
+    "dpsgd_epsilon",
+    "gaussian_zcdp_rho",
+    "group_privacy",
+    "max_steps",
+    "optimal_composition_delta",
+    "optimal_composition_epsilon",
+    "parallel_composition",
+    "pld_epsilon",
+    "rdp_epsilon",
+    "tight_epsilon",
+    "to_dp_event",
+    "zcdp_compose",
+    "zcdp_epsilon",
+    "zcdp_epsilon_bun_steinke",
+    "zcdp_epsilon_cks",
+    "zcdp_rho_for_epsilon",
 ]

@@ -120,7 +120,9 @@ class FixedBatchGaussianEvent(PrivacyEvent):
         _validate.positive_int("batch_size", self.batch_size)
         _validate.positive_int("dataset_size", self.dataset_size)
         if self.batch_size > self.dataset_size:
-            _validate.fail("batch_size", self.batch_size, f"at most dataset_size={self.dataset_size}")
+            _validate.fail(
+                "batch_size", self.batch_size, f"at most dataset_size={self.dataset_size}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,234 @@
+"""Closed-form composition theorems: basic, parallel, advanced, and group privacy.
+
+All functions are host-side Python on plain floats. Every result holds under whichever
+neighbouring relation the inputs' (ε, δ) were stated under: composition, parallel composition
+and group privacy do not change the relation (group privacy counts k steps of that relation).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from dpjax import _validate
+
+__all__ = [
+    "basic_composition",
+    "parallel_composition",
+    "advanced_composition",
+    "advanced_composition_heterogeneous",
+    "advanced_composition_step_epsilon",
+    "group_privacy",
+]
+
+
+def _epsilons_deltas(
+    epsilons: Sequence[float], deltas: Sequence[float] | None
+) -> tuple[list[float], list[float]]:
+    eps = [float(_validate.epsilon(e, "epsilons[i]")) for e in epsilons]
+    if not eps:
+        _validate.fail("epsilons", epsilons, "a non-empty sequence")
+    if deltas is None:
+        return eps, [0.0] * len(eps)
+    dels = [float(_validate.delta(d, "deltas[i]")) for d in deltas]
+    if len(dels) != len(eps):
+        _validate.fail("deltas", deltas, f"a sequence of the same length as epsilons ({len(eps)})")
+    return eps, dels
+
+
+def basic_composition(
+    epsilons: Sequence[float], deltas: Sequence[float] | None = None
+) -> tuple[float, float]:
+    """Basic (sequential, adaptive) composition: (Σ εᵢ, Σ δᵢ).
+
+    Formal guarantees:
+        Basic Adaptive Composition in 000_a9865af81d0677e1.txt and Lemma 6 (sequential
+        composition, pure DP) in 004_f02b245d52dd0fec.txt: running (εᵢ, δᵢ)-DP mechanisms on the
+        same data, possibly chosen adaptively, is (Σεᵢ, Σδᵢ)-DP under the relation of the inputs.
+
+    Args:
+        epsilons: per-mechanism ε, each in (0, inf).
+        deltas: per-mechanism δ in [0, 1); ``None`` means pure DP (all zero).
+
+    Returns:
+        ``(epsilon, delta)`` of the composition (δ may reach or exceed 1: then vacuous).
+
+    Example:
+        >>> basic_composition([0.5, 0.25], [1e-6, 1e-6])
+        (0.75, 2e-06)
+    """
+    eps, dels = _epsilons_deltas(epsilons, deltas)
+    return math.fsum(eps), math.fsum(dels)
+
+
+def parallel_composition(
+    epsilons: Sequence[float], deltas: Sequence[float] | None = None
+) -> tuple[float, float]:
+    """Parallel composition over disjoint parts of the data: (max εᵢ, max δᵢ).
+
+    Formal guarantees:
+        Lemma 7 (parallel composition) in 004_f02b245d52dd0fec.txt: if Q⁽ⁱ⁾ is εᵢ-DP and runs on
+        the i-th block of a partition of the data into disjoint blocks, the joint release is
+        maxᵢ εᵢ-DP. The (ε, δ) version (max δᵢ) follows the same way, since one record lies in
+        exactly one block. The partition must not depend on the data (a fixed split by index,
+        or by a public attribute of each record).
+
+    Args:
+        epsilons: per-block ε, each in (0, inf).
+        deltas: per-block δ in [0, 1); ``None`` means pure DP.
+
+    Returns:
+        ``(epsilon, delta)`` of the joint release.
+
+    Example:
+        >>> parallel_composition([0.5, 1.0, 0.25])
+        (1.0, 0.0)
+    """
+    eps, dels = _epsilons_deltas(epsilons, deltas)
+    return max(eps), max(dels)
+
+
+def _drift(epsilon: float) -> float:
+    """Per-step drift bound ε(e^ε − 1)/(e^ε + 1) = ε·tanh(ε/2) (000, "Bounding the drift")."""
+    return epsilon * math.tanh(epsilon / 2.0)
+
+
+def advanced_composition(
+    *, epsilon: float, delta: float, steps: int, delta_prime: float
+) -> tuple[float, float]:
+    """Advanced composition of T adaptively chosen (ε, δ)-DP mechanisms.
+
+    .. math::
+        ε' = ε\\sqrt{2T\\ln(1/δ')} + Tε\\frac{e^ε - 1}{e^ε + 1}, \\qquad δ_{total} = Tδ + δ'.
+
+    Formal guarantees:
+        Advanced Composition in 000_a9865af81d0677e1.txt, with the drift term
+        ε(e^ε − 1)/(e^ε + 1) that its proof ("Bounding the drift", Hoeffding + Chernoff) gives;
+        the first statement in 000 shows the looser drift Tε(e^ε − 1). Holds under the relation of
+        the (ε, δ) inputs (Dwork, Rothblum and Vadhan 2010). For large ε or small T it can exceed
+        basic composition's Tε; both bounds hold at once, so take the smaller
+        (``min(ε', T·ε)``) if you only need a valid number.
+
+    Args:
+        epsilon: per-step ε in (0, inf).
+        delta: per-step δ in [0, 1).
+        steps: number T of mechanisms, a positive integer.
+        delta_prime: the slack δ' in (0, 1).
+
+    Returns:
+        ``(epsilon_total, delta_total)``.
+
+    Example:
+        >>> eps, dlt = advanced_composition(epsilon=0.1, delta=0.0, steps=100, delta_prime=1e-5)
+        >>> round(eps, 4), dlt
+        (5.2981, 1e-05)
+    """
+    _validate.epsilon(epsilon)
+    _validate.delta(delta)
+    steps = _validate.positive_int("steps", steps)
+    _validate.in_range("delta_prime", delta_prime, 0.0, 1.0, low_inclusive=False)
+    return advanced_composition_heterogeneous(
+        [float(epsilon)], [float(delta)], counts=[steps], delta_prime=delta_prime
+    )
+
+
+def advanced_composition_heterogeneous(
+    epsilons: Sequence[float],
+    deltas: Sequence[float] | None = None,
+    *,
+    delta_prime: float,
+    counts: Sequence[int] | None = None,
+) -> tuple[float, float]:
+    """Advanced composition of mechanisms with different (εᵢ, δᵢ).
+
+    .. math::
+        ε' = \\sqrt{2\\ln(1/δ')\\sum_i ε_i^2} + \\sum_i ε_i\\frac{e^{ε_i} - 1}{e^{ε_i} + 1},
+        \\qquad δ_{total} = \\sum_i δ_i + δ'.
+
+    Formal guarantees:
+        The proof of Advanced Composition in 000_a9865af81d0677e1.txt carries over step by step:
+        the drift lemma bounds each step's conditional mean by εᵢ(e^εᵢ − 1)/(e^εᵢ + 1), and
+        Hoeffding's lemma with interval width 2εᵢ gives P(Σ(Lᵢ − μᵢ) > γ) ≤ exp(−γ²/(2Σεᵢ²)).
+        With all εᵢ equal this is exactly :func:`advanced_composition`.
+
+    Args:
+        epsilons: per-mechanism ε, each in (0, inf).
+        deltas: per-mechanism δ in [0, 1); ``None`` means pure DP.
+        delta_prime: the slack δ' in (0, 1).
+        counts: how many times each (εᵢ, δᵢ) is repeated (positive integers); default 1 each.
+
+    Returns:
+        ``(epsilon_total, delta_total)``.
+    """
+    eps, dels = _epsilons_deltas(epsilons, deltas)
+    _validate.in_range("delta_prime", delta_prime, 0.0, 1.0, low_inclusive=False)
+    if counts is None:
+        counts = [1] * len(eps)
+    counts = [_validate.positive_int("counts[i]", c) for c in counts]
+    if len(counts) != len(eps):
+        _validate.fail("counts", counts, f"a sequence of the same length as epsilons ({len(eps)})")
+    sum_sq = math.fsum(c * e * e for c, e in zip(counts, eps, strict=True))
+    drift = math.fsum(c * _drift(e) for c, e in zip(counts, eps, strict=True))
+    fluctuation = math.sqrt(2.0 * sum_sq * math.log(1.0 / delta_prime))
+    delta_total = math.fsum(c * d for c, d in zip(counts, dels, strict=True)) + delta_prime
+    return fluctuation + drift, delta_total
+
+
+def advanced_composition_step_epsilon(
+    *, target_epsilon: float, steps: int, delta_prime: float
+) -> float:
+    """Per-step ε that the corollary of advanced composition allows: ε'/√(8T ln(1/δ')).
+
+    Formal guarantees:
+        Corollary after Advanced Composition in 000_a9865af81d0677e1.txt: T (ε, δ)-DP steps with
+        ε ≤ ε'/√(8T ln(1/δ')) compose to (ε', Tδ + δ')-DP, valid for 0 < ε' < 1 only.
+
+    Args:
+        target_epsilon: the total ε' in (0, 1).
+        steps: number T of steps, a positive integer.
+        delta_prime: the slack δ' in (0, 1).
+
+    Returns:
+        The per-step ε.
+
+    Raises:
+        ValueError: if ``target_epsilon`` is outside (0, 1), where the corollary does not hold.
+
+    Example:
+        >>> round(advanced_composition_step_epsilon(target_epsilon=0.5, steps=100,
+        ...                                         delta_prime=1e-5), 6)
+        0.00521
+    """
+    _validate.in_range("target_epsilon", target_epsilon, 0.0, 1.0, low_inclusive=False)
+    steps = _validate.positive_int("steps", steps)
+    _validate.in_range("delta_prime", delta_prime, 0.0, 1.0, low_inclusive=False)
+    return target_epsilon / math.sqrt(8.0 * steps * math.log(1.0 / delta_prime))
+
+
+def group_privacy(*, epsilon: float, delta: float, group_size: int) -> tuple[float, float]:
+    """Group privacy: protection of a group of k records, (kε, δ(e^{kε} − 1)/(e^ε − 1)).
+
+    Formal guarantees:
+        Group Privacy in 000_a9865af81d0677e1.txt: an (ε, δ)-DP mechanism satisfies, for data
+        sets differing in k entries (k steps of the mechanism's relation),
+        P(M(D) ∈ Ω) ≤ e^{kε} P(M(D') ∈ Ω) + δ(e^{kε} − 1)/(e^ε − 1).
+
+    Args:
+        epsilon: the mechanism's ε in (0, inf).
+        delta: the mechanism's δ in [0, 1).
+        group_size: k, a positive integer (k = 1 returns (ε, δ)).
+
+    Returns:
+        ``(k·epsilon, delta_group)`` (δ_group may exceed 1: then vacuous).
+
+    Example:
+        >>> eps, dlt = group_privacy(epsilon=1.0, delta=1e-6, group_size=2)
+        >>> eps, round(dlt / 1e-6, 4)  # δ(e² − 1)/(e − 1) = δ(e + 1), in units of 1e-6
+        (2.0, 3.7183)
+    """
+    _validate.epsilon(epsilon)
+    _validate.delta(delta)
+    k = _validate.positive_int("group_size", group_size)
+    # (e^{kε} − 1)/(e^ε − 1) = Σ_{j<k} e^{jε}, computed with expm1 for small ε.
+    ratio = math.expm1(k * epsilon) / math.expm1(epsilon)
+    return k * float(epsilon), float(delta) * ratio

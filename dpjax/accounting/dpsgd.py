@@ -1,0 +1,225 @@
+"""DP-SGD / DP-GD accounting and calibration: ε of T steps, the smallest σ, the largest T.
+
+Evaluation and calibration share one code path: both call
+:func:`dpjax.accounting.tight.tight_epsilon` on the same event, and calibration returns the
+end of its bisection bracket that evaluates to ε ≤ target. So a calibrated noise multiplier
+always evaluates (with the same method and settings) to at most the target ε.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from dpjax import _validate
+from dpjax.accounting.events import PoissonSampledGaussianEvent
+from dpjax.accounting.tight import DEFAULT_VALUE_DISCRETIZATION_INTERVAL, tight_epsilon
+from dpjax.relation import ADD_OR_REMOVE_ONE, NeighbouringRelation
+
+__all__ = ["dpsgd_epsilon", "calibrate_noise_multiplier", "max_steps"]
+
+_MAX_STEPS_CAP = 10**8
+
+
+def dpsgd_epsilon(
+    *,
+    noise_multiplier: float,
+    sampling_rate: float,
+    steps: int,
+    delta: float,
+    method: str = "pld",
+    relation: NeighbouringRelation | str = ADD_OR_REMOVE_ONE,
+    value_discretization_interval: float = DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
+    orders: Sequence[float] | None = None,
+) -> float:
+    """ε after T steps of DP-SGD: Poisson sampling at rate q, clipped sum + N(0, (σC)²).
+
+    ``sampling_rate = 1`` is full-batch DP-GD (each step a Gaussian mechanism).
+
+    Formal guarantees:
+        The Poisson-subsampled Gaussian mechanism composed T times (Abadi et al. 2016; DP-SGD
+        of 003_eb46ba05ef56608d.txt), accounted by dp-accounting's PLD (``method="pld"``, tight
+        up to discretisation) or RDP (``method="rdp"``, never tighter). ``relation``:
+
+        * ``ADD_OR_REMOVE_ONE`` (default, as in dp-accounting and Opacus): neighbours add or
+          remove one record; one record moves the clipped sum by at most C.
+        * ``REPLACE_ONE`` (the lectures' convention): one record replaced; the sum moves by up
+          to 2C — the accountant accounts for this itself, pass σ/C unchanged. Only
+          ``method="pld"`` supports it for q < 1 (RDP raises).
+
+        See :mod:`dpjax.accounting.tight` for which method is tight where.
+
+    Args:
+        noise_multiplier: σ/C in (0, inf), C the clip norm.
+        sampling_rate: q in (0, 1].
+        steps: T, a positive integer (noisy releases, not micro-batches).
+        delta: δ in [0, 1).
+        method: ``"pld"`` or ``"rdp"``.
+        relation: the neighbouring relation of the guarantee.
+        value_discretization_interval: PLD grid (default 1e-4).
+        orders: RDP orders (default :data:`dpjax.accounting.DEFAULT_RDP_ORDERS`).
+
+    Returns:
+        ε.
+
+    Example:
+        >>> eps = dpsgd_epsilon(noise_multiplier=1.0, sampling_rate=0.01, steps=1000, delta=1e-5)
+        >>> round(eps, 2)
+        1.83
+    """
+    event = PoissonSampledGaussianEvent(
+        noise_multiplier=noise_multiplier,
+        sampling_rate=sampling_rate,
+        count=steps,
+        relation=relation,
+    )
+    return tight_epsilon(
+        [event],
+        delta,
+        method=method,
+        value_discretization_interval=value_discretization_interval,
+        orders=orders,
+    )
+
+
+def calibrate_noise_multiplier(
+    *,
+    target_epsilon: float,
+    delta: float,
+    sampling_rate: float,
+    steps: int,
+    method: str = "pld",
+    relation: NeighbouringRelation | str = ADD_OR_REMOVE_ONE,
+    rtol: float = 1e-3,
+    value_discretization_interval: float = DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
+    orders: Sequence[float] | None = None,
+) -> float:
+    """The smallest σ/C (to relative tolerance ``rtol``) with ``dpsgd_epsilon`` ≤ target.
+
+    Bisection in log σ on :func:`dpsgd_epsilon` with the same arguments; the returned value is
+    the bracket end whose ε was evaluated ≤ ``target_epsilon``.
+
+    Formal guarantees:
+        Those of :func:`dpsgd_epsilon` at the returned σ (ε ≤ ``target_epsilon`` by
+        construction; ε decreases in σ).
+
+    Args:
+        target_epsilon: ε in (0, inf).
+        delta: δ in (0, 1).
+        sampling_rate: q in (0, 1].
+        steps: T, a positive integer.
+        method: ``"pld"`` or ``"rdp"``.
+        relation: the neighbouring relation (see :func:`dpsgd_epsilon`).
+        rtol: relative width of the final bracket, in (0, 1).
+        value_discretization_interval: PLD grid.
+        orders: RDP orders.
+
+    Returns:
+        The noise multiplier σ/C.
+
+    Example:
+        >>> s = calibrate_noise_multiplier(target_epsilon=1.0, delta=1e-5, sampling_rate=1.0,
+        ...                                steps=10)
+        >>> round(s, 2)
+        11.8
+    """
+    _validate.epsilon(target_epsilon, "target_epsilon")
+    _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
+    _validate.in_range("rtol", rtol, 0.0, 1.0, low_inclusive=False)
+
+    def eps(sigma: float) -> float:
+        return dpsgd_epsilon(
+            noise_multiplier=sigma,
+            sampling_rate=sampling_rate,
+            steps=steps,
+            delta=delta,
+            method=method,
+            relation=relation,
+            value_discretization_interval=value_discretization_interval,
+            orders=orders,
+        )
+
+    lo, hi = 0.5, 1.0
+    while eps(hi) > target_epsilon:
+        lo, hi = hi, 2.0 * hi
+        if hi > 1e8:
+            _validate.fail("target_epsilon", target_epsilon, "reachable with σ/C ≤ 1e8")
+    if hi == 1.0:
+        while eps(lo) <= target_epsilon:
+            hi, lo = lo, 0.5 * lo
+            if lo < 1e-4:
+                return hi
+    while hi / lo - 1.0 > rtol:
+        mid = math.sqrt(lo * hi)
+        if eps(mid) <= target_epsilon:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def max_steps(
+    *,
+    noise_multiplier: float,
+    target_epsilon: float,
+    delta: float,
+    sampling_rate: float,
+    method: str = "pld",
+    relation: NeighbouringRelation | str = ADD_OR_REMOVE_ONE,
+    value_discretization_interval: float = DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
+    orders: Sequence[float] | None = None,
+) -> int:
+    """The largest number of steps T with ``dpsgd_epsilon`` ≤ target at a given σ/C.
+
+    Doubling then integer bisection on :func:`dpsgd_epsilon` (ε increases in T).
+
+    Args:
+        noise_multiplier: σ/C in (0, inf).
+        target_epsilon: ε in (0, inf).
+        delta: δ in (0, 1).
+        sampling_rate: q in (0, 1].
+        method: ``"pld"`` or ``"rdp"``.
+        relation: the neighbouring relation (see :func:`dpsgd_epsilon`).
+        value_discretization_interval: PLD grid.
+        orders: RDP orders.
+
+    Returns:
+        T ≥ 0 (0 if even one step exceeds the target).
+
+    Example:
+        >>> max_steps(noise_multiplier=4.0, target_epsilon=1.0, delta=1e-5, sampling_rate=1.0)
+        1
+    """
+    _validate.positive("noise_multiplier", noise_multiplier)
+    _validate.epsilon(target_epsilon, "target_epsilon")
+    _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
+
+    def ok(steps: int) -> bool:
+        return (
+            dpsgd_epsilon(
+                noise_multiplier=noise_multiplier,
+                sampling_rate=sampling_rate,
+                steps=steps,
+                delta=delta,
+                method=method,
+                relation=relation,
+                value_discretization_interval=value_discretization_interval,
+                orders=orders,
+            )
+            <= target_epsilon
+        )
+
+    if not ok(1):
+        return 0
+    lo, hi = 1, 2
+    while ok(hi):
+        lo, hi = hi, 2 * hi
+        if hi > _MAX_STEPS_CAP:
+            return lo
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
