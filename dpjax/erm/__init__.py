@@ -1,0 +1,30 @@
+"""Private convex ERM: output / objective perturbation, DP-GD, and their excess-risk bounds.
+
+    J(w) = (1/n) Σ_i ℓ(w, x_i, y_i) + (μ/2)‖w‖²,   ‖x_i‖ ≤ 1
+
+Every solver takes (key, X, y) plus static hyperparameters, returns an :class:`ERMResult`
+(``.params``, ``.excess_risk_bound``, ``.event``, ``.relation``) and runs under ``jax.jit`` and
+``jax.vmap`` over keys. Float64 is required (``jax.config.update("jax_enable_x64", True)``).
+
+Modules: ``losses`` (losses with L, c), ``solver`` (certified exact minimiser), ``bounds``
+(theorem bounds as functions of n, d, ε, δ, L, μ, D), ``output_perturbation``,
+``objective_perturbation``, ``iterative`` (DP-GD / DP-SGD / Laplace DP-SGD),
+``linear_regression`` (noisy sufficient statistics), ``hypothesis_grid`` (exponential mechanism).
+"""
+
+from dpjax.erm import bounds, losses
+from dpjax.erm.objective_perturbation import objective_perturbation
+from dpjax.erm.output_perturbation import output_perturbation
+from dpjax.erm.result import ERMResult
+from dpjax.erm.solver import SolveResult, objective, solve
+
+__all__ = [
+    "ERMResult",
+    "SolveResult",
+    "bounds",
+    "losses",
+    "objective",
+    "objective_perturbation",
+    "output_perturbation",
+    "solve",
+]
