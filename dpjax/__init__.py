@@ -10,7 +10,7 @@ Security note: JAX's threefry PRNG is fine for research and audits. Releases of 
 keys seeded from the OS (``os.urandom``) and non-porous noise; see README "Security".
 """
 
-from dpjax import accounting, auditing, mechanisms
+from dpjax import accounting, auditing, erm, mechanisms
 from dpjax.clipping import ClippedGrad, ClippingInfo, clipped_grad
 from dpjax.distributed import data_parallel
 from dpjax.optimizers import accumulate_clipped_sums, dpsgd, laplace_dpsgd, laplace_dpsgd_event
@@ -26,6 +26,7 @@ __all__ = [
     "NeighbouringRelation",
     "accounting",
     "auditing",
+    "erm",
     "mechanisms",
     # DP-SGD (issue 4)
     "ClippedGrad",
