@@ -160,10 +160,8 @@ def _dense_clipped_sum(tap: DenseTap, a: jax.Array, g_scaled: jax.Array, dtype: 
 
 
 def _norm_dtype(leaves: Sequence[Any]) -> Any:
-    floats = [
-        jnp.result_type(x) for x in leaves if jnp.issubdtype(jnp.result_type(x), jnp.floating)
-    ]
-    return max(floats, key=lambda d: jnp.dtype(d).itemsize) if floats else jnp.result_type(float)
+    """float64 if any leaf is float64, else float32 (the rule of the vmap path)."""
+    return jnp.float64 if any(jnp.result_type(x) == jnp.float64 for x in leaves) else jnp.float32
 
 
 def _row_where(keep: jax.Array, x: jax.Array) -> jax.Array:
@@ -193,8 +191,8 @@ def ghost_clipped_sum(
 
     Returns:
         ``(clipped_sum, per_example_norms, num_nonfinite)``: the sum (same structure as
-        ``params``), the unclipped per-example gradient norms ``(B,)`` and the number of
-        unmasked examples with a non-finite norm.
+        ``params``), the unclipped per-example gradient norms ``(B,)`` (0 for masked rows) and
+        the number of unmasked examples with a non-finite norm.
 
     Formal guarantees:
         Each example's contribution has ℓ2 norm ≤ ``l2_clip_norm`` (see the module docstring).
@@ -207,7 +205,7 @@ def ghost_clipped_sum(
         >>> [round(float(v), 3) for v in total], [round(float(v), 3) for v in norms]
         ([0.81, 1.08], [35.0, 0.35])
     """
-    _validate.positive("l2_clip_norm", l2_clip_norm, allow_inf=True)
+    _validate.positive("l2_clip_norm", l2_clip_norm)
     batch = _as_batch(batch)
     ghost_plan, _ = plan(loss_fn, params, *batch)
     p_leaves, p_tree = jax.tree.flatten(params)
@@ -225,7 +223,8 @@ def ghost_clipped_sum(
     num_nonfinite = jnp.sum(jnp.logical_and(keep, ~finite), dtype=jnp.int32)
     if nan_safe:
         keep = jnp.logical_and(keep, finite)
-    scale = jnp.minimum(jnp.ones((), dtype), jnp.asarray(l2_clip_norm, dtype) / norms)
+    clip = jnp.asarray(l2_clip_norm, dtype)
+    scale = clip / jnp.maximum(norms, clip)  # min(1, C/‖g‖), 1 at ‖g‖ = 0
 
     sums: list[Any] = [None] * len(p_leaves)
     for tap, (a, g) in zip(ghost_plan.taps, dense, strict=True):
@@ -237,4 +236,5 @@ def ghost_clipped_sum(
         weights = jnp.where(keep, scale, jnp.zeros((), dtype)).astype(g.dtype)
         flat = _row_where(keep, g).reshape(g.shape[0], -1)
         sums[i] = jnp.einsum("bi,b->i", flat, weights).reshape(g.shape[1:])
-    return jax.tree.unflatten(p_tree, sums), norms, num_nonfinite
+    reported = norms if mask is None else jnp.where(mask, norms, jnp.zeros((), dtype))
+    return jax.tree.unflatten(p_tree, sums), reported, num_nonfinite

@@ -1,0 +1,133 @@
+"""The benchmark models (issue 9's table) and their per-example / batch losses.
+
+Each model gives ``init(key) -> params``, ``loss(params, x, y)`` for ONE example (what
+``dpjax.clipped_grad`` takes) and ``batch_loss(params, X, Y)`` (the mean, for the non-private
+step), plus a synthetic batch of the right shapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+__all__ = ["Model", "MODELS", "make_model"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """A benchmark model: parameter init, per-example loss, batch loss, data maker."""
+
+    name: str
+    init: Callable[[jax.Array], Any]
+    loss: Callable[..., jax.Array]
+    batch_loss: Callable[..., jax.Array]
+    data: Callable[[jax.Array, int], tuple[jax.Array, jax.Array]]
+
+
+def _xent(logits: jax.Array, y: jax.Array) -> jax.Array:
+    return -jnp.take_along_axis(jax.nn.log_softmax(logits), y[..., None], axis=-1)[..., 0]
+
+
+def _images(key: jax.Array, batch: int, shape: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
+    kx, ky = jax.random.split(key)
+    return jax.random.normal(kx, (batch, *shape), jnp.float32), jax.random.randint(
+        ky, (batch,), 0, 10
+    )
+
+
+class MLP(nn.Module):
+    """784-512-512-10 with ReLU."""
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = nn.relu(nn.Dense(512)(x))
+        x = nn.relu(nn.Dense(512)(x))
+        return nn.Dense(10)(x)
+
+
+class CNN(nn.Module):
+    """16c5s2-32c4s2-32-10 (flax ``nn.Conv``, NHWC)."""
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = nn.relu(nn.Conv(16, (5, 5), strides=2, padding="VALID")(x))
+        x = nn.relu(nn.Conv(32, (4, 4), strides=2, padding="VALID")(x))
+        x = x.reshape(x.shape[:-3] + (-1,))
+        x = nn.relu(nn.Dense(32)(x))
+        return nn.Dense(10)(x)
+
+
+def _patches(x: jax.Array, size: int, stride: int) -> jax.Array:
+    """(N, H, W, C) -> (N, H', W', size*size*C) by strided slices (a matmul-ready im2col)."""
+    n, h, w, c = x.shape
+    ho, wo = (h - size) // stride + 1, (w - size) // stride + 1
+    cols = [
+        x[:, i : i + stride * (ho - 1) + 1 : stride, j : j + stride * (wo - 1) + 1 : stride, :]
+        for i in range(size)
+        for j in range(size)
+    ]
+    return jnp.concatenate(cols, axis=-1)
+
+
+class CNNIm2col(nn.Module):
+    """The same CNN with each convolution written as im2col patches @ kernel (plain Dense)."""
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = nn.relu(nn.Dense(16)(_patches(x, 5, 2)))
+        x = nn.relu(nn.Dense(32)(_patches(x, 4, 2)))
+        x = x.reshape(x.shape[:-3] + (-1,))
+        x = nn.relu(nn.Dense(32)(x))
+        return nn.Dense(10)(x)
+
+
+def _flax_model(name: str, module: nn.Module, shape: tuple[int, ...]) -> Model:
+    def init(key: jax.Array) -> Any:
+        return module.init(key, jnp.zeros((1, *shape), jnp.float32))["params"]
+
+    def loss(params: Any, x: jax.Array, y: jax.Array) -> jax.Array:
+        return _xent(module.apply({"params": params}, x[None]), y[None])[0]
+
+    def batch_loss(params: Any, xs: jax.Array, ys: jax.Array) -> jax.Array:
+        return jnp.mean(_xent(module.apply({"params": params}, xs), ys))
+
+    return Model(name, init, loss, batch_loss, lambda key, b: _images(key, b, shape))
+
+
+def _logistic(dim: int) -> Model:
+    def init(key: jax.Array) -> Any:
+        return {"w": jnp.zeros((dim,), jnp.float32), "b": jnp.zeros((), jnp.float32)}
+
+    def margin(params: Any, x: jax.Array, y: jax.Array) -> jax.Array:
+        return (2.0 * y.astype(jnp.float32) - 1.0) * (x @ params["w"] + params["b"])
+
+    def loss(params: Any, x: jax.Array, y: jax.Array) -> jax.Array:
+        return jax.nn.softplus(-margin(params, x, y))
+
+    def batch_loss(params: Any, xs: jax.Array, ys: jax.Array) -> jax.Array:
+        return jnp.mean(jax.nn.softplus(-margin(params, xs, ys)))
+
+    def data(key: jax.Array, batch: int) -> tuple[jax.Array, jax.Array]:
+        kx, ky = jax.random.split(key)
+        xs = jax.random.normal(kx, (batch, dim), jnp.float32) / jnp.sqrt(float(dim))
+        return xs, jax.random.bernoulli(ky, 0.5, (batch,)).astype(jnp.int32)
+
+    return Model(f"logreg{dim}", init, loss, batch_loss, data)
+
+
+MODELS = {
+    "mlp": lambda: _flax_model("mlp", MLP(), (784,)),
+    "cnn": lambda: _flax_model("cnn", CNN(), (28, 28, 1)),
+    "cnn_im2col": lambda: _flax_model("cnn_im2col", CNNIm2col(), (28, 28, 1)),
+    "logreg": lambda: _logistic(10_000),
+}
+
+
+def make_model(name: str) -> Model:
+    """The benchmark model called ``name`` (a key of :data:`MODELS`)."""
+    return MODELS[name]()

@@ -1,0 +1,160 @@
+"""One benchmark process: ``python -m benchmarks.worker MODE MODEL BATCH METHODS... --repeats R``.
+
+MODE ``time``: compile every method's step (compile time, XLA buffer plan), then time them
+round-robin (pair by pair, same process) and print one JSON line per method.
+MODE ``rss``: one method only; reset the RSS high-water mark after compiling and warming up,
+run the step, print the peak resident memory (Linux ``/proc/self/status`` VmHWM).
+MODE ``noise``: time drawing Gaussian noise for the model's parameters per PRNG implementation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import jax
+
+from benchmarks.models import make_model
+from benchmarks.steps import make_step, noise_only
+
+
+def _block(x):
+    return jax.block_until_ready(x)
+
+
+def _vm_kb(field: str) -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return float(line.split()[1])
+    return float("nan")
+
+
+def _reset_hwm() -> None:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def _setup(model_name: str, batch: int):
+    model = make_model(model_name)
+    params = model.init(jax.random.key(0))
+    xs, ys = model.data(jax.random.key(1), batch)
+    return model, params, xs, ys
+
+
+def _compile(model, method, params, key, xs, ys):
+    start = time.perf_counter()
+    compiled = make_step(model, method).lower(params, key, xs, ys).compile()
+    seconds = time.perf_counter() - start
+    try:
+        mem = compiled.memory_analysis()
+        plan_mb = (
+            mem.temp_size_in_bytes + mem.argument_size_in_bytes + mem.output_size_in_bytes
+        ) / 2**20
+    except Exception:  # noqa: BLE001 - not every backend reports it
+        plan_mb = float("nan")
+    return compiled, seconds, plan_mb
+
+
+def time_methods(model_name: str, batch: int, methods: list[str], repeats: int) -> list[dict]:
+    model, params, xs, ys = _setup(model_name, batch)
+    keys = jax.random.split(jax.random.key(2), repeats + 2)
+    compiled, records = {}, {}
+    for method in methods:
+        fn, seconds, plan_mb = _compile(model, method, params, keys[0], xs, ys)
+        _block(fn(params, keys[0], xs, ys))  # warm-up
+        compiled[method] = fn
+        records[method] = {"compile_s": seconds, "xla_buffer_mb": plan_mb, "times": []}
+    for r in range(repeats):
+        order = methods if r % 2 == 0 else methods[::-1]
+        for method in order:
+            start = time.perf_counter()
+            _block(compiled[method](params, keys[r + 1], xs, ys))
+            records[method]["times"].append(1e3 * (time.perf_counter() - start))
+    out = []
+    for method in methods:
+        rec = records.pop(method)
+        times = rec.pop("times")
+        out.append(
+            {
+                "model": model_name,
+                "batch": batch,
+                "method": method,
+                "median_ms": statistics.median(times),
+                "min_ms": min(times),
+                **rec,
+            }
+        )
+    return out
+
+
+def rss_method(model_name: str, batch: int, method: str, repeats: int) -> dict:
+    model, params, xs, ys = _setup(model_name, batch)
+    key = jax.random.key(2)
+    _block((params, xs, ys))
+    fn, _, _ = _compile(model, method, params, key, xs, ys)
+    _block(fn(params, key, xs, ys))
+    before = _vm_kb("VmRSS")
+    _reset_hwm()
+    for _ in range(repeats):
+        _block(fn(params, key, xs, ys))
+    peak = _vm_kb("VmHWM")
+    return {
+        "model": model_name,
+        "batch": batch,
+        "method": method,
+        "peak_rss_mb": peak / 1024,
+        "step_rss_mb": (peak - before) / 1024,
+    }
+
+
+def time_noise(model_name: str, repeats: int) -> list[dict]:
+    model = make_model(model_name)
+    params = model.init(jax.random.key(0))
+    size = sum(x.size for x in jax.tree.leaves(params))
+    out = []
+    for impl in ("threefry2x32", "rbg", "unsafe_rbg"):
+        draw = noise_only(params)
+        keys = jax.random.split(jax.random.key(3, impl=impl), repeats + 1)
+        _block(draw(keys[0]))
+        times = []
+        for r in range(repeats):
+            start = time.perf_counter()
+            _block(draw(keys[r + 1]))
+            times.append(1e3 * (time.perf_counter() - start))
+        out.append(
+            {
+                "model": model_name,
+                "prng": impl,
+                "num_normals": size,
+                "median_ms": statistics.median(times),
+            }
+        )
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("mode", choices=("time", "rss", "noise"))
+    parser.add_argument("model")
+    parser.add_argument("batch", type=int)
+    parser.add_argument("methods", nargs="*")
+    parser.add_argument("--repeats", type=int, default=10)
+    args = parser.parse_args()
+    if args.mode == "time":
+        records = time_methods(args.model, args.batch, args.methods, args.repeats)
+    elif args.mode == "rss":
+        records = [rss_method(args.model, args.batch, args.methods[0], args.repeats)]
+    else:
+        records = time_noise(args.model, args.repeats)
+    for rec in records:
+        print("BENCH " + json.dumps(rec), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,248 @@
+"""Ghost clipping equals per-example clipping (sums, norms, masks, NaN rows, fallback).
+
+The reference is independent of dpjax: per-example gradients by ``jax.vmap(jax.grad)``, then
+clipping and summation in float64 NumPy.
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import dpjax
+from dpjax import ghost
+
+
+def reference(loss_fn, params, batch, clip, mask=None):
+    """(clipped sum, norms) from materialised per-example gradients, in float64 NumPy."""
+    grads = jax.vmap(jax.grad(loss_fn), in_axes=(None,) + (0,) * len(batch))(params, *batch)
+    leaves = [np.asarray(g, np.float64) for g in jax.tree.leaves(grads)]
+    rows = np.concatenate([g.reshape(g.shape[0], -1) for g in leaves], axis=1)
+    norms = np.linalg.norm(rows, axis=1)
+    scale = np.minimum(1.0, clip / norms)
+    if mask is not None:
+        scale = np.where(mask, scale, 0.0)
+    sums = [np.tensordot(scale, g, axes=1) for g in leaves]
+    return jax.tree.unflatten(jax.tree.structure(grads), sums), norms
+
+
+def assert_close(actual, expected, rtol):
+    """Every leaf within rtol of the leaf's largest entry."""
+    for a, e in zip(jax.tree.leaves(actual), jax.tree.leaves(expected), strict=True):
+        a = np.asarray(a, np.float64)
+        assert a.shape == e.shape
+        assert np.max(np.abs(a - e)) <= rtol * max(np.max(np.abs(e)), 1e-30), (a, e)
+
+
+def run(loss_fn, params, batch, clip=1.0, **kw):
+    fn = jax.jit(lambda p, b: ghost.ghost_clipped_sum(loss_fn, p, b, l2_clip_norm=clip, **kw))
+    return fn(params, batch)
+
+
+class MLP(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        x = nn.relu(nn.Dense(32)(x))
+        x = nn.LayerNorm()(x)  # scale/bias: not dense weights -> vmap fallback
+        return nn.Dense(5)(x)
+
+
+def xent(logits, y):
+    return -jax.nn.log_softmax(logits)[y]
+
+
+@pytest.fixture
+def linen_mlp(key):
+    kx, ky, kp = jax.random.split(key, 3)
+    x = 3.0 * jax.random.normal(kx, (24, 12), jnp.float32)
+    y = jax.random.randint(ky, (24,), 0, 5)
+    model = MLP()
+    params = model.init(kp, x[0])["params"]
+    return (lambda p, x, y: xent(model.apply({"params": p}, x), y)), params, (x, y)
+
+
+def test_linen_mlp_matches_per_example_clipping(linen_mlp):
+    loss_fn, params, batch = linen_mlp
+    total, norms, bad = run(loss_fn, params, batch, clip=7.5)
+    ref_sum, ref_norms = reference(loss_fn, params, batch, 7.5)
+    assert np.sum(ref_norms > 7.5) >= 4 and np.sum(ref_norms < 7.5) >= 4  # both regimes
+    np.testing.assert_allclose(np.asarray(norms), ref_norms, rtol=2e-6)
+    assert_close(total, ref_sum, 2e-6)
+    assert int(bad) == 0
+    assert jax.tree.structure(total) == jax.tree.structure(params)
+
+
+def test_clipped_grad_dispatch_ghost_equals_vmap(linen_mlp):
+    loss_fn, params, batch = linen_mlp
+    mask = jnp.arange(24) % 5 != 0
+    outs = {}
+    for method in ("ghost", "vmap", "auto"):
+        fn = dpjax.clipped_grad(loss_fn, l2_clip_norm=0.5, method=method)
+        outs[method] = jax.jit(lambda p, x, y, f=fn: f(p, x, y, mask=mask))(params, *batch)
+    for method in ("ghost", "auto"):
+        assert_close(outs[method][0], jax.tree.map(np.asarray, outs["vmap"][0]), 2e-6)
+        np.testing.assert_allclose(
+            outs[method][1].per_example_norms, outs["vmap"][1].per_example_norms, rtol=2e-6
+        )
+        assert int(outs[method][1].num_clipped) == int(outs["vmap"][1].num_clipped)
+
+
+def plain_mlp_loss(p, x, y):
+    h = jnp.tanh(x @ p["w1"] + p["b1"])
+    return 0.5 * jnp.sum((h @ p["w2"] + p["b2"] - y) ** 2)
+
+
+def test_plain_pytree_mlp_float64(key):
+    k1, k2, k3, k4 = jax.random.split(key, 4)
+    params = {
+        "w1": jax.random.normal(k1, (6, 9)),
+        "b1": jnp.zeros(9),
+        "w2": jax.random.normal(k2, (9, 3)),
+        "b2": jnp.ones(3),
+    }
+    batch = (jax.random.normal(k3, (16, 6)), jax.random.normal(k4, (16, 3)))
+    assert params["w1"].dtype == jnp.float64  # x64 on: exactness to float64 rounding
+    total, norms, _ = run(plain_mlp_loss, params, batch, clip=2.0)
+    ref_sum, ref_norms = reference(plain_mlp_loss, params, batch, 2.0)
+    np.testing.assert_allclose(np.asarray(norms), ref_norms, rtol=1e-12)
+    assert_close(total, ref_sum, 1e-12)
+    taps = ghost.plan(plain_mlp_loss, params, *batch)[0].taps
+    assert sorted(t.leaf for t in taps) == [2, 3]  # w1, w2 (leaves sorted b1, b2, w1, w2)
+
+
+def test_logistic_regression(key):
+    kx, ky = jax.random.split(key)
+    d = 2000
+    x = jax.random.normal(kx, (64, d), jnp.float32)
+    y = jax.random.bernoulli(ky, 0.5, (64,)).astype(jnp.float32)
+    params = {"w": 0.01 * jnp.ones(d, jnp.float32), "b": jnp.zeros((), jnp.float32)}
+
+    def loss(p, x, y):
+        return jax.nn.softplus(-(2.0 * y - 1.0) * (x @ p["w"] + p["b"]))
+
+    assert ghost.supports(loss, params, x, y)
+    total, norms, _ = run(loss, params, (x, y), clip=10.0)
+    ref_sum, ref_norms = reference(loss, params, (x, y), 10.0)
+    np.testing.assert_allclose(np.asarray(norms), ref_norms, rtol=2e-6)
+    assert_close(total, ref_sum, 2e-6)
+
+
+def test_sequence_inputs_and_weight_on_the_left(key):
+    """T > 1 rows per example: Gram-trick norms (small T) and direct norms (large T)."""
+    k1, k2, k3, k4 = jax.random.split(key, 4)
+
+    def loss(p, x):
+        h = jnp.tanh(x @ p["wide"])  # x: (T, 4): T=3, K·N = 4·40 > T(K+N) -> Gram trick
+        h = jnp.einsum("on,tn->to", p["left"], h)  # weight as lhs operand
+        return jnp.sum(jnp.sin(h @ p["narrow"]))  # K·N = 5·2 < T(K+N) -> direct
+
+    params = {
+        "wide": jax.random.normal(k1, (4, 40)),
+        "left": jax.random.normal(k2, (5, 40)),
+        "narrow": jax.random.normal(k3, (5, 2)),
+    }
+    x = jax.random.normal(k4, (10, 3, 4))
+    taps = ghost.plan(loss, params, x)[0].taps
+    assert {(t.t, t.k, t.n) for t in taps} == {(3, 4, 40), (3, 40, 5), (3, 5, 2)}
+    total, norms, _ = run(loss, params, (x,), clip=3.0)
+    ref_sum, ref_norms = reference(loss, params, (x,), 3.0)
+    np.testing.assert_allclose(np.asarray(norms), ref_norms, rtol=1e-10)
+    assert_close(total, ref_sum, 1e-10)
+
+
+class ConvNet(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        x = nn.relu(nn.Conv(4, (3, 3), strides=2, padding="VALID")(x))
+        return nn.Dense(3)(x.reshape(-1))
+
+
+def test_unsupported_layer_falls_back_to_vmap(key):
+    kx, kp = jax.random.split(key)
+    x = jax.random.normal(kx, (12, 9, 9, 2), jnp.float32)
+    y = jnp.arange(12) % 3
+    model = ConvNet()
+    params = model.init(kp, x[:1])["params"]
+
+    def loss(p, x, y):
+        return xent(model.apply({"params": p}, x[None]), y)
+
+    tapped = ghost.plan(loss, params, x, y)[0].tapped_leaves
+    assert len(tapped) == 1  # the Dense kernel only; the conv kernel is per-example vmap
+    total, norms, _ = run(loss, params, (x, y), clip=0.1)
+    ref_sum, ref_norms = reference(loss, params, (x, y), 0.1)
+    np.testing.assert_allclose(np.asarray(norms), ref_norms, rtol=2e-6)
+    assert_close(total, ref_sum, 2e-6)
+
+
+def test_tied_weight_is_not_tapped(key):
+    k1, k2 = jax.random.split(key)
+    params = {"w": jax.random.normal(k1, (5, 5)), "v": jax.random.normal(k1, (5,))}
+
+    def loss(p, x):
+        return jnp.sum(jnp.tanh(jnp.tanh(x @ p["w"]) @ p["w"]) * p["v"])
+
+    x = jax.random.normal(k2, (7, 5))
+    assert not ghost.supports(loss, params, x)
+    total, norms, _ = run(loss, params, (x,), clip=0.5)
+    ref_sum, ref_norms = reference(loss, params, (x,), 0.5)
+    np.testing.assert_allclose(np.asarray(norms), ref_norms, rtol=1e-10)
+    assert_close(total, ref_sum, 1e-10)
+
+
+def test_mask_rows_contribute_zero(linen_mlp):
+    loss_fn, params, (x, y) = linen_mlp
+    mask = jnp.arange(24) < 17
+    x = x.at[20].set(jnp.nan)  # garbage in a padding row must not leak
+    total, norms, bad = run(loss_fn, params, (x, y), clip=1.0, mask=mask)
+    ref_sum, ref_norms = reference(loss_fn, params, (x[:17], y[:17]), 1.0)
+    assert_close(total, ref_sum, 2e-6)
+    np.testing.assert_allclose(np.asarray(norms[:17]), ref_norms, rtol=2e-6)
+    assert np.all(np.asarray(norms[17:]) == 0.0) and int(bad) == 0
+
+
+def test_nan_example_is_zeroed_and_counted(linen_mlp):
+    loss_fn, params, (x, y) = linen_mlp
+    x_bad = x.at[3].set(jnp.nan)
+    total, norms, bad = run(loss_fn, params, (x_bad, y), clip=1.0)
+    keep = np.arange(24) != 3
+    ref_sum, _ = reference(loss_fn, params, (x[keep], y[keep]), 1.0)
+    assert int(bad) == 1 and not np.isfinite(norms[3])
+    assert_close(total, ref_sum, 2e-6)
+    unsafe, _, _ = run(loss_fn, params, (x_bad, y), clip=1.0, nan_safe=False)
+    assert not np.all(np.isfinite(np.asarray(jax.tree.leaves(unsafe)[0])))
+
+
+def test_nnx_linear_model(key):
+    model = nnx.Sequential(
+        nnx.Linear(6, 8, rngs=nnx.Rngs(0)), nnx.relu, nnx.Linear(8, 2, rngs=nnx.Rngs(1))
+    )
+    graphdef, params = nnx.split(model, nnx.Param)
+
+    def loss(p, x, y):
+        return jnp.sum((nnx.merge(graphdef, p)(x) - y) ** 2)
+
+    x = jax.random.normal(key, (10, 6), jnp.float32)
+    y = jnp.ones((10, 2), jnp.float32)
+    assert len(ghost.plan(loss, params, x, y)[0].taps) == 2
+    total, norms, _ = run(loss, params, (x, y), clip=1.0)
+    ref_sum, ref_norms = reference(loss, params, (x, y), 1.0)
+    np.testing.assert_allclose(np.asarray(norms), ref_norms, rtol=2e-6)
+    assert_close(total, ref_sum, 2e-6)
+
+
+def test_supports_false_when_nothing_to_speed_up(key):
+    x = jax.random.normal(key, (4, 3))
+    assert not ghost.supports(lambda w, x: jnp.sum((w - x) ** 2), jnp.zeros(3), x)  # no matmul
+    assert not ghost.supports(lambda w, x: jnp.sum(x @ x) * w, jnp.zeros(()), x)  # data @ data
+    assert not ghost.supports(lambda w, x: x @ w, jnp.zeros((3, 2)), x)  # not a scalar loss
+    assert ghost.supports(lambda w, x: jnp.sum(x @ w), jnp.zeros((3, 2)), x)
+
+
+def test_rejects_bad_clip_norm(linen_mlp):
+    loss_fn, params, batch = linen_mlp
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="l2_clip_norm"):
+            ghost.ghost_clipped_sum(loss_fn, params, batch, l2_clip_norm=bad)
