@@ -1,0 +1,153 @@
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from dpjax import mechanisms as M
+
+N = 100_000
+
+
+def assert_frequencies(counts, probs, *, wrong_probs=(), alpha=1e-4):
+    """Pearson chi-square: counts follow probs, and are distinguishable from wrong_probs."""
+    counts = np.asarray(counts, dtype=np.float64)
+    n = counts.sum()
+    crit = stats.chi2.ppf(1.0 - alpha, df=counts.size - 1)
+
+    def statistic(p):
+        expected = n * np.asarray(p, dtype=np.float64)
+        return float(np.sum((counts - expected) ** 2 / expected))
+
+    assert statistic(probs) <= crit, f"chi2 {statistic(probs):.4g} > {crit:.4g}"
+    for wrong in wrong_probs:
+        assert statistic(wrong) > crit, "chi-square has no power against a wrong distribution"
+
+
+def flip_scaled(p_keep, k, factor):
+    """k-RR law (true category first) with the flip mass scaled by ``factor``."""
+    flip = (1.0 - p_keep) * factor
+    return np.array([1.0 - flip] + [flip / (k - 1)] * (k - 1))
+
+
+def test_keep_probability_matches_closed_form():
+    assert M.randomized_response_keep_probability(epsilon=math.log(3.0)) == pytest.approx(0.75)
+    eps, k = 1.3, 5
+    ref = math.exp(eps) / (math.exp(eps) + k - 1)
+    got = M.randomized_response_keep_probability(epsilon=eps, num_categories=k)
+    assert got == pytest.approx(ref, rel=1e-14)
+    # large epsilon must not overflow
+    assert M.randomized_response_keep_probability(epsilon=800.0) == 1.0
+
+
+def test_epsilon_inverts_keep_probability_and_coin_is_ln3():
+    assert M.randomized_response_epsilon(keep_probability=0.75) == pytest.approx(math.log(3.0))
+    assert M.COIN_EPSILON == pytest.approx(math.log(3.0))
+    p = M.randomized_response_keep_probability(epsilon=0.7, num_categories=4)
+    eps = M.randomized_response_epsilon(keep_probability=p, num_categories=4)
+    assert eps == pytest.approx(0.7, rel=1e-12)
+
+
+def test_coin_protocol_reports_truth_with_probability_three_quarters(key):
+    truth = jnp.concatenate([jnp.ones(N // 2, bool), jnp.zeros(N // 2, bool)])
+    reports = M.coin_randomized_response(key, truth)
+    assert reports.dtype == truth.dtype
+    agree = int(jnp.sum(reports == truth))
+    counts = [agree, N - agree]
+    assert_frequencies(
+        counts, [0.75, 0.25], wrong_probs=[flip_scaled(0.75, 2, 1.5), flip_scaled(0.75, 2, 1 / 1.5)]
+    )
+    # Same law as binary RR at eps = ln 3: answers are independent of the truth given agreement.
+    yes_given_yes = float(jnp.mean(reports[: N // 2]))
+    yes_given_no = float(jnp.mean(reports[N // 2 :]))
+    tol = 5 * math.sqrt(0.75 * 0.25 / (N // 2))
+    assert yes_given_yes == pytest.approx(0.75, abs=tol)
+    assert yes_given_no == pytest.approx(0.25, abs=tol)
+    # Local DP ratio = 3 = e^{ln 3}, within sampling error.
+    assert yes_given_yes / yes_given_no == pytest.approx(3.0, rel=0.05)
+
+
+@pytest.mark.parametrize("eps, k", [(1.0, 5), (0.3, 2), (2.5, 3)])
+def test_k_ary_distribution(key, eps, k):
+    true_category = 1 % k
+    truth = jnp.full((N,), true_category, dtype=jnp.int32)
+    reports = M.randomized_response(key, truth, epsilon=eps, num_categories=k)
+    assert reports.dtype == jnp.int32
+    counts = np.bincount(np.asarray(reports), minlength=k)
+    assert counts.size == k
+    # reorder: true category first
+    order = [true_category] + [c for c in range(k) if c != true_category]
+    p = math.exp(eps) / (math.exp(eps) + k - 1)
+    probs = np.array([p] + [(1 - p) / (k - 1)] * (k - 1))
+    assert_frequencies(
+        counts[order], probs, wrong_probs=[flip_scaled(p, k, 1.5), flip_scaled(p, k, 1 / 1.5)]
+    )
+
+
+def test_frequency_estimator_is_unbiased(key):
+    k, eps = 4, 1.0
+    pi = np.array([0.1, 0.2, 0.3, 0.4])
+    truth = jnp.asarray(np.repeat(np.arange(k), (pi * N).astype(int)), dtype=jnp.int32)
+    reports = M.randomized_response(key, truth, epsilon=eps, num_categories=k)
+    est = np.asarray(M.randomized_response_frequencies(reports, epsilon=eps, num_categories=k))
+    # independent estimator: (lambda - q) / (p - q), p = e^eps/(e^eps+k-1), q = 1/(e^eps+k-1)
+    p = math.exp(eps) / (math.exp(eps) + k - 1)
+    q = 1.0 / (math.exp(eps) + k - 1)
+    lam = np.bincount(np.asarray(reports), minlength=k) / N
+    np.testing.assert_allclose(est, (lam - q) / (p - q), rtol=1e-10)
+    assert est.sum() == pytest.approx(1.0, abs=1e-9)
+    expected_lam = p * pi + q * (1 - pi)
+    sd = np.sqrt(expected_lam * (1 - expected_lam) / N) / (p - q)
+    assert np.all(np.abs(est - pi) <= 5 * sd)
+
+
+def test_binary_estimator_fraction_of_yes(key):
+    eps = 0.5
+    truth = jnp.asarray(np.r_[np.ones(30_000), np.zeros(70_000)], dtype=jnp.int32)
+    reports = M.randomized_response(key, truth, epsilon=eps)
+    est = M.randomized_response_frequencies(reports, epsilon=eps)
+    p = math.exp(eps) / (1 + math.exp(eps))
+    lam = 0.3 * p + 0.7 * (1 - p)
+    sd = math.sqrt(lam * (1 - lam) / truth.size) / (2 * p - 1)
+    assert float(est[1]) == pytest.approx(0.3, abs=5 * sd)
+
+
+def test_jit_and_vmap_match_eager(key):
+    truth = jnp.arange(12, dtype=jnp.int32) % 3
+    eager = M.randomized_response(key, truth, epsilon=1.0, num_categories=3)
+    jitted = jax.jit(lambda k, v: M.randomized_response(k, v, epsilon=1.0, num_categories=3))
+    np.testing.assert_array_equal(eager, jitted(key, truth))
+    keys = jax.random.split(key, 3)
+    batched = jax.vmap(lambda k: M.randomized_response(k, truth, epsilon=1.0, num_categories=3))(
+        keys
+    )
+    for i in range(3):
+        one = M.randomized_response(keys[i], truth, epsilon=1.0, num_categories=3)
+        np.testing.assert_array_equal(batched[i], one)
+    coin = jax.jit(M.coin_randomized_response)(key, truth > 0)
+    np.testing.assert_array_equal(coin, M.coin_randomized_response(key, truth > 0))
+
+
+def test_pytree_values(key):
+    tree = {"a": jnp.zeros(5, jnp.int32), "b": jnp.ones((2, 2), bool)}
+    out = M.randomized_response(key, tree, epsilon=1.0)
+    assert out["a"].shape == (5,) and out["b"].dtype == jnp.bool_
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: M.randomized_response_keep_probability(epsilon=0.0),
+        lambda: M.randomized_response_keep_probability(epsilon=1.0, num_categories=1),
+        lambda: M.randomized_response_epsilon(keep_probability=0.5),
+        lambda: M.randomized_response_epsilon(keep_probability=1.0),
+        lambda: M.randomized_response(jax.random.key(0), jnp.zeros(3), epsilon=-1.0),
+        lambda: M.randomized_response_frequencies(jnp.zeros((0,), jnp.int32), epsilon=1.0),
+        lambda: M.randomized_response_frequencies(jnp.zeros((2, 2), jnp.int32), epsilon=1.0),
+    ],
+)
+def test_bad_inputs_raise(call):
+    with pytest.raises(ValueError, match="must be"):
+        call()
