@@ -17,6 +17,7 @@ from types import ModuleType
 # name -> module path. Add new experiments here.
 EXPERIMENTS: dict[str, str] = {
     "rates": "experiments.rates",
+    "audit": "experiments.audit",
 }
 
 # The rate reproduction is the main job: it runs first and its table heads REPORT.md.
