@@ -46,7 +46,12 @@ class PaddedBatch(NamedTuple):
 
 def _binomial_cap(n: int, q: float, tail: float) -> int:
     """Smallest m with P[Binomial(n, q) > m] ≤ tail."""
-    return int(min(n, stats.binom.isf(tail, n, q) + 1))
+    m = int(stats.binom.isf(tail, n, q))
+    while m < n and stats.binom.sf(m, n, q) > tail:  # guard isf's floating-point edge
+        m += 1
+    while m > 0 and stats.binom.sf(m - 1, n, q) <= tail:
+        m -= 1
+    return max(1, min(n, m))
 
 
 class PoissonSampler:

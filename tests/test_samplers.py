@@ -1,0 +1,146 @@
+"""Samplers: Poisson inclusion law, padding, truncation, shuffling, and the events they justify."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dpjax
+from dpjax.accounting.events import FixedBatchGaussianEvent, PoissonSampledGaussianEvent
+from tests.helpers import mean_tolerance
+
+
+def binom_sf_exact(m, n, q):
+    """P[Binomial(n, q) > m] by direct summation (independent of scipy)."""
+    return math.fsum(math.comb(n, k) * q**k * (1 - q) ** (n - k) for k in range(m + 1, n + 1))
+
+
+def draw_many(sampler, key, trials):
+    keys = jax.random.split(key, trials)
+    batches = jax.jit(jax.vmap(sampler.sample))(keys)
+    return np.asarray(batches.indices), np.asarray(batches.mask)
+
+
+def test_poisson_inclusion_is_independent_with_rate_q(key):
+    n, q, trials = 200, 0.1, 4000
+    sampler = dpjax.PoissonSampler(dataset_size=n, sampling_rate=q)
+    indices, mask = draw_many(sampler, key, trials)
+    sizes = mask.sum(axis=1)
+    sd = math.sqrt(n * q * (1 - q))
+    assert abs(sizes.mean() - n * q) < mean_tolerance(sd, trials)
+    assert abs(sizes.std() - sd) < 0.1 * sd
+    counts = np.zeros(n)
+    for idx, m in zip(indices, mask, strict=True):
+        real = idx[m]
+        assert len(np.unique(real)) == len(real)  # no duplicates in a batch
+        counts[real] += 1
+    # every index included with frequency q (5 standard errors, Bonferroni-loose)
+    se = math.sqrt(q * (1 - q) / trials)
+    assert np.all(np.abs(counts / trials - q) < 5.5 * se)
+    assert np.all(indices[~mask] == 0)
+
+
+def test_poisson_default_cap_and_shape(key):
+    n, q = 1000, 0.05
+    sampler = dpjax.PoissonSampler(dataset_size=n, sampling_rate=q)
+    m = sampler.max_batch_size
+    assert binom_sf_exact(m, n, q) <= 1e-9 < binom_sf_exact(m - 1, n, q)
+    assert sampler.overflow_probability == pytest.approx(binom_sf_exact(m, n, q), rel=1e-6)
+    assert sampler.delta_slack(1000) == pytest.approx(1000 * sampler.overflow_probability)
+    batch = sampler.sample(key)
+    assert batch.indices.shape == (m,) and batch.mask.shape == (m,)
+    assert batch.indices.dtype == jnp.int32 and batch.mask.dtype == jnp.bool_
+    assert sampler.expected_batch_size == 50.0
+
+
+def test_poisson_truncation_keeps_a_uniform_subset(key):
+    n, q, cap, trials = 40, 0.5, 5, 4000
+    sampler = dpjax.PoissonSampler(dataset_size=n, sampling_rate=q, max_batch_size=cap)
+    assert sampler.overflow_probability > 0.99
+    indices, mask = draw_many(sampler, key, trials)
+    assert np.all(mask)  # overflow: every slot holds a real example
+    counts = np.bincount(indices.ravel(), minlength=n) / trials
+    p = cap / n  # each index kept with probability cap/n by symmetry
+    se = math.sqrt(p * (1 - p) / trials)
+    assert np.all(np.abs(counts - p) < 5.5 * se)
+
+
+def test_poisson_rate_one_is_full_batch(key):
+    sampler = dpjax.PoissonSampler(dataset_size=7, sampling_rate=1.0)
+    batch = sampler.sample(key)
+    assert sampler.max_batch_size == 7
+    assert np.all(np.asarray(batch.mask))
+    assert sorted(np.asarray(batch.indices).tolist()) == list(range(7))
+
+
+def test_poisson_event():
+    sampler = dpjax.PoissonSampler(dataset_size=1000, sampling_rate=0.01)
+    ev = sampler.event(noise_multiplier=1.1, steps=500)
+    assert isinstance(ev, PoissonSampledGaussianEvent)
+    assert (ev.noise_multiplier, ev.sampling_rate, ev.count) == (1.1, 0.01, 500)
+    assert ev.relation == dpjax.ADD_OR_REMOVE_ONE
+
+
+def test_shuffled_epoch_is_a_partial_permutation(key):
+    sampler = dpjax.ShuffledBatchSampler(dataset_size=23, batch_size=5)
+    batches = np.asarray(sampler.epoch(key))
+    assert batches.shape == (4, 5)
+    assert len(np.unique(batches)) == 20 and batches.min() >= 0 and batches.max() < 23
+    k1, k2 = jax.random.split(key)
+    assert not np.array_equal(np.asarray(sampler.epoch(k1)), np.asarray(sampler.epoch(k2)))
+    assert sampler.expected_batch_size == 5.0
+
+
+def test_shuffled_batches_are_uniform_subsets(key):
+    n, b, trials = 12, 3, 3000
+    sampler = dpjax.ShuffledBatchSampler(dataset_size=n, batch_size=b)
+    epochs = np.asarray(jax.jit(jax.vmap(sampler.epoch))(jax.random.split(key, trials)))
+    first = epochs[:, 0, :]
+    freq = np.bincount(first.ravel(), minlength=n) / trials
+    p = b / n
+    assert np.all(np.abs(freq - p) < 5.5 * math.sqrt(p * (1 - p) / trials))
+
+
+def test_shuffled_event():
+    sampler = dpjax.ShuffledBatchSampler(dataset_size=100, batch_size=10)
+    ev = sampler.event(noise_multiplier=0.9, steps=30)
+    assert isinstance(ev, FixedBatchGaussianEvent)
+    assert (ev.batch_size, ev.dataset_size, ev.count) == (10, 100, 30)
+    assert ev.relation == dpjax.REPLACE_ONE
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(dataset_size=0, sampling_rate=0.1), "dataset_size"),
+        (dict(dataset_size=10, sampling_rate=0.0), "sampling_rate"),
+        (dict(dataset_size=10, sampling_rate=1.5), "sampling_rate"),
+        (dict(dataset_size=10, sampling_rate=0.5, max_batch_size=0), "max_batch_size"),
+        (dict(dataset_size=10, sampling_rate=0.5, max_batch_size=11), "max_batch_size"),
+    ],
+)
+def test_poisson_validates(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        dpjax.PoissonSampler(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(dataset_size=10, batch_size=0), "batch_size"),
+        (dict(dataset_size=10, batch_size=11), "batch_size"),
+        (dict(dataset_size=-1, batch_size=1), "dataset_size"),
+    ],
+)
+def test_shuffled_validates(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        dpjax.ShuffledBatchSampler(**kwargs)
+
+
+def test_events_validate_noise_multiplier():
+    with pytest.raises(ValueError, match="noise_multiplier"):
+        dpjax.PoissonSampler(dataset_size=10, sampling_rate=0.5).event(
+            noise_multiplier=0.0, steps=1
+        )
