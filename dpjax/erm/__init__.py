@@ -13,6 +13,7 @@ Modules: ``losses`` (losses with L, c), ``solver`` (certified exact minimiser), 
 """
 
 from dpjax.erm import bounds, losses
+from dpjax.erm.iterative import dp_gd, dp_sgd, laplace_dp_sgd
 from dpjax.erm.objective_perturbation import objective_perturbation
 from dpjax.erm.output_perturbation import output_perturbation
 from dpjax.erm.result import ERMResult
@@ -22,6 +23,9 @@ __all__ = [
     "ERMResult",
     "SolveResult",
     "bounds",
+    "dp_gd",
+    "dp_sgd",
+    "laplace_dp_sgd",
     "losses",
     "objective",
     "objective_perturbation",
