@@ -82,6 +82,7 @@ def output_perturbation(
     method: str = "auto",
     tol: float | None = None,
     max_iter: int | None = None,
+    normalizer: int | None = None,
 ) -> ERMResult:
     r"""Private ERM by output perturbation: w_priv = argmin J + b.
 
@@ -100,6 +101,11 @@ def output_perturbation(
         calibration: ``"analytic"`` (Balle–Wang, every ε; default) or ``"classic"``
             (σ = Δ₂√(2 ln(1.25/δ))/ε of 000, ε < 1 only).
         method, tol, max_iter: passed to the exact solver (:func:`dpjax.erm.solve`).
+        normalizer: the PUBLIC N of J = (1/N)Σℓ + (μ/2)‖w‖² (default n = len(X)). Under
+            ``ADD_OR_REMOVE_ONE`` the guarantee compares this release with the same function
+            (same N, same σ) on D plus or minus one record: then J_D and J_D′ differ by one
+            term ℓ/N and Δ₂ = L/(μN). (Dividing by the realised size instead would give
+            Δ₂ ≈ 2L/(μn) and a noise scale that depends on the private size.)
 
     Returns:
         An :class:`ERMResult` with ``event`` = ``GaussianEvent(σ/Δ₂)`` or
@@ -137,6 +143,7 @@ def output_perturbation(
     max_iter = _validate.positive_int("max_iter", max_iter or (100 if method == "newton" else 2000))
     check_domain(loss, mu)
     n, d = jnp.shape(X)
+    n = n if normalizer is None else _validate.positive_int("normalizer", normalizer)
     sens = bounds.argmin_sensitivity(lipschitz=loss.lipschitz, mu=mu, n=n, relation=relation)
     sens += 2.0 * distance_bound(tol, mu)
     scale, sampler, event = _calibrate(variant, sens, epsilon, delta, calibration, relation)
@@ -149,7 +156,9 @@ def output_perturbation(
         noise="gaussian" if variant == "gaussian" else "gamma_norm",
     )
     X, y = prepare_data(X, y, loss)
-    exact = solve_prepared(X, y, loss=loss, mu=float(mu), method=method, tol=tol, max_iter=max_iter)
+    exact = solve_prepared(
+        X, y, loss=loss, mu=float(mu), method=method, tol=tol, max_iter=max_iter, normalizer=n
+    )
     noisy = tree_add_noise(key, exact.params, sampler, scale)
     return ERMResult(
         params=fail_closed(noisy, exact.converged),

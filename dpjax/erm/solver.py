@@ -123,12 +123,18 @@ def _check_bounds(X: np.ndarray, y: np.ndarray, loss: Loss) -> None:
 
 
 def objective(
-    loss: Loss, mu: float, X: jax.Array, y: jax.Array, tilt: jax.Array | None = None
+    loss: Loss,
+    mu: float,
+    X: jax.Array,
+    y: jax.Array,
+    tilt: jax.Array | None = None,
+    normalizer: int | None = None,
 ) -> Callable[[jax.Array], jax.Array]:
-    """J(w) = (1/n)Σℓ(w, x_i, y_i) + (μ/2)‖w‖² (+ ⟨tilt, w⟩) as a function of w."""
+    """J(w) = (1/N)Σℓ(w, x_i, y_i) + (μ/2)‖w‖² (+ ⟨tilt, w⟩), N = ``normalizer`` or n."""
+    factor = 1.0 if normalizer is None else X.shape[0] / float(normalizer)
 
     def J(w: jax.Array) -> jax.Array:
-        value = loss.mean(w, X, y) + 0.5 * mu * jnp.dot(w, w)
+        value = factor * loss.mean(w, X, y) + 0.5 * mu * jnp.dot(w, w)
         return value if tilt is None else value + jnp.dot(tilt, w)
 
     return J
@@ -209,8 +215,9 @@ def _sdca_coordinate(loss: Loss, alpha_i, x_i, y_i, w, mu, n):
     return jnp.where(sq > 0, new, jnp.sign(y_i))
 
 
-def _sdca(loss: Loss, X, y, mu, tol, max_epochs):
-    n = X.shape[0]
+def _sdca(loss: Loss, X, y, mu, tol, max_epochs, normalizer=None):
+    n = X.shape[0] if normalizer is None else normalizer
+    factor = X.shape[0] / n
     if loss.dual == "hinge" and _validate.is_concrete(y):
         if not bool(jnp.all(jnp.abs(y) == 1.0)):
             _validate.fail("y", "labels not in {-1, +1}", "±1 labels for the hinge solver")
@@ -223,13 +230,13 @@ def _sdca(loss: Loss, X, y, mu, tol, max_epochs):
             return alpha.at[i].set(new), w
 
         w0 = X.T @ alpha / (mu * n)
-        alpha, _ = jax.lax.fori_loop(0, n, step, (alpha, w0))
+        alpha, _ = jax.lax.fori_loop(0, X.shape[0], step, (alpha, w0))
         return alpha
 
     def gap(alpha):
         w = X.T @ alpha / (mu * n)
-        primal = objective(loss, mu, X, y)(w)
-        dual = _sdca_dual_value(loss, alpha, y) - 0.5 * mu * jnp.dot(w, w)
+        primal = objective(loss, mu, X, y, normalizer=normalizer)(w)
+        dual = factor * _sdca_dual_value(loss, alpha, y) - 0.5 * mu * jnp.dot(w, w)
         return jnp.maximum(primal - dual, 0.0), w
 
     def cond(state):
@@ -241,7 +248,7 @@ def _sdca(loss: Loss, X, y, mu, tol, max_epochs):
         alpha = epoch(alpha)
         return alpha, gap(alpha)[0], it + 1
 
-    alpha0 = jnp.zeros(n, dtype=X.dtype)
+    alpha0 = jnp.zeros(X.shape[0], dtype=X.dtype)
     alpha, g, it = jax.lax.while_loop(cond, body, (alpha0, gap(alpha0)[0], jnp.asarray(0)))
     g, w = gap(alpha)
     return SolveResult(w, g, g <= tol, it)
@@ -276,14 +283,15 @@ def solve_prepared(
     method: str = "newton",
     tol: float = DEFAULT_TOL,
     max_iter: int = 100,
+    normalizer: int | None = None,
 ) -> SolveResult:
     """:func:`solve` on data already passed through :func:`prepare_data` (no checks)."""
     w0 = jnp.zeros(X.shape[1], dtype=X.dtype)
     if method == "sdca":
         if tilt is not None:
             raise ValueError("tilt is not supported by method='sdca'")
-        return _sdca(loss, X, y, mu, tol, max_iter)
-    J = objective(loss, mu, X, y, tilt)
+        return _sdca(loss, X, y, mu, tol, max_iter, normalizer)
+    J = objective(loss, mu, X, y, tilt, normalizer)
     run = _newton if method == "newton" else _lbfgs
     return run(J, w0, mu, tol, max_iter)
 
@@ -297,6 +305,7 @@ def solve(
     method: str = "auto",
     tol: float | None = None,
     max_iter: int | None = None,
+    normalizer: int | None = None,
 ) -> SolveResult:
     r"""The exact minimiser of J(w) = (1/n)Σℓ(w, x_i, y_i) + (μ/2)‖w‖², with a certificate.
 
@@ -313,6 +322,8 @@ def solve(
             ``"lbfgs"`` (optax L-BFGS, for large d) or ``"sdca"`` (hinge / absolute).
         tol: certificate tolerance; default 1e-18 (Newton, L-BFGS) or 1e-11 (SDCA gap).
         max_iter: iteration (SDCA: epoch) cap; default 100 (Newton), 5000 (L-BFGS), 2000 (SDCA).
+        normalizer: N in (1/N)Σℓ; default n (the mean). A public N is what makes add/remove-one
+            neighbours differ by exactly one term ℓ/N.
 
     Returns:
         A :class:`SolveResult`; ``converged`` is False if the certificate missed ``tol``.
@@ -342,8 +353,17 @@ def solve(
     max_iter = _validate.positive_int("max_iter", max_iter)
     check_domain(loss, mu)
     X, y = prepare_data(X, y, loss)
+    if normalizer is not None:
+        normalizer = _validate.positive_int("normalizer", normalizer)
     return solve_prepared(
-        X, y, loss=loss, mu=float(mu), method=method, tol=float(tol), max_iter=max_iter
+        X,
+        y,
+        loss=loss,
+        mu=float(mu),
+        method=method,
+        tol=float(tol),
+        max_iter=max_iter,
+        normalizer=normalizer,
     )
 
 
