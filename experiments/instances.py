@@ -1,15 +1,15 @@
 """Synthetic instances of the rate experiments, with certified exact optima (literature §2.2–2.3).
 
 Every feature vector lies on the unit sphere (x = g/‖g‖, g ~ N(0, I_d)), so the Lipschitz
-constant L of each loss is known exactly and no clipping is ever active. Generation is host-side
-NumPy in float64 from an explicit ``numpy.random.Generator``; objectives are evaluated in
-float64 (the caller enables x64) as means of per-example *differences* to the optimum, so the
-excess risk is not lost in the rounding of two nearly equal objective values.
+constant L of each loss is known exactly and no clipping is ever active. Generation, exact
+optima and excess risks are host-side NumPy in float64 (an explicit ``numpy.random.Generator``;
+no JAX compile per shape). Excess risks are means of per-example *differences* to the optimum,
+so they are not lost in the rounding of two nearly equal objective values.
 
 Instances (letters as in literature §2.2):
 
 * A ``logistic``: P(y = 1 | x) = sigmoid(<w0, x>), ‖w0‖ = 2 (non-separable). Optimum of
-  J(w) = F(w) + (μ/2)‖w‖² by damped Newton, certified by the PL inequality
+  J(w) = F(w) + (μ/2)‖w‖² by damped Newton (NumPy), certified by the PL inequality
   J(w) − J* ≤ ‖∇J(w)‖²/(2μ).
 * D ``sharp_l1``: y = <w0, x>, absolute loss |<w, x> − y|, ‖w0‖ = R. F is sharp at w0 and
   w* = w0 exactly when 0 ∈ ∂J(w0); certified by the explicit subgradient
@@ -24,8 +24,6 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 __all__ = [
@@ -78,52 +76,57 @@ def _direction(rng: np.random.Generator, d: int, norm: float) -> np.ndarray:
 # --------------------------------------------------------------------------- A. logistic
 
 
-def _logistic_terms(w, X, y):
-    return jnp.logaddexp(0.0, -y * (X @ w))
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * z))
 
 
-def _logistic_j(w, X, y, mu):
-    return jnp.mean(_logistic_terms(w, X, y)) + 0.5 * mu * jnp.dot(w, w)
+def _logistic_j(w: np.ndarray, X: np.ndarray, y: np.ndarray, mu: float) -> float:
+    return float(np.mean(np.logaddexp(0.0, -y * (X @ w))) + 0.5 * mu * w @ w)
 
 
-@jax.jit
-def _logistic_newton(X, y, mu):
-    grad = jax.grad(_logistic_j)
-    hess = jax.hessian(_logistic_j)
+def _logistic_grad(w, X, y, mu):
+    return -(X.T @ (y * _sigmoid(-y * (X @ w)))) / X.shape[0] + mu * w
 
-    def step(w, _):
-        g = grad(w, X, y, mu)
-        return w - jnp.linalg.solve(hess(w, X, y, mu), g), None
 
-    w, _ = jax.lax.scan(step, jnp.zeros(X.shape[1], X.dtype), None, length=40)
-    return w, grad(w, X, y, mu)
+def logistic_newton(
+    X: np.ndarray, y: np.ndarray, mu: float, *, tol: float = 1e-13, max_iter: int = 100
+) -> tuple[np.ndarray, float]:
+    """Damped Newton (backtracking on J) in float64 NumPy; returns (w*, ‖∇J(w*)‖²/(2μ)).
+
+    The returned certificate bounds J(w) − J* by the PL inequality of the μ-strongly convex J.
+    """
+    w = np.zeros(X.shape[1])
+    for _ in range(max_iter):
+        g = _logistic_grad(w, X, y, mu)
+        if np.linalg.norm(g) <= tol:
+            break
+        p = _sigmoid(X @ w) * _sigmoid(-(X @ w))
+        H = (X.T * p) @ X / X.shape[0] + mu * np.eye(X.shape[1])
+        step, t, j0 = np.linalg.solve(H, g), 1.0, _logistic_j(w, X, y, mu)
+        while _logistic_j(w - t * step, X, y, mu) > j0 - 0.25 * t * g @ step and t > 1e-10:
+            t *= 0.5
+        w = w - t * step
+    g = _logistic_grad(w, X, y, mu)
+    return w, float(g @ g) / (2.0 * mu)
 
 
 def logistic_instance(rng: np.random.Generator, n: int, d: int, *, mu: float) -> Instance:
-    """Instance A: logistic regression, ‖w0‖ = 2, exact optimum of the μ-regularised objective.
-
-    Newton from 0 converges globally here (J is μ-strongly convex, its Hessian is
-    (1/4)-Lipschitz-smooth-bounded, and 40 full steps are far beyond the quadratic phase).
-    """
+    """Instance A: logistic regression, ‖w0‖ = 2, exact optimum of the μ-regularised objective."""
     X = unit_sphere(rng, n, d)
     w0 = _direction(rng, d, 2.0)
-    p = 1.0 / (1.0 + np.exp(-(X @ w0)))
-    y = np.where(rng.uniform(size=n) < p, 1.0, -1.0)
-    w, g = (np.asarray(a) for a in _logistic_newton(jnp.asarray(X), jnp.asarray(y), mu))
-    j_star = float(_logistic_j(jnp.asarray(w), jnp.asarray(X), jnp.asarray(y), mu))
-    zero = float(math.log(2.0)) - j_star
-    return Instance("logistic", X, y, mu, w, j_star, float(g @ g) / (2.0 * mu), zero)
+    y = np.where(rng.uniform(size=n) < _sigmoid(X @ w0), 1.0, -1.0)
+    w, certificate = logistic_newton(X, y, mu)
+    j_star = _logistic_j(w, X, y, mu)
+    return Instance("logistic", X, y, mu, w, j_star, certificate, math.log(2.0) - j_star)
 
 
-@jax.jit
-def logistic_excess(W, X, y, w_star, mu):
+def logistic_excess(W, X, y, w_star, mu) -> np.ndarray:
     """J(w) − J(w*) for each row of ``W`` (shape (S, d)), as a mean of per-example differences."""
-
-    def one(w):
-        diff = _logistic_terms(w, X, y) - _logistic_terms(w_star, X, y)
-        return jnp.mean(diff) + 0.5 * mu * (jnp.dot(w, w) - jnp.dot(w_star, w_star))
-
-    return jax.vmap(one)(W)
+    W = np.asarray(W, dtype=np.float64)
+    margins = y * (W @ X.T)
+    ref = np.logaddexp(0.0, -y * (X @ w_star))
+    data = np.mean(np.logaddexp(0.0, -margins) - ref, axis=1)
+    return data + 0.5 * mu * (np.sum(W * W, axis=1) - w_star @ w_star)
 
 
 # --------------------------------------------------------------------------- D. sharp L1
@@ -159,21 +162,16 @@ def sharp_l1_instance(
     return Instance("sharp_l1", X, y, mu, w0, j_star, 0.0, zero)
 
 
-@jax.jit
-def sharp_l1_excess(W, X, y, w_star, mu):
+def sharp_l1_excess(W, X, y, w_star, mu) -> np.ndarray:
     """J(w) − J(w*) for each row of ``W``; F(w*) = 0 exactly, so F(w) is already a difference."""
-
-    def one(w):
-        b = w - w_star
-        return jnp.mean(jnp.abs(X @ b)) + mu * jnp.dot(w_star, b) + 0.5 * mu * jnp.dot(b, b)
-
-    return jax.vmap(one)(W)
+    B = np.asarray(W, dtype=np.float64) - w_star
+    return sharp_l1_risk_excess(W, X, w_star) + mu * (B @ w_star) + 0.5 * mu * np.sum(B * B, 1)
 
 
-@jax.jit
-def sharp_l1_risk_excess(W, X, w_star):
+def sharp_l1_risk_excess(W, X, w_star) -> np.ndarray:
     """F(w) − F* (unregularised) for each row of ``W``: F* = 0 at w0."""
-    return jax.vmap(lambda w: jnp.mean(jnp.abs(X @ (w - w_star))))(W)
+    B = np.asarray(W, dtype=np.float64) - w_star
+    return np.mean(np.abs(B @ X.T), axis=1)
 
 
 # --------------------------------------------------------------------------- E. BST linear
@@ -199,8 +197,7 @@ def bst_linear_instance(
     return Instance("bst_linear", Z, np.ones(n), 0.0, w_star, -radius * g, 0.0, radius * g)
 
 
-@jax.jit
-def linear_excess(W, X, y, w_star):
+def linear_excess(W, X, y, w_star) -> np.ndarray:
     """F(w) − F* = <w* − w, z̄> for each row of ``W`` (F(w) = −mean y<w, x>)."""
-    zbar = jnp.mean(y[:, None] * X, axis=0)
-    return jax.vmap(lambda w: jnp.dot(w_star - w, zbar))(W)
+    zbar = np.mean(y[:, None] * X, axis=0)
+    return (w_star - np.asarray(W, dtype=np.float64)) @ zbar

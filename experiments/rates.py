@@ -18,12 +18,17 @@ formulas only, never from the private data.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib
 import math
 import pathlib
 import time
+import types
+import zlib
 from collections.abc import Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from experiments import fitting, instances, report
@@ -124,41 +129,81 @@ class Row:
     settings: Callable[[Scale], list[Setting]]
     main: bool = True
     note: str = ""
+    data: str = ""
+
+    @property
+    def data_id(self) -> int:
+        """Rows with the same ``data`` label see the same generated data sets (paired designs)."""
+        return zlib.crc32((self.data or self.name).encode())
 
 
 # --------------------------------------------------------------------------- solvers (dpjax API)
 
 
-def _gaussian_output(keys: jax.Array, w_star: np.ndarray, sensitivity: float, s: Setting):
-    """Output perturbation w* + N(0, σ²I) for every key (dpjax.mechanisms.gaussian, analytic σ)."""
-    from dpjax.mechanisms import gaussian
-
-    release = jax.jit(
-        jax.vmap(
-            lambda k: gaussian(k, w_star, sensitivity=sensitivity, epsilon=s.epsilon, delta=s.delta)
-        )
-    )
-    return np.asarray(release(keys))
+class SolverUnavailable(RuntimeError):
+    """The ``dpjax.erm`` function a row needs is not importable (the row is reported as skipped)."""
 
 
-def _output_sigma(sensitivity: float, s: Setting) -> float:
-    from dpjax.mechanisms import gaussian_sigma
+def erm_function(name: str) -> Callable:
+    """The public ``dpjax.erm.<name>`` (a solver, a bound or a hyperparameter formula)."""
+    try:
+        erm = importlib.import_module("dpjax.erm")
+    except ImportError as err:  # pragma: no cover - dpjax.erm is part of the package
+        raise SolverUnavailable(f"dpjax.erm is not importable: {err}") from err
+    found = getattr(erm, name, None)
+    for module_name in (f"dpjax.erm.{name}", "dpjax.erm.bounds"):
+        if callable(found) and not isinstance(found, types.ModuleType):
+            break
+        try:
+            found = getattr(importlib.import_module(module_name), name, None)
+        except ImportError:
+            found = None
+    if not callable(found):
+        raise SolverUnavailable(f"dpjax.erm.{name} is not available")
+    return found
 
-    return gaussian_sigma(sensitivity=sensitivity, epsilon=s.epsilon, delta=s.delta)
+
+def erm_loss(name: str):
+    """A loss object of ``dpjax.erm.losses``."""
+    try:
+        return getattr(importlib.import_module("dpjax.erm.losses"), name)
+    except (ImportError, AttributeError) as err:
+        raise SolverUnavailable(f"dpjax.erm.losses.{name} is not available") from err
 
 
-def _output_bound(sigma: float, d: int, mu: float, lipschitz: float = 1.0) -> float:
-    """E[J(w*+b)] − J* ≤ Lσ√d + μdσ²/2 (output perturbation, 000_a9865af81d0677e1.txt; §1.1)."""
-    return lipschitz * sigma * math.sqrt(d) + 0.5 * mu * d * sigma**2
+@functools.cache
+def _compiled(name: str, kwargs: tuple) -> tuple[Callable, Callable]:
+    solver = erm_function(name)
+    options = dict(kwargs)
+
+    def one(key, X, y):
+        return solver(key, X, y, **options)
+
+    return jax.jit(jax.vmap(one, in_axes=(0, None, None))), one
+
+
+def private_release(name: str, keys: jax.Array, X: np.ndarray, y: np.ndarray, **kwargs):
+    """Run ``dpjax.erm.<name>(key, X, y, **kwargs)`` for every key in ONE compiled vmapped call.
+
+    Returns:
+        ``(params, info)``: the private weights, shape (S, d), and the solver's static result
+        fields (``excess_risk_bound``, ``noise_scale``, ...) from ``jax.eval_shape``.
+    """
+    batched, one = _compiled(name, tuple(sorted(kwargs.items())))
+    X, y = jnp.asarray(X), jnp.asarray(y)
+    info = jax.eval_shape(one, keys[0], X, y)
+    params = np.asarray(batched(keys, X, y).params)
+    if np.isnan(params).any():
+        raise RuntimeError(f"dpjax.erm.{name} failed closed (NaN params) on a rate cell")
+    return params, info
 
 
 # --------------------------------------------------------------------------- cells
 
 
 def _per_dataset(
-    setting: Setting,
-    rng: np.random.Generator,
     keys: jax.Array,
+    rng: np.random.Generator,
     one: Callable[[np.random.Generator, jax.Array], tuple[np.ndarray, float, float, float]],
 ) -> Cell:
     """Run ``one(rng, keys[k])`` for each data set k and stack into a ``Cell``."""
@@ -176,16 +221,24 @@ def output_sc_sharp(mu: float) -> Measure:
     """Output perturbation, μ-SC, on the sharp interpolating L1 instance (expected slope −1)."""
 
     def measure(s: Setting, rng: np.random.Generator, keys: jax.Array) -> Cell:
-        sens = 2.0 / (mu * s.n)  # replace-one argmin sensitivity 2L/(μn), L = 1
-        sigma = _output_sigma(sens, s)
+        loss = erm_loss("absolute")
 
         def one(rng, k):
             inst = instances.sharp_l1_instance(rng, s.n, s.d, mu=mu)
-            W = _gaussian_output(k, inst.w_star, sens, s)
+            W, info = private_release(
+                "output_perturbation",
+                k,
+                inst.X,
+                inst.y,
+                loss=loss,
+                mu=mu,
+                epsilon=s.epsilon,
+                delta=s.delta,
+            )
             ex = instances.sharp_l1_excess(W, inst.X, inst.y, inst.w_star, mu)
-            return ex, _output_bound(sigma, s.d, mu), inst.zero_excess, inst.certificate
+            return ex, info.excess_risk_bound, inst.zero_excess, inst.certificate
 
-        return _per_dataset(s, rng, keys, one)
+        return _per_dataset(keys, rng, one)
 
     return measure
 
@@ -194,49 +247,137 @@ def output_sc_logistic(mu: float) -> Measure:
     """Output perturbation, μ-SC, on logistic regression (smooth: expected −2, bound −1)."""
 
     def measure(s: Setting, rng: np.random.Generator, keys: jax.Array) -> Cell:
-        sens = 2.0 / (mu * s.n)
-        sigma = _output_sigma(sens, s)
+        loss = erm_loss("logistic")
 
         def one(rng, k):
             inst = instances.logistic_instance(rng, s.n, s.d, mu=mu)
-            W = _gaussian_output(k, inst.w_star, sens, s)
+            W, info = private_release(
+                "output_perturbation",
+                k,
+                inst.X,
+                inst.y,
+                loss=loss,
+                mu=mu,
+                epsilon=s.epsilon,
+                delta=s.delta,
+            )
             ex = instances.logistic_excess(W, inst.X, inst.y, inst.w_star, mu)
-            return ex, _output_bound(sigma, s.d, mu), inst.zero_excess, inst.certificate
+            return ex, info.excess_risk_bound, inst.zero_excess, inst.certificate
 
-        return _per_dataset(s, rng, keys, one)
+        return _per_dataset(keys, rng, one)
 
     return measure
-
-
-def tuned_output_mu(n: int, d: int, epsilon: float, delta: float, radius: float) -> float:
-    """μ* = √(2B)/R, B = 2√2 L²√(d ln(1.25/δ))/(εn): balances μR²/2 against B/μ (000; lit. §1.1)."""
-    b = 2.0 * math.sqrt(2.0) * math.sqrt(d * math.log(1.25 / delta)) / (epsilon * n)
-    return math.sqrt(2.0 * b) / radius
 
 
 def output_convex_tuned(radius: float) -> Measure:
     """Output perturbation with μ = μ*(n) on the sharp instance, ‖w0‖ = R: expected −1/2.
 
-    The regularisation bias vanishes (w0 stays the exact optimum, certified), so the excess of
-    F is the noise term ∝ σ ∝ 1/(μ* n) ∝ n^{-1/2}: the bound's rate is attained, at a constant
-    fraction of it. The bound on F adds μR²/2 to the bound on J (lit. §1.1, convex case).
+    μ* = √(2B)/R from ``dpjax.erm.tuned_mu_output_perturbation`` (a theory formula, no tuning on
+    data). The regularisation bias vanishes (w0 stays the exact optimum, certified), so the excess
+    of F is the noise term ∝ σ ∝ 1/(μ*n) ∝ n^{-1/2}: the bound's rate is attained at a constant
+    fraction of it. The bound on F adds μR²/2 to the solver's bound on J (lit. §1.1, convex).
     """
 
     def measure(s: Setting, rng: np.random.Generator, keys: jax.Array) -> Cell:
-        mu = tuned_output_mu(s.n, s.d, s.epsilon, s.delta, radius)
-        sens = 2.0 / (mu * s.n)
-        sigma = _output_sigma(sens, s)
-        bound = _output_bound(sigma, s.d, mu) + 0.5 * mu * radius**2
+        loss = erm_loss("absolute")
+        mu = erm_function("tuned_mu_output_perturbation")(
+            n=s.n, d=s.d, epsilon=s.epsilon, delta=s.delta, lipschitz=1.0, radius=radius
+        )
 
         def one(rng, k):
             inst = instances.sharp_l1_instance(rng, s.n, s.d, mu=mu, radius=radius)
-            W = _gaussian_output(k, inst.w_star, sens, s)
+            W, info = private_release(
+                "output_perturbation",
+                k,
+                inst.X,
+                inst.y,
+                loss=loss,
+                mu=mu,
+                epsilon=s.epsilon,
+                delta=s.delta,
+            )
             ex = instances.sharp_l1_risk_excess(W, inst.X, inst.w_star)
-            zero = float(np.mean(np.abs(inst.y)))
-            return ex, bound, zero, inst.certificate
+            bound = info.excess_risk_bound + 0.5 * mu * radius**2
+            return ex, bound, float(np.mean(np.abs(inst.y))), inst.certificate
 
-        cell = _per_dataset(s, rng, keys, one)
+        cell = _per_dataset(keys, rng, one)
         cell.extra["mu"] = mu
+        return cell
+
+    return measure
+
+
+def objective_sc_logistic(mu: float) -> Measure:
+    """Objective perturbation (KST12 Gaussian tilt), μ-SC, logistic: expected −2 (bound −2)."""
+
+    def measure(s: Setting, rng: np.random.Generator, keys: jax.Array) -> Cell:
+        loss = erm_loss("logistic")
+
+        def one(rng, k):
+            inst = instances.logistic_instance(rng, s.n, s.d, mu=mu)
+            W, info = private_release(
+                "objective_perturbation",
+                k,
+                inst.X,
+                inst.y,
+                loss=loss,
+                mu=mu,
+                epsilon=s.epsilon,
+                delta=s.delta,
+            )
+            ex = instances.logistic_excess(W, inst.X, inst.y, inst.w_star, mu)
+            return ex, info.excess_risk_bound, inst.zero_excess, inst.certificate
+
+        return _per_dataset(keys, rng, one)
+
+    return measure
+
+
+def bst_imbalance(n: int, d: int, epsilon: float, delta: float, fraction: float) -> int:
+    """Column imbalance k of instance E so that ‖z̄‖ = k/n ≈ fraction·√d·σ_lecture/n.
+
+    This is g_n ≍ √d/(εn), BST14's lower-bound scaling, placed at ``fraction`` of the
+    objective-perturbation tuning scale μ*R (so the tuned solution stays inside the ball).
+    k is made to have the parity of n and is independent of n, so ‖z̄‖ ∝ 1/n exactly.
+    """
+    sigma = erm_function("classic_sigma")(sensitivity=2.0, epsilon=epsilon, delta=delta)
+    k = max(2, int(round(fraction * math.sqrt(d) * sigma)))
+    return k + (k - n) % 2
+
+
+def objective_convex_linear(radius: float, fraction: float = 0.5) -> Measure:
+    """Objective perturbation with μ = μ*(n) = √dσ/(nR) on the BST linear instance: slope −1.
+
+    F(w) = −<w, z̄>; the tilted argmin is w_p = (z̄ − b/n)/μ*, so E[F(w_p)] − F* =
+    ‖z̄‖(R − ‖z̄‖/μ*) ∝ 1/n. The stated bound on F adds μ*R²/2 to the solver's bound on J
+    (lit. §1.1, convex case). F* is the minimum over the ball ‖w‖ ≤ R (the comparator class).
+    """
+
+    def measure(s: Setting, rng: np.random.Generator, keys: jax.Array) -> Cell:
+        loss = erm_loss("linear")
+        mu = erm_function("tuned_mu_objective_perturbation")(
+            n=s.n, d=s.d, epsilon=s.epsilon, delta=s.delta, lipschitz=1.0, radius=radius
+        )
+        k_imb = bst_imbalance(s.n, s.d, s.epsilon, s.delta, fraction)
+
+        def one(rng, k):
+            inst = instances.bst_linear_instance(rng, s.n, s.d, imbalance=k_imb, radius=radius)
+            W, info = private_release(
+                "objective_perturbation",
+                k,
+                inst.X,
+                inst.y,
+                loss=loss,
+                mu=mu,
+                epsilon=s.epsilon,
+                delta=s.delta,
+            )
+            ex = instances.linear_excess(W, inst.X, inst.y, inst.w_star)
+            bound = info.excess_risk_bound + 0.5 * mu * radius**2
+            return ex, bound, 2.0 * inst.zero_excess, inst.certificate
+
+        cell = _per_dataset(keys, rng, one)
+        cell.extra.update(mu=mu, imbalance=k_imb)
         return cell
 
     return measure
@@ -280,6 +421,7 @@ def rows() -> list[Row]:
             -1.0,
             output_sc_logistic(0.05),
             _over_n(5),
+            data="logistic_d5_mu0.05",
             note="smooth loss: the linear term has mean 0; excess ≈ (β+μ)dσ²/2 ∝ n^-2.",
         ),
         Row(
@@ -292,6 +434,32 @@ def rows() -> list[Row]:
             output_convex_tuned(1.0),
             _over_n(2),
             note="μ* ∝ n^-1/2 keeps w0 optimal (no bias); the noise term ∝ 1/(μ*n) gives n^-1/2.",
+        ),
+        Row(
+            "objective_sc_logistic",
+            "objective perturbation, μ-SC (002, KST12)",
+            "A logistic, d=5, μ=0.05",
+            "n",
+            -2.0,
+            -2.0,
+            objective_sc_logistic(0.05),
+            _over_n(5),
+            data="logistic_d5_mu0.05",
+            note="bound E‖b‖²/(2n²μ) is tight up to the data curvature (Hessian of J ≥ μI).",
+        ),
+        Row(
+            "objective_convex_linear",
+            "objective perturbation, convex, μ = μ*(n) (002)",
+            "E BST linear, d=4, R=1",
+            "n",
+            -1.0,
+            -1.0,
+            objective_convex_linear(1.0),
+            _over_n(4),
+            note=(
+                "‖z̄‖ = k/n with a fixed integer k ≈ √dσ/2 (BST14 lower-bound scaling): "
+                "E[F(w_p)] − F* = ‖z̄‖(R − ‖z̄‖/μ*) ∝ 1/n."
+            ),
         ),
         Row(
             "output_sc_sharp_eps",
@@ -320,6 +488,30 @@ def rows() -> list[Row]:
                 "E|<b,x>| = σ√(2/π) for every d, so the refined d-slope is 0."
             ),
         ),
+        Row(
+            "objective_sc_logistic_eps",
+            "objective perturbation, μ-SC (002, KST12)",
+            "A logistic, d=5, μ=0.05",
+            "epsilon",
+            -2.0,
+            -2.0,
+            objective_sc_logistic(0.05),
+            _over_eps(5),
+            main=False,
+            note="KST12's σ² = L²(8 ln(2/δ) + 4ε)/ε² is ∝ ε^-2 up to the small 4ε term.",
+        ),
+        Row(
+            "objective_sc_logistic_d",
+            "objective perturbation, μ-SC (002, KST12)",
+            "A logistic, μ=1",
+            "d",
+            1.0,
+            1.0,
+            objective_sc_logistic(1.0),
+            _over_d(),
+            main=False,
+            note="μ = 1 dominates the data curvature (≤ c/d), so E ≈ dσ²/(2n²μ) ∝ d.",
+        ),
     ]
 
 
@@ -342,7 +534,7 @@ def run_row(row: Row, row_index: int, scale: Scale, seed: int) -> dict:
     settings = row.settings(scale)
     cells = []
     for i, s in enumerate(settings):
-        rng = np.random.default_rng([seed, row_index, i])
+        rng = np.random.default_rng([seed, row.data_id, i])
         cells.append(row.measure(s, rng, _cell_keys(seed, row_index, i, scale)))
     return summarise_row(row, settings, cells, scale, seed)
 
@@ -448,32 +640,48 @@ def run(
     out_dir.mkdir(parents=True, exist_ok=True)
     selected = [(i, r) for i, r in enumerate(rows()) if only is None or r.name in only]
     bar = _progress(len(selected))
-    results = []
+    results, skipped = [], []
     for index, row in selected:
         start = time.perf_counter()
-        result = run_row(row, index, scale, seed)
+        if bar is not None:
+            bar.set_postfix_str(row.name)
+        try:
+            result = run_row(row, index, scale, seed)
+        except SolverUnavailable as err:
+            skipped.append({"name": row.name, "method": row.method, "reason": str(err)})
+            continue
+        finally:
+            if bar is not None:
+                bar.update(1)
         result["seconds"] = time.perf_counter() - start
         results.append(result)
         report.plot_row(out_dir / f"rates_{row.name}.png", result)
-        if bar is not None:
-            bar.update(1)
     if bar is not None:
         bar.close()
     records = [{k: r[k] for k in report.RECORD_KEYS} | {"name": r["name"]} for r in results]
     report.write_json(out_dir / "rates.json", records)
     report.write_json(
         out_dir / "rates_experiment.json",
-        {"size": size, "seed": seed, "scale": dataclasses.asdict(scale), "rows": results},
+        {
+            "size": size,
+            "seed": seed,
+            "delta": DELTA,
+            "scale": dataclasses.asdict(scale),
+            "rows": results,
+            "skipped": skipped,
+        },
     )
     return {
-        "report_md": _markdown(results, records, scale, size, seed),
+        "report_md": _markdown(results, records, skipped, scale, size, seed),
         "records": records,
         "rows": results,
+        "skipped": skipped,
     }
 
 
-def _markdown(results, records, scale: Scale, size: str, seed: int) -> str:
+def _markdown(results, records, skipped, scale: Scale, size: str, seed: int) -> str:
     notes = "\n".join(f"- **{r['name']}**: {r['note']}" for r in results if r["note"])
+    notes += "".join(f"\n- **{r['name']}** skipped: {r['reason']}" for r in skipped)
     return (
         "## Excess-risk rates (slope of mean excess risk, log–log)\n\n"
         f"Scale `{size}` (seed {seed}): {scale.datasets} data sets × {scale.seeds} noise seeds "
