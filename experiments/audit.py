@@ -126,8 +126,16 @@ def laplace_cases(epsilon: float = 1.0) -> list[Case]:
     def l2_for_l1(k, x):  # scale √d/ε instead of d/ε
         return x + (math.sqrt(d) / epsilon) * jax.random.laplace(k, jnp.shape(x), x.dtype)
 
+    def discrete(k, x):  # the non-porous option, on the grid 2^-6 within [-8, 8]
+        return mechanisms.discrete_laplace(
+            k, x, sensitivity=1.0, epsilon=epsilon, bound=8.0, granularity=2.0**-6
+        )
+
     vec_pair = lambda: (jnp.zeros(d), jnp.ones(d))  # noqa: E731
     return [
+        Case(variant="correct_discrete", mechanism=discrete, make_data=_scalar_pair(1.0),
+             trials=10_000, exact_epsilon=epsilon / (1 + 2.0**-6),
+             note="discrete Laplace on 2^-6 grid (Δ_g = 1 + 2^-6)", **common),
         Case(variant="correct", mechanism=correct, make_data=_scalar_pair(1.0), trials=10_000,
              exact_epsilon=epsilon, note="Δ₁ = 1, output as score", **common),
         Case(variant="correct_l1_d4", mechanism=correct_vec, make_data=vec_pair,

@@ -9,6 +9,7 @@ Audits are evidence, not proofs: a correct mechanism must give ε_LB ≤ claimed
 is caught when ε_LB > claimed ε (literature.md §3).
 """
 
+from dpjax.auditing import porosity
 from dpjax.auditing.estimators import (
     EpsilonLowerBound,
     clopper_pearson_lower,
@@ -41,5 +42,6 @@ __all__ = [
     "gdp_mu_from_rates",
     "one_run_epsilon_lower_bound",
     "one_run_p_value",
+    "porosity",
     "run_trials",
 ]

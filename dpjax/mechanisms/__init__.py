@@ -6,6 +6,7 @@ from dpjax.mechanisms.bounded_laplace import (
     bounded_laplace_epsilon,
     bounded_laplace_scale,
 )
+from dpjax.mechanisms.discrete import discrete_laplace as discrete_laplace
 from dpjax.mechanisms.exponential import (
     exponential_mechanism,
     exponential_mechanism_expected_gap_bound,

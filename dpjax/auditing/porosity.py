@@ -1,0 +1,182 @@
+r"""Mironov's floating-point test: which outputs on D are impossible on D′?
+
+For a release M(D) = f(D) + noise computed in floating point, the set of attainable outputs
+depends on f(D) (Mironov, *On Significance of the Least Significant Bits for Differential
+Privacy*, CCS 2012). An output y attainable under D but not under D′ identifies D with
+certainty, so the fraction
+
+.. math::  \mathrm{porosity} = P_{y \sim M(D)}[\,y \notin \mathrm{supp}\,M(D')\,]
+
+is a δ that no amount of noise removes. For JAX's float32 samplers every noise value can be
+enumerated: ``jax.random.uniform`` produces the 2^23 values m·2^-23, and ``jax.random.laplace``
+maps them through sign(u)·log1p(−|u|) (literature.md §4.3). The enumeration replays those float
+operations with JAX on the same backend and is checked against real draws (the control).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dpjax import _validate
+from dpjax.mechanisms import discrete
+
+__all__ = [
+    "PorosityResult",
+    "float32_uniform_values",
+    "textbook_laplace_float32_values",
+    "impossible_fraction",
+    "textbook_laplace_porosity",
+    "discrete_laplace_support",
+    "discrete_laplace_porosity",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class PorosityResult:
+    """Result of an exact-support test.
+
+    Attributes:
+        fraction: P_D[output impossible under D′] (exact, by enumeration).
+        outputs: number of distinct noise values (or grid points) enumerated.
+        mechanism: what was tested.
+    """
+
+    fraction: float
+    outputs: int
+    mechanism: str
+
+
+def float32_uniform_values() -> np.ndarray:
+    """All 2^23 values of ``jax.random.uniform(key, dtype=float32)``: m·2^-23, m < 2^23."""
+    return (np.arange(2**23, dtype=np.float64) * 2.0**-23).astype(np.float32)
+
+
+@jax.jit
+def _laplace_from_uniform(f: jax.Array) -> jax.Array:
+    # replays jax._src.random._laplace / _uniform (minval = −1 + epsneg, maxval = 1)
+    dtype = jnp.float32
+    minval = jnp.asarray(-1.0 + float(jnp.finfo(dtype).epsneg), dtype)
+    maxval = jnp.asarray(1.0, dtype)
+    u = jnp.maximum(minval, f * (maxval - minval) + minval)
+    return jnp.sign(u) * jnp.log1p(-jnp.abs(u))
+
+
+def textbook_laplace_float32_values() -> np.ndarray:
+    """Every value ``jax.random.laplace(key, dtype=float32)`` can return (2^23, equiprobable)."""
+    return np.asarray(_laplace_from_uniform(jnp.asarray(float32_uniform_values())))
+
+
+def impossible_fraction(outputs_d, support_dprime, weights=None) -> float:
+    """Weighted fraction of ``outputs_d`` not in ``support_dprime`` (exact float comparison).
+
+    Args:
+        outputs_d: outputs under D (each equiprobable unless ``weights`` is given).
+        support_dprime: every output attainable under D′.
+        weights: probabilities of ``outputs_d`` (default uniform).
+    """
+    y = np.asarray(outputs_d).ravel()
+    missing = ~np.isin(y, np.asarray(support_dprime).ravel())
+    if weights is None:
+        return float(np.mean(missing))
+    w = np.asarray(weights, dtype=np.float64).ravel()
+    return float(np.sum(w[missing]) / np.sum(w))
+
+
+def textbook_laplace_porosity(*, f_d: float, f_dprime: float, scale: float) -> PorosityResult:
+    """Exact porosity of float32 ``f + scale·jax.random.laplace`` (dpjax.mechanisms.laplace).
+
+    Args:
+        f_d: f(D) (rounded to float32).
+        f_dprime: f(D′).
+        scale: Laplace scale b = Δ/ε.
+
+    Returns:
+        P_D[y impossible under D′] over all 2^23 equiprobable noise values, with the
+        release computed as dpjax does it: ``float32(f) + float32(b) * z``.
+    """
+    _validate.positive("scale", scale)
+    z = textbook_laplace_float32_values()
+    b = np.float32(scale)
+    y_d = np.float32(f_d) + b * z
+    y_dprime = np.float32(f_dprime) + b * z
+    return PorosityResult(
+        fraction=impossible_fraction(y_d, y_dprime),
+        outputs=int(z.size),
+        mechanism=f"textbook Laplace float32 (b = {scale:g})",
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _attainable_geometric(r: float, cap: int, dtype) -> np.ndarray:
+    """Every value ⌊E/a⌋ < cap the float32 sampler of dpjax.mechanisms.discrete can draw."""
+    a = -math.log(r)
+    levels = discrete._levels_for(cap, r)
+    u = 1.0 - jnp.asarray(float32_uniform_values(), dtype)
+    upper = -jnp.log(u[u > discrete._THRESHOLD])  # level draws: U in (2^-8, 1]
+    last = -jnp.log(u)
+    found = set()
+    for j in range(levels + 1):
+        e = last if j == levels else upper
+        e = jnp.asarray(j, dtype) * jnp.asarray(discrete._LOG_THRESHOLD, dtype) + e
+        g = np.unique(np.asarray(jnp.floor(e / jnp.asarray(a, dtype))))
+        found.update(int(v) for v in g[g < cap])
+    return np.array(sorted(found), dtype=np.int64)
+
+
+def discrete_laplace_support(
+    *, f: float, sensitivity: float, epsilon: float, bound: float, granularity: float
+) -> np.ndarray:
+    """All outputs of float32 ``discrete_laplace(f)`` (exact enumeration of its sampler)."""
+    r = discrete.discrete_laplace_ratio(
+        sensitivity=sensitivity, epsilon=epsilon, granularity=granularity
+    )
+    half = math.floor(bound / granularity)
+    cap = 2 * half + 1
+    g = _attainable_geometric(r, cap, np.dtype(np.float32))
+    magnitudes = np.unique(np.minimum(1 + g, cap))
+    k = np.concatenate([[0], magnitudes, -magnitudes])
+    k_f = int(np.clip(np.round(np.float32(f) / granularity), -half, half))
+    k_y = np.unique(np.clip(k_f + k, -half, half))
+    return (k_y.astype(np.float32) * np.float32(granularity)).astype(np.float32)
+
+
+def discrete_laplace_porosity(
+    *,
+    f_d: float,
+    f_dprime: float,
+    sensitivity: float,
+    epsilon: float,
+    bound: float,
+    granularity: float,
+) -> PorosityResult:
+    """Exact porosity of float32 ``discrete_laplace``: P_D[y ∉ supp M(D′)].
+
+    The supports are enumerated from the sampler (every float32 uniform); the probabilities
+    of D's outputs are the ideal discrete-Laplace masses (clamped at ±B).
+    """
+    kw = dict(sensitivity=sensitivity, epsilon=epsilon, bound=bound, granularity=granularity)
+    supp_d = discrete_laplace_support(f=f_d, **kw)
+    supp_dprime = discrete_laplace_support(f=f_dprime, **kw)
+    r = discrete.discrete_laplace_ratio(
+        sensitivity=sensitivity, epsilon=epsilon, granularity=granularity
+    )
+    half = math.floor(bound / granularity)
+    k_f = int(np.clip(np.round(f_d / granularity), -half, half))
+    grid = np.arange(-half, half + 1)
+    mass = (1 - r) / (1 + r) * r ** np.abs(grid - k_f).astype(np.float64)
+    mass[0] += r ** (k_f + half + 1) / (1 + r)  # P[K <= -half - k_f - 1] folds onto -B
+    mass[-1] += r ** (half - k_f + 1) / (1 + r)
+    y_grid = (grid.astype(np.float32) * np.float32(granularity)).astype(np.float32)
+    attainable = np.isin(y_grid, supp_d)
+    fraction = impossible_fraction(y_grid[attainable], supp_dprime, mass[attainable])
+    return PorosityResult(
+        fraction=fraction,
+        outputs=int(supp_d.size),
+        mechanism=f"discrete Laplace float32 (g = {granularity:g}, B = {bound:g})",
+    )
