@@ -195,7 +195,12 @@ def smooth_sensitivity_median(data: jax.Array, *, upper: float, beta: float) -> 
         Example 20, equation (4); Nissim, Raskhodnikova & Smith 2007, Proposition 3.4.
     """
     _validate.positive("beta", beta)
-    x = _sorted_data(data, upper)
+    return _smooth_sensitivity_sorted(_sorted_data(data, upper), float(upper), float(beta))
+
+
+@functools.partial(jax.jit, static_argnames=("upper", "beta"))
+def _smooth_sensitivity_sorted(x: jax.Array, upper: float, beta: float) -> jax.Array:
+    """Equation (4) on sorted, in-range data (jitted once per shape, Λ and β)."""
     n = x.shape[0]
     p = _padded(x, upper)
     m = _median_index(n)
@@ -265,7 +270,7 @@ def smooth_median(
     params = smooth_noise_parameters(epsilon=epsilon, delta=delta, noise=noise, gamma=gamma)
     x = _sorted_data(data, upper)
     median = x[_median_index(x.shape[0]) - 1]
-    s = smooth_sensitivity_median(x, upper=upper, beta=params.beta)
+    s = _smooth_sensitivity_sorted(x, float(upper), params.beta)
     sampler = {
         "heavy_tailed": functools.partial(heavy_tailed_noise, gamma=gamma),
         "laplace": jax.random.laplace,

@@ -1,0 +1,224 @@
+import itertools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import integrate, stats
+
+from dpjax import mechanisms as M
+from tests.helpers import assert_distribution
+
+N = 100_000
+
+
+def smooth_sensitivity_reference(x, upper, beta):
+    """Equation (4) of 004 with plain loops (x_(i) = 0 for i <= 0, Λ for i > n)."""
+    x = np.sort(np.asarray(x, dtype=np.float64))
+    n = x.size
+    m = (n + 1) // 2
+
+    def order(i):
+        return 0.0 if i <= 0 else (upper if i > n else x[i - 1])
+
+    best = 0.0
+    for k in range(n + 1):
+        width = max(order(m + t) - order(m + t - k - 1) for t in range(k + 2))
+        best = max(best, math.exp(-k * beta) * width)
+    return best
+
+
+def brute_force_smooth_sensitivity(n, upper, beta):
+    """S*(x) = max_y LS(y) e^{-β d(x, y)} over all data sets in {0..Λ}^n (Definition 14)."""
+    grid = np.array(list(itertools.product(range(upper + 1), repeat=n)), dtype=np.float64)
+    m = (n + 1) // 2
+
+    def median(d):
+        return np.sort(d, axis=1)[:, m - 1]
+
+    med = median(grid)
+    local = np.zeros(len(grid))
+    for i in range(n):
+        for v in range(upper + 1):
+            changed = grid.copy()
+            changed[:, i] = v
+            local = np.maximum(local, np.abs(median(changed) - med))
+    distance = (grid[:, None, :] != grid[None, :, :]).sum(-1)
+    smooth = np.max(local[None, :] * np.exp(-beta * distance), axis=1)
+    return grid, local, smooth
+
+
+@pytest.mark.parametrize("n", [5, 4])
+def test_smooth_sensitivity_matches_brute_force_definition(n):
+    upper, beta = 3, 0.4
+    grid, local, smooth = brute_force_smooth_sensitivity(n, upper, beta)
+    data = jnp.asarray(grid)
+    got_smooth = jax.vmap(lambda d: M.smooth_sensitivity_median(d, upper=upper, beta=beta))(data)
+    got_local = jax.vmap(lambda d: M.local_sensitivity_median(d, upper=upper))(data)
+    np.testing.assert_allclose(np.asarray(got_local), local, atol=1e-12)
+    np.testing.assert_allclose(np.asarray(got_smooth), smooth, rtol=1e-12, atol=1e-12)
+
+
+def test_matches_equation_4_on_random_data():
+    rng = np.random.default_rng(1)
+    for n, beta in [(25, 0.05), (40, 0.3), (7, 2.0)]:
+        x = rng.beta(2, 5, size=n) * 4.0
+        got = float(M.smooth_sensitivity_median(jnp.asarray(x), upper=4.0, beta=beta))
+        assert got == pytest.approx(smooth_sensitivity_reference(x, 4.0, beta), rel=1e-12)
+
+
+def test_beta_smooth_upper_bound_on_random_neighbours():
+    rng = np.random.default_rng(2)
+    beta, upper, trials, n = 0.2, 1.0, 200, 21
+    x = rng.uniform(0, upper, size=(trials, n))
+    y = x.copy()
+    rows = np.arange(trials)
+    # replace one record by 0, by Λ, or by a fresh uniform value
+    new_value = np.select(
+        [rows % 3 == 0, rows % 3 == 1], [0.0, upper], rng.uniform(0, upper, size=trials)
+    )
+    y[rows, rng.integers(n, size=trials)] = new_value
+    smooth = jax.jit(jax.vmap(lambda d: M.smooth_sensitivity_median(d, upper=upper, beta=beta)))
+    local = jax.jit(jax.vmap(lambda d: M.local_sensitivity_median(d, upper=upper)))
+    sx, sy = np.asarray(smooth(jnp.asarray(x))), np.asarray(smooth(jnp.asarray(y)))
+    assert np.all(sx <= math.exp(beta) * sy * (1 + 1e-12))
+    assert np.all(sy <= math.exp(beta) * sx * (1 + 1e-12))
+    assert np.all(sx >= np.asarray(local(jnp.asarray(x))))
+
+
+def example_12_datasets(n=11, upper=1.0):
+    m = (n + 1) // 2
+    d1 = np.r_[np.zeros(m), np.full(n - m, upper)]
+    d2 = np.r_[np.zeros(m + 1), np.full(n - m - 1, upper)]
+    return jnp.asarray(d1), jnp.asarray(d2)
+
+
+def test_example_12_local_sensitivity_is_not_private(key):
+    d1, d2 = example_12_datasets()
+    assert int(jnp.sum(d1 != d2)) == 1  # neighbours under replace-one
+    ls1 = float(M.local_sensitivity_median(d1, upper=1.0))
+    ls2 = float(M.local_sensitivity_median(d2, upper=1.0))
+    assert (ls1, ls2) == (1.0, 0.0)
+    # "Laplace with the local sensitivity": median + (LS/ε)·Lap(1). On d2 the output is exactly
+    # the median every time; on d1 never: P[out = 0] is 1 vs 0, so no (ε, δ < 1) holds.
+    z = jax.random.laplace(key, (10_000,))
+    out1 = np.asarray(jnp.median(d1) + ls1 * z)
+    out2 = np.asarray(jnp.median(d2) + ls2 * z)
+    assert np.mean(out2 == 0.0) == 1.0 and np.mean(out1 == 0.0) == 0.0
+    # Smooth sensitivity repairs it: Λ and Λe^{-β}, within the factor e^β of each other.
+    beta = 0.1
+    s1 = float(M.smooth_sensitivity_median(d1, upper=1.0, beta=beta))
+    s2 = float(M.smooth_sensitivity_median(d2, upper=1.0, beta=beta))
+    assert s1 == pytest.approx(1.0) and s2 == pytest.approx(math.exp(-beta))
+    out = M.smooth_median(key, d2, upper=1.0, epsilon=1.0, delta=1e-6, noise="laplace")
+    assert float(out) != 0.0
+
+
+def numerical_heavy_tailed_cdf(gamma):
+    """CDF of density ∝ 1/(1+|z|^γ), integrated numerically (not via the Beta identity)."""
+    total = integrate.quad(lambda z: 1.0 / (1.0 + z**gamma), 0, np.inf)[0]
+    grid = np.r_[0.0, np.logspace(-6, 7, 200_001)]
+    cumulative = integrate.cumulative_trapezoid(1.0 / (1.0 + grid**gamma), grid, initial=0.0)
+
+    def cdf(x):
+        x = np.asarray(x, dtype=np.float64)
+        half = np.interp(np.abs(x), grid, cumulative, right=total) / total
+        return 0.5 + 0.5 * np.sign(x) * half
+
+    return cdf
+
+
+@pytest.mark.parametrize("gamma", [2.0, 4.0])
+def test_heavy_tailed_sampler_matches_numerical_cdf(key, gamma):
+    z = M.heavy_tailed_noise(key, (N,), jnp.float64, gamma=gamma)
+    cdf = numerical_heavy_tailed_cdf(gamma)
+    if gamma == 2.0:  # Cauchy: an exact closed form for the integrated CDF too
+        grid = np.linspace(-50, 50, 11)
+        np.testing.assert_allclose(cdf(grid), stats.cauchy.cdf(grid), atol=1e-7)
+    assert_distribution(
+        z, cdf, wrong_cdfs=[lambda x: cdf(np.asarray(x) / 1.5), lambda x: cdf(np.asarray(x) * 1.5)]
+    )
+
+
+def test_noise_parameters_follow_the_notes():
+    eps, delta, gamma = 0.8, 1e-6, 3.0
+    heavy = M.smooth_noise_parameters(epsilon=eps, noise="heavy_tailed", gamma=gamma)
+    assert heavy.beta == pytest.approx(eps / (2 * (gamma + 1)))
+    assert heavy.multiplier == pytest.approx(2 * (gamma + 1) / eps)
+    lap = M.smooth_noise_parameters(epsilon=eps, delta=delta, noise="laplace")
+    delta_prime = 2 * delta / (math.exp(eps / 2) + 1)
+    assert lap.beta == pytest.approx(eps / (2 * math.log(2 / delta_prime)))
+    assert lap.multiplier == pytest.approx(2 / eps)
+    # Corollary 17: (δ'/2)(e^{ε/2} + 1) recovers δ
+    assert M.smooth_laplace_delta(epsilon=eps, delta_prime=delta_prime) == pytest.approx(delta)
+    gauss = M.smooth_noise_parameters(epsilon=eps, delta=delta, noise="gaussian")
+    assert gauss.beta == pytest.approx(eps / (2 * math.log(2 / delta)))
+    assert gauss.multiplier == pytest.approx(5 * math.sqrt(2 * math.log(2 / delta)) / eps)
+
+
+@pytest.mark.parametrize(
+    "noise, cdf",
+    [
+        ("laplace", lambda x, s: stats.laplace.cdf(x, scale=s)),
+        ("gaussian", lambda x, s: stats.norm.cdf(x, scale=s)),
+    ],
+)
+def test_smooth_median_noise_scale(key, noise, cdf):
+    rng = np.random.default_rng(3)
+    data = rng.beta(2, 2, size=31)
+    eps, delta = 1.0, 1e-4
+    params = M.smooth_noise_parameters(epsilon=eps, delta=delta, noise=noise)
+    s = params.multiplier * smooth_sensitivity_reference(data, 1.0, params.beta)
+    keys = jax.random.split(key, 50_000)
+    release = jax.jit(
+        jax.vmap(
+            lambda k: M.smooth_median(
+                k, jnp.asarray(data), upper=1.0, epsilon=eps, delta=delta, noise=noise
+            )
+        )
+    )(keys)
+    noise_draws = np.asarray(release) - np.sort(data)[15]
+    assert_distribution(
+        noise_draws,
+        lambda x: cdf(x, s),
+        wrong_cdfs=[lambda x: cdf(x, 1.5 * s), lambda x: cdf(x, s / 1.5)],
+    )
+
+
+def test_jit_and_vmap_match_eager(key):
+    data = jnp.linspace(0.0, 2.0, 15)
+
+    def heavy(k, d):
+        return M.smooth_median(k, d, upper=2.0, epsilon=1.0, gamma=3.0)
+
+    def gauss(k, d):
+        return M.smooth_median(k, d, upper=2.0, epsilon=1.0, delta=1e-6, noise="gaussian")
+
+    assert float(heavy(key, data)) == pytest.approx(float(jax.jit(heavy)(key, data)), rel=1e-12)
+    keys = jax.random.split(key, 3)
+    batched = jax.vmap(gauss, in_axes=(0, None))(keys, data)
+    for i in range(3):
+        assert float(batched[i]) == pytest.approx(float(gauss(keys[i], data)), rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: M.smooth_sensitivity_median(jnp.array([0.5, 1.5]), upper=1.0, beta=0.1),
+        lambda: M.smooth_sensitivity_median(jnp.array([-0.1, 0.5]), upper=1.0, beta=0.1),
+        lambda: M.smooth_sensitivity_median(jnp.zeros((0,)), upper=1.0, beta=0.1),
+        lambda: M.smooth_sensitivity_median(jnp.zeros((2, 2)), upper=1.0, beta=0.1),
+        lambda: M.smooth_sensitivity_median(jnp.zeros(3), upper=0.0, beta=0.1),
+        lambda: M.smooth_sensitivity_median(jnp.zeros(3), upper=1.0, beta=0.0),
+        lambda: M.smooth_noise_parameters(epsilon=0.0),
+        lambda: M.smooth_noise_parameters(epsilon=1.0, gamma=1.0),
+        lambda: M.smooth_noise_parameters(epsilon=1.0, noise="laplace"),
+        lambda: M.smooth_noise_parameters(epsilon=1.0, delta=1.0, noise="gaussian"),
+        lambda: M.smooth_noise_parameters(epsilon=1.0, noise="cauchy"),
+        lambda: M.smooth_median(jax.random.key(0), jnp.array([2.0]), upper=1.0, epsilon=1.0),
+    ],
+)
+def test_bad_inputs_raise(call):
+    with pytest.raises(ValueError, match="must be"):
+        call()
