@@ -190,8 +190,10 @@ def _lbfgs(J, w0, mu, tol, max_iter):
         w = optax.apply_updates(w, updates)
         return w, opt_state, jax.grad(J)(w), it + 1
 
-    init = (w0, opt.init(w0), jax.grad(J)(w0), jnp.asarray(0))
-    w, _, g, it = jax.lax.while_loop(cond, body, init)
+    # optax 0.2.8's L-BFGS mixes int32/int64 indices, which strict promotion (x64) refuses.
+    with jax.numpy_dtype_promotion("standard"):
+        init = (w0, opt.init(w0), jax.grad(J)(w0), jnp.asarray(0))
+        w, _, g, it = jax.lax.while_loop(cond, body, init)
     c = cert(g)
     return SolveResult(w, c, c <= tol, it)
 
