@@ -1,0 +1,152 @@
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from dpjax import mechanisms as M
+from tests.helpers import assert_distribution
+
+N_DRAWS = 50_000
+
+
+def block_estimates_reference(data, estimator, k):
+    size = len(data) // k
+    return np.array([estimator(data[i * size : (i + 1) * size]) for i in range(k)])
+
+
+def test_laplace_aggregate_distribution(key):
+    rng = np.random.default_rng(0)
+    data = rng.normal(1.0, 2.0, size=1000)
+    k, lo, hi, eps = 20, -1.0, 3.0, 0.5
+    center = np.clip(block_estimates_reference(data, np.median, k), lo, hi).mean()
+    keys = jax.random.split(key, N_DRAWS)
+
+    def release(kk):
+        return M.subsample_and_aggregate(
+            kk,
+            jnp.asarray(data),
+            jnp.median,
+            num_blocks=k,
+            lower=lo,
+            upper=hi,
+            epsilon=eps,
+            shuffle=False,
+        )
+
+    draws = np.asarray(jax.jit(jax.vmap(release))(keys))
+    b = (hi - lo) / (k * eps)
+
+    def cdf(scale):
+        return lambda x: stats.laplace.cdf(x, loc=center, scale=scale)
+
+    assert_distribution(draws, cdf(b), wrong_cdfs=[cdf(1.5 * b), cdf(b / 1.5)])
+
+
+def test_gaussian_aggregate_of_vector_estimates(key):
+    rng = np.random.default_rng(1)
+    data = rng.uniform(0, 1, size=(600, 3))
+    k, eps, delta = 30, 1.0, 1e-5
+    center = np.clip(block_estimates_reference(data, lambda b: b.mean(0), k), 0, 1).mean(0)
+    keys = jax.random.split(key, N_DRAWS // 3)
+    release = jax.jit(
+        jax.vmap(
+            lambda kk: M.subsample_and_aggregate(
+                kk,
+                jnp.asarray(data),
+                functools.partial(jnp.mean, axis=0),
+                num_blocks=k,
+                lower=0.0,
+                upper=1.0,
+                epsilon=eps,
+                delta=delta,
+                noise="gaussian",
+                shuffle=False,
+            )
+        )
+    )
+    draws = np.asarray(release(keys))
+    sigma = M.analytic_gaussian_sigma(sensitivity=math.sqrt(3) / k, epsilon=eps, delta=delta)
+
+    def cdf(scale):
+        return lambda x: stats.norm.cdf(x, scale=scale)
+
+    assert_distribution(
+        (draws - center).ravel(), cdf(sigma), wrong_cdfs=[cdf(1.5 * sigma), cdf(sigma / 1.5)]
+    )
+
+
+def test_one_record_moves_the_aggregate_by_at_most_the_sensitivity(key):
+    rng = np.random.default_rng(2)
+    k, lo, hi = 10, 0.0, 1.0
+    run = jax.jit(
+        lambda kk, d: M.subsample_and_aggregate(
+            kk, d, jnp.median, num_blocks=k, lower=lo, upper=hi, epsilon=1.0
+        )
+    )
+    for trial in range(20):
+        data = rng.uniform(-0.5, 1.5, size=205)
+        other = data.copy()
+        other[rng.integers(205)] = rng.choice([-10.0, 10.0])
+        kk = jax.random.fold_in(key, trial)
+        # same key → same partition and the same noise, so the difference is the exact change
+        diff = abs(float(run(kk, jnp.asarray(data))) - float(run(kk, jnp.asarray(other))))
+        assert diff <= (hi - lo) / k + 1e-12
+
+
+def test_shuffled_estimate_is_accurate(key):
+    # sorted input: without shuffling each block would see one slice of the distribution
+    data = jnp.sort(jax.random.normal(key, (20_000,)))
+    est = M.subsample_and_aggregate(
+        jax.random.fold_in(key, 1),
+        data,
+        jnp.median,
+        num_blocks=200,
+        lower=-2.0,
+        upper=2.0,
+        epsilon=1.0,
+    )
+    # noise sd = sqrt(2) * 4 / 200; block-median sampling sd ≈ 1.25/sqrt(20000)
+    assert abs(float(est)) < 0.15
+
+
+def test_clipped_mean_sensitivity_formula():
+    assert M.clipped_mean_sensitivity(num_values=4, dim=9, lower=0, upper=2, norm="l1") == 4.5
+    assert M.clipped_mean_sensitivity(num_values=4, dim=9, lower=0, upper=2, norm="l2") == 1.5
+
+
+def test_jit_matches_eager(key):
+    data = jnp.linspace(0.0, 1.0, 100)
+
+    def f(kk, d):
+        return M.subsample_and_aggregate(
+            kk, d, jnp.mean, num_blocks=10, lower=0.0, upper=1.0, epsilon=1.0
+        )
+
+    assert float(f(key, data)) == pytest.approx(float(jax.jit(f)(key, data)), rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(num_blocks=0),
+        dict(num_blocks=11),
+        dict(epsilon=0.0),
+        dict(lower=1.0, upper=0.0),
+        dict(delta=1e-5),  # Laplace is pure ε
+        dict(noise="gaussian", delta=0.0),
+        dict(noise="cauchy"),
+    ],
+)
+def test_bad_inputs_raise(key, kwargs):
+    args = dict(num_blocks=2, lower=0.0, upper=1.0, epsilon=1.0) | kwargs
+    with pytest.raises(ValueError, match="must be"):
+        M.subsample_and_aggregate(key, jnp.zeros(10), jnp.mean, **args)
+
+
+def test_empty_values_raise(key):
+    with pytest.raises(ValueError, match="must be"):
+        M.clipped_mean(key, jnp.zeros((0,)), lower=0.0, upper=1.0, epsilon=1.0)
