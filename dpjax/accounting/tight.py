@@ -247,7 +247,13 @@ def _pld_of(event: ev.PrivacyEvent, vdi: float) -> pld_lib.PrivacyLossDistributi
             parameter=event.noise_multiplier, value_discretization_interval=vdi
         ).self_compose(event.count)
     if isinstance(event, ev.PoissonSampledGaussianEvent):
-        to_dp_event(event, method="pld")  # validates applicability
+        if event.sampling_rate == 1.0:
+            # Full-batch DP-GD: T Gaussians with sensitivity C (2C under replace-one), exact.
+            shift = 2.0 if event.relation is REPLACE_ONE else 1.0
+            return pld_lib.from_gaussian_mechanism(
+                standard_deviation=event.noise_multiplier / (shift * math.sqrt(event.count)),
+                value_discretization_interval=vdi,
+            )
         return pld_lib.from_gaussian_mechanism(
             standard_deviation=event.noise_multiplier,
             sampling_prob=event.sampling_rate,
