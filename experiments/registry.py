@@ -18,6 +18,7 @@ from types import ModuleType
 EXPERIMENTS: dict[str, str] = {
     "rates": "experiments.rates",
     "audit": "experiments.audit",
+    "composition": "experiments.composition",
 }
 
 # The rate reproduction is the main job: it runs first and its table heads REPORT.md.
