@@ -30,6 +30,7 @@ DESCRIPTION = "privacy audit: empirical ε lower bounds vs claims, mutants caugh
 
 DELTA = 1e-5
 REPETITIONS = 20  # the mutant rule: caught in >= 19 of 20 independent repetitions
+CORRECT_REPETITIONS = 5  # a correct mechanism must stay below its claim in every one
 CAUGHT_AT_LEAST = 19
 CONFIDENCE = 0.95
 
@@ -50,6 +51,8 @@ class Case:
         score: output → scalar, large = evidence for D′ (None: the scalar output).
         exact_epsilon: the true ε of the implemented noise, where known (tightness reference).
         note: what the case checks.
+        repetitions: independent audits (default: 20 for a mutant, 5 for a correct case).
+        slow: too slow for the default test suite (run under ``pytest -m slow``).
     """
 
     family: str
@@ -63,6 +66,8 @@ class Case:
     score: Callable[[Any], jax.Array] | None = None
     exact_epsilon: float | None = None
     note: str = ""
+    repetitions: int | None = None
+    slow: bool = False
 
     @property
     def name(self) -> str:
@@ -72,9 +77,15 @@ class Case:
     def is_mutant(self) -> bool:
         return not self.variant.startswith("correct")
 
+    @property
+    def default_repetitions(self) -> int:
+        if self.repetitions is not None:
+            return self.repetitions
+        return REPETITIONS if self.is_mutant else CORRECT_REPETITIONS
+
 
 def run_case(
-    case: Case, *, key: jax.Array, repetitions: int = REPETITIONS, scale: float = 1.0
+    case: Case, *, key: jax.Array, repetitions: int | None = None, scale: float = 1.0
 ) -> auditing.AuditResult:
     """Audit ``case`` ``repetitions`` times with ``scale × case.trials`` runs per data set."""
     data_d, data_dprime = case.make_data()
@@ -84,7 +95,7 @@ def run_case(
         data_dprime,
         key=key,
         trials=max(int(case.trials * scale), 8),
-        repetitions=repetitions,
+        repetitions=repetitions or case.default_repetitions,
         score=case.score,
         estimator=case.estimator,
         delta=case.delta,
@@ -211,7 +222,230 @@ def mechanism_cases() -> list[Case]:
 
 def all_cases() -> list[Case]:
     """Every case of the suite."""
-    return mechanism_cases()
+    return mechanism_cases() + solver_cases()
+
+
+# ---------------------------------------------------------------------------------------------
+# B–D: the ERM solvers (float64). Canaries saturate the sensitivity bound (literature §3.4):
+# the linear loss ℓ(w; x, y) = −y⟨w, x⟩ with x = e₁ and y flipped between D and D′ moves the
+# minimiser by exactly 2L/(μn) (output perturbation) and the clipped gradient by exactly 2C at
+# every step (a Dirac gradient canary for DP-GD); the other n − 1 points have x = 0.
+
+_N, _MU, _STEPS = 10, 0.1, 10
+
+
+def _canary_pair(n: int, d: int) -> Callable[[], tuple[Any, Any]]:
+    def make():
+        X = jnp.zeros((n, d), jnp.float64).at[0, 0].set(1.0)
+        y = jnp.ones(n, jnp.float64)
+        return (X, y), (X, y.at[0].set(-1.0))
+
+    return make
+
+
+def _minus_first(w: jax.Array) -> jax.Array:
+    """D has y = +1 (w₁ pushed up), D′ has y = −1: large −w₁ is evidence for D′."""
+    return -w[0]
+
+
+def output_perturbation_cases() -> list[Case]:
+    """B1: Gaussian output perturbation with the linear-loss canary (Δ₂ = 2L/(μn) exactly)."""
+    from dpjax import erm
+
+    loss, eps = erm.losses.linear, 1.0
+    sens = 2.0 * loss.lipschitz / (_MU * _N)  # replace-one argmin sensitivity
+    sigma = mechanisms.analytic_gaussian_sigma(sensitivity=sens, epsilon=eps, delta=DELTA)
+    common = dict(
+        family="output_perturbation",
+        make_data=_canary_pair(_N, 2),
+        claimed_epsilon=eps,
+        delta=DELTA,
+        estimator="gdp",
+        score=_minus_first,
+    )
+
+    def correct(k, data):
+        X, y = data
+        return erm.output_perturbation(k, X, y, loss=loss, mu=_MU, epsilon=eps, delta=DELTA).params
+
+    def minimiser(data):
+        return erm.solve(*data, loss=loss, mu=_MU).params
+
+    def half_noise(k, data):
+        w = minimiser(data)
+        return w + (sigma / 2.0) * jax.random.normal(k, w.shape, w.dtype)
+
+    def add_remove_sensitivity(k, data):  # L/(μn): the add/remove bound under replace-one
+        w = minimiser(data)
+        return mechanisms.gaussian(k, w, sensitivity=sens / 2.0, epsilon=eps, delta=DELTA)
+
+    return [
+        Case(variant="correct", mechanism=correct, trials=100_000, exact_epsilon=eps,
+             note="linear-loss canary, n = 10, μ = 0.1", **common),
+        Case(variant="half_noise", mechanism=half_noise, trials=50_000,
+             exact_epsilon=_exact_gaussian_epsilon(sigma / 2.0 / sens), **common),
+        Case(variant="add_remove_sensitivity_under_replace_one", mechanism=add_remove_sensitivity,
+             trials=50_000, exact_epsilon=_exact_gaussian_epsilon(sigma / 2.0 / sens),
+             note="Δ = L/(μn) instead of 2L/(μn)", **common),
+    ]  # fmt: skip
+
+
+def _kst_sigma(eps: float, delta: float, lipschitz: float = 1.0) -> float:
+    """KST12's σ = L√(8 ln(2/δ) + 4ε)/ε (the variant dpjax.erm.objective_perturbation uses)."""
+    return lipschitz * math.sqrt(8.0 * math.log(2.0 / delta) + 4.0 * eps) / eps
+
+
+def _logistic_tilted_argmin(b: jax.Array, x: jax.Array, mu: float) -> jax.Array:
+    """argmin_w log(1 + e^{−xw}) + (μ/2)w² + bw in 1-D (n = 1, y = 1), by bisection on ∇."""
+
+    def grad(w):
+        return -x * jax.nn.sigmoid(-x * w) + mu * w + b
+
+    def body(_, bracket):
+        lo, hi = bracket
+        mid = 0.5 * (lo + hi)
+        up = grad(mid) > 0
+        return jnp.where(up, lo, mid), jnp.where(up, mid, hi)
+
+    r = (jnp.abs(b) + 1.0) / mu
+    lo, hi = jax.lax.fori_loop(0, 200, body, (-r, r))
+    return 0.5 * (lo + hi)
+
+
+def objective_perturbation_cases() -> list[Case]:
+    """C1 (linear loss, Gaussian-mechanism case) and C2 (logistic: the extra regulariser)."""
+    from dpjax import erm
+
+    eps = 1.0
+
+    def correct_linear(k, data):
+        X, y = data
+        return erm.objective_perturbation(
+            k, X, y, loss=erm.losses.linear, mu=_MU, epsilon=eps, delta=DELTA
+        ).params
+
+    # C2: n = 1, d = 1, μ far below c/(εn): D = {x = 1}, D′ = {x = 0}. The Jacobian term
+    # (φ''(0) + μ)/μ = 251 is what the extra ridge Δ = 2c/(εn) − μ pays for.
+    mu_small, c = 1e-3, erm.losses.logistic.smoothness
+    extra = 2.0 * c / eps - mu_small
+
+    def correct_logistic(k, data):
+        X, y = data
+        return erm.objective_perturbation(
+            k, X, y, loss=erm.losses.logistic, mu=mu_small, epsilon=eps, delta=DELTA
+        ).params
+
+    def no_extra_regularizer(k, data):
+        X, _ = data
+        b = _kst_sigma(eps, DELTA) * jax.random.normal(k, (), X.dtype)
+        return _logistic_tilted_argmin(b, X[0, 0], mu_small)[None]
+
+    def logistic_pair():
+        one = jnp.ones(1, jnp.float64)
+        return (jnp.ones((1, 1), jnp.float64), one), (jnp.zeros((1, 1), jnp.float64), one)
+
+    def abs_first(w):
+        return jnp.abs(w[0])  # D′ (no curvature) spreads w over ±σ/μ
+
+    gdp = dict(family="objective_perturbation", claimed_epsilon=eps, delta=DELTA)
+    return [
+        Case(variant="correct_linear", mechanism=correct_linear, make_data=_canary_pair(_N, 2),
+             estimator="gdp", trials=20_000, score=_minus_first, repetitions=3,
+             exact_epsilon=_exact_gaussian_epsilon(_kst_sigma(eps, DELTA) / 2.0),
+             note="KST12 σ, linear loss (c = 0): Gaussian mechanism with Δ = 2L", **gdp),
+        Case(variant="correct_logistic", mechanism=correct_logistic, make_data=logistic_pair,
+             estimator="direct", trials=10_000, score=abs_first, repetitions=3,
+             note=f"logistic, n = 1, μ = {mu_small:g}, D = {{x=1}}, D′ = {{x=0}}", **gdp),
+        Case(variant="no_extra_regularizer", mechanism=no_extra_regularizer,
+             make_data=logistic_pair, estimator="direct", trials=20_000, score=abs_first,
+             note=f"KST σ without the extra ridge Δ = {extra:.3f}", **gdp),
+    ]  # fmt: skip
+
+
+def _dp_gd_stddev(eps: float, delta: float, steps: int, clip: float = 1.0) -> float:
+    """σ_s = 2C√(T/(2ρ)) of dpjax.erm.dp_gd (replace-one, "cks" zCDP conversion)."""
+    from dpjax.accounting import zcdp_rho_for_epsilon
+
+    rho = zcdp_rho_for_epsilon(epsilon=eps, delta=delta, conversion="cks")
+    return 2.0 * clip * math.sqrt(steps / (2.0 * rho))
+
+
+def dp_gd_cases() -> list[Case]:
+    """D1: full-batch DP-GD with the Dirac gradient canary; D2: DP-SGD with Poisson sampling."""
+    import dpjax
+    from dpjax import erm
+
+    eps, radius = 1.0, 10.0
+    linear = erm.losses.linear
+    stddev = _dp_gd_stddev(eps, DELTA, _STEPS)
+
+    def correct(k, data):
+        X, y = data
+        return erm.dp_gd(k, X, y, loss=linear, epsilon=eps, delta=DELTA, radius=radius,
+                         steps=_STEPS, output="last").params  # fmt: skip
+
+    def noise_on_mean(k, data):  # noise sized for the mean (σ_s/n) added to the sum
+        X, y = data
+        wrong = stddev / _N
+        g2 = 1.0 + (wrong / _N) ** 2
+        sched = erm.iterative.schedule(steps=_STEPS, mu=0.0, radius=radius, grad_bound_sq=g2)
+        _, w_last = erm.iterative.noisy_gradient_descent(
+            k, X, y, loss=linear, mu=0.0, radius=radius, steps=_STEPS, clip_norm=1.0,
+            noise_stddev=wrong, step_sizes=sched.step_sizes, weights=sched.weights,
+        )  # fmt: skip
+        return w_last
+
+    logistic = erm.losses.logistic
+    grad_fn = dpjax.clipped_grad(logistic, l2_clip_norm=1.0)
+
+    def key_reused(k, data):  # the noise state is re-initialised every step: same noise
+        X, y = data
+        noise = dpjax.add_gaussian_noise(stddev, key=k)
+
+        def step(w, _):
+            clipped_sum, _ = grad_fn(w, X, y)
+            noisy_sum, _ = noise.update(clipped_sum, noise.init(w))
+            return w - 0.1 * noisy_sum / X.shape[0], noisy_sum[0]
+
+        _, released = jax.lax.scan(step, jnp.zeros(X.shape[1], X.dtype), None, length=_STEPS)
+        return released  # white box: the T released noisy sums
+
+    def released_spread(sums):  # 0 on D′ (no gradient, same noise every step)
+        return -jnp.max(jnp.abs(sums - sums[0]))
+
+    def logistic_pair():
+        one = jnp.ones(1, jnp.float64)
+        return (jnp.ones((1, 1), jnp.float64), one), (jnp.zeros((1, 1), jnp.float64), one)
+
+    q, sgd_eps = 0.2, 2.0
+
+    def correct_sgd(k, data):
+        X, y = data
+        return erm.dp_sgd(k, X, y, loss=linear, epsilon=sgd_eps, delta=DELTA, radius=radius,
+                          sampling_rate=q, steps=_STEPS, relation="replace_one",
+                          output="last").params  # fmt: skip
+
+    common = dict(family="dp_gd", claimed_epsilon=eps, delta=DELTA)
+    return [
+        Case(variant="correct", mechanism=correct, make_data=_canary_pair(_N, 1),
+             estimator="gdp", trials=100_000, score=_minus_first, repetitions=3,
+             note=f"Dirac canary, T = {_STEPS}, n = {_N}, last iterate", **common),
+        Case(variant="noise_on_mean", mechanism=noise_on_mean, make_data=_canary_pair(_N, 1),
+             estimator="gdp", trials=10_000, score=_minus_first,
+             note="noise σ_s/n added to the sum", **common),
+        Case(variant="key_reused", mechanism=key_reused, make_data=logistic_pair,
+             estimator="direct", trials=2_000, score=released_spread,
+             note="logistic canary x = 1 vs x = 0; white-box released sums", **common),
+        Case(family="dp_sgd", variant="correct", mechanism=correct_sgd,
+             make_data=_canary_pair(_N, 1), claimed_epsilon=sgd_eps, delta=DELTA,
+             estimator="direct", trials=20_000, score=_minus_first, repetitions=2, slow=True,
+             note=f"Poisson q = {q}, T = {_STEPS}, PLD-calibrated, last iterate"),
+    ]  # fmt: skip
+
+
+def solver_cases() -> list[Case]:
+    """Every ERM-solver case (B1, C1, C2, D1, D2)."""
+    return output_perturbation_cases() + objective_perturbation_cases() + dp_gd_cases()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -238,7 +472,8 @@ def _markdown(rows: list[dict], extra: list[str]) -> str:
     lines = [
         "## Privacy audit (empirical lower bounds on ε)",
         "",
-        f"{REPETITIONS} independent repetitions per case; ε_LB is a one-sided "
+        f"{REPETITIONS} independent repetitions per mutant ({CORRECT_REPETITIONS} per correct "
+        "implementation, fewer for the slow solvers); ε_LB is a one-sided "
         f"{CONFIDENCE:.0%} Clopper–Pearson lower bound (threshold chosen on a held-out half); "
         "shown: median [min, max] over repetitions. Ratio = median ε_LB / claimed ε. "
         f"A mutant is caught when ε_LB > claimed ε in ≥ {CAUGHT_AT_LEAST}/{REPETITIONS}.",
