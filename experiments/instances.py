@@ -35,6 +35,8 @@ __all__ = [
     "logistic_excess",
     "sharp_l1_excess",
     "linear_excess",
+    "quadratic_instance",
+    "quadratic_excess",
 ]
 
 
@@ -201,3 +203,32 @@ def linear_excess(W, X, y, w_star) -> np.ndarray:
     """F(w) − F* = <w* − w, z̄> for each row of ``W`` (F(w) = −mean y<w, x>)."""
     zbar = np.mean(y[:, None] * X, axis=0)
     return (w_star - np.asarray(W, dtype=np.float64)) @ zbar
+
+
+# --------------------------------------------------------------------------- G. quadratic
+
+
+def quadratic_instance(
+    rng: np.random.Generator, n: int, d: int, *, mu: float, target_norm: float = 0.5
+) -> Instance:
+    """Instance G: ridge regression J(w) = (1/2n)Σ(<w, x_i> − y_i)² + (μ/2)‖w‖², |y| ≤ 1.
+
+    y = clip(<w0, x> + N(0, 0.1²), −1, 1) with ‖w0‖ = ``target_norm``. J is an exact
+    quadratic with Hessian H = XᵀX/n + μI, so w* = H⁻¹Xᵀy/n in closed form and
+    J(w) − J* = ½(w − w*)ᵀH(w − w*) exactly (no cancellation). ‖w*‖ ≤ ‖Xᵀy/n‖/μ ≤ 1/μ.
+    """
+    X = unit_sphere(rng, n, d)
+    w0 = _direction(rng, d, target_norm)
+    y = np.clip(X @ w0 + 0.1 * rng.standard_normal(n), -1.0, 1.0)
+    H = X.T @ X / n + mu * np.eye(d)
+    w_star = np.linalg.solve(H, X.T @ y / n)
+    j_star = float(0.5 * np.mean((X @ w_star - y) ** 2) + 0.5 * mu * w_star @ w_star)
+    zero = float(0.5 * w_star @ H @ w_star)
+    return Instance("quadratic", X, y, mu, w_star, j_star, 0.0, zero)
+
+
+def quadratic_excess(W, X, w_star, mu) -> np.ndarray:
+    """J(w) − J* = ½(w − w*)ᵀH(w − w*) with H = XᵀX/n + μI, for each row of ``W``."""
+    B = np.asarray(W, dtype=np.float64) - w_star
+    XB = B @ X.T
+    return 0.5 * (np.mean(XB * XB, axis=1) + mu * np.sum(B * B, axis=1))

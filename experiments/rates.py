@@ -40,9 +40,20 @@ __all__ = ["DESCRIPTION", "Scale", "SCALES", "Row", "rows", "run"]
 
 @dataclasses.dataclass(frozen=True)
 class Scale:
-    """Grid sizes of one run (``tiny`` for tests, ``quick`` for ``make reproduce``, ``full``)."""
+    """Grid sizes of one run (``tiny`` for tests, ``quick`` for ``make reproduce``, ``full``).
+
+    Attributes:
+        n_grid: n values of the closed-form solvers' rows.
+        n_grid_iterative: n values of the DP-GD rows (T ∝ n² makes them cost ∝ n³).
+        steps_grid: N = n values of the Laplace DP-SGD rows (batch 1, N steps).
+        d_grid, eps_grid: the secondary rows' grids (at n = ``n_fixed``).
+        datasets: K data sets per cell. seeds: S noise seeds per data set.
+        n_boot: hierarchical-bootstrap replicates. tolerance: slope tolerance of the verdict.
+    """
 
     n_grid: tuple[int, ...]
+    n_grid_iterative: tuple[int, ...]
+    steps_grid: tuple[int, ...]
     d_grid: tuple[int, ...]
     eps_grid: tuple[float, ...]
     n_fixed: int
@@ -52,27 +63,46 @@ class Scale:
     tolerance: float
 
 
+def _powers(lo: int, hi: int, every: int = 1) -> tuple[int, ...]:
+    return tuple(2**k for k in range(lo, hi + 1, every))
+
+
 SCALES: dict[str, Scale] = {
-    "tiny": Scale((512, 1024, 2048), (2, 8, 32), (0.5, 1.0, 2.0), 1024, 2, 48, 200, 0.1),
+    "tiny": Scale(
+        n_grid=(512, 2048),
+        n_grid_iterative=(256, 1024),
+        steps_grid=(1024, 8192),
+        d_grid=(2, 16),
+        eps_grid=(0.25, 1.0),
+        n_fixed=1024,
+        datasets=2,
+        seeds=48,
+        n_boot=200,
+        tolerance=0.1,
+    ),
     "quick": Scale(
-        tuple(2**k for k in range(9, 15)),
-        (2, 4, 8, 16, 32),
-        (0.25, 0.5, 1.0),
-        4096,
-        4,
-        96,
-        1000,
-        0.1,
+        n_grid=_powers(9, 14),
+        n_grid_iterative=_powers(8, 11),
+        steps_grid=_powers(10, 14, 2),
+        d_grid=(2, 4, 8, 16, 32),
+        eps_grid=(0.25, 0.5, 1.0),
+        n_fixed=4096,
+        datasets=4,
+        seeds=96,
+        n_boot=1000,
+        tolerance=0.1,
     ),
     "full": Scale(
-        tuple(2**k for k in range(8, 17)),
-        (2, 8, 32, 128),
-        (0.25, 0.5, 1.0),
-        8192,
-        5,
-        200,
-        2000,
-        0.05,
+        n_grid=_powers(8, 16),
+        n_grid_iterative=_powers(8, 12),
+        steps_grid=_powers(10, 16),
+        d_grid=(2, 8, 32, 128),
+        eps_grid=(0.25, 0.5, 1.0),
+        n_fixed=8192,
+        datasets=5,
+        seeds=200,
+        n_boot=2000,
+        tolerance=0.05,
     ),
 }
 
@@ -91,12 +121,17 @@ class Setting:
 
 @dataclasses.dataclass
 class Cell:
-    """What one cell measured: excess risks (K, S), the stated bound, the trivial level."""
+    """What one cell measured: excess risks (K, S), the stated bound, the trivial levels.
+
+    ``vacuity_level`` is L·D (literature §2.7: a bound ≥ L·D says nothing; D the diameter of the
+    ball the comparator lives in); ``zero_excess`` the excess of the trivial output w = 0.
+    """
 
     excess: np.ndarray
     bound: float
     zero_excess: float
     certificate: float
+    vacuity_level: float = math.inf
     extra: dict = dataclasses.field(default_factory=dict)
 
 
@@ -205,8 +240,15 @@ def _per_dataset(
     keys: jax.Array,
     rng: np.random.Generator,
     one: Callable[[np.random.Generator, jax.Array], tuple[np.ndarray, float, float, float]],
+    *,
+    diameter: float | Callable[[], float],
+    lipschitz: float = 1.0,
 ) -> Cell:
-    """Run ``one(rng, keys[k])`` for each data set k and stack into a ``Cell``."""
+    """Run ``one(rng, keys[k])`` for each data set k and stack into a ``Cell``.
+
+    ``one`` returns (excess (S,), bound, excess of w = 0, optimality certificate); the cell keeps
+    the largest bound and certificate over data sets (conservative) and L·D as vacuity level.
+    """
     rows, bounds, zeros, certs = [], [], [], []
     for k in range(keys.shape[0]):
         excess, bound, zero, cert = one(rng, keys[k])
@@ -214,7 +256,14 @@ def _per_dataset(
         bounds.append(bound)
         zeros.append(zero)
         certs.append(cert)
-    return Cell(np.stack(rows), float(max(bounds)), float(np.mean(zeros)), float(max(certs)))
+    diameter = diameter() if callable(diameter) else diameter
+    return Cell(
+        np.stack(rows),
+        float(max(bounds)),
+        float(np.mean(zeros)),
+        float(max(certs)),
+        vacuity_level=lipschitz * float(diameter),
+    )
 
 
 def output_sc_sharp(mu: float) -> Measure:
@@ -238,7 +287,7 @@ def output_sc_sharp(mu: float) -> Measure:
             ex = instances.sharp_l1_excess(W, inst.X, inst.y, inst.w_star, mu)
             return ex, info.excess_risk_bound, inst.zero_excess, inst.certificate
 
-        return _per_dataset(keys, rng, one)
+        return _per_dataset(keys, rng, one, diameter=2.0)
 
     return measure
 
@@ -248,6 +297,7 @@ def output_sc_logistic(mu: float) -> Measure:
 
     def measure(s: Setting, rng: np.random.Generator, keys: jax.Array) -> Cell:
         loss = erm_loss("logistic")
+        norms: list[float] = []
 
         def one(rng, k):
             inst = instances.logistic_instance(rng, s.n, s.d, mu=mu)
@@ -262,9 +312,10 @@ def output_sc_logistic(mu: float) -> Measure:
                 delta=s.delta,
             )
             ex = instances.logistic_excess(W, inst.X, inst.y, inst.w_star, mu)
+            norms.append(float(np.linalg.norm(inst.w_star)))
             return ex, info.excess_risk_bound, inst.zero_excess, inst.certificate
 
-        return _per_dataset(keys, rng, one)
+        return _per_dataset(keys, rng, one, diameter=lambda: 2.0 * max(norms))
 
     return measure
 
@@ -300,7 +351,7 @@ def output_convex_tuned(radius: float) -> Measure:
             bound = info.excess_risk_bound + 0.5 * mu * radius**2
             return ex, bound, float(np.mean(np.abs(inst.y))), inst.certificate
 
-        cell = _per_dataset(keys, rng, one)
+        cell = _per_dataset(keys, rng, one, diameter=2.0 * radius)
         cell.extra["mu"] = mu
         return cell
 
@@ -312,6 +363,7 @@ def objective_sc_logistic(mu: float) -> Measure:
 
     def measure(s: Setting, rng: np.random.Generator, keys: jax.Array) -> Cell:
         loss = erm_loss("logistic")
+        norms: list[float] = []
 
         def one(rng, k):
             inst = instances.logistic_instance(rng, s.n, s.d, mu=mu)
@@ -326,9 +378,10 @@ def objective_sc_logistic(mu: float) -> Measure:
                 delta=s.delta,
             )
             ex = instances.logistic_excess(W, inst.X, inst.y, inst.w_star, mu)
+            norms.append(float(np.linalg.norm(inst.w_star)))
             return ex, info.excess_risk_bound, inst.zero_excess, inst.certificate
 
-        return _per_dataset(keys, rng, one)
+        return _per_dataset(keys, rng, one, diameter=lambda: 2.0 * max(norms))
 
     return measure
 
@@ -374,10 +427,139 @@ def objective_convex_linear(radius: float, fraction: float = 0.5) -> Measure:
             )
             ex = instances.linear_excess(W, inst.X, inst.y, inst.w_star)
             bound = info.excess_risk_bound + 0.5 * mu * radius**2
-            return ex, bound, 2.0 * inst.zero_excess, inst.certificate
+            return ex, bound, inst.zero_excess, inst.certificate
 
-        cell = _per_dataset(keys, rng, one)
+        cell = _per_dataset(keys, rng, one, diameter=2.0 * radius)
         cell.extra.update(mu=mu, imbalance=k_imb)
+        return cell
+
+    return measure
+
+
+def dpgd_convex_linear(radius: float, scale_factor: float = 2.0) -> Measure:
+    """Projected full-batch DP-GD (μ = 0, T = ⌈n²ρ/(2d)⌉ ∝ n², constant η, averaging) on E.
+
+    ‖z̄‖ = k/n with k ≈ ``scale_factor``·√d/ε (BST14's lower-bound scaling); with T ∝ n² the
+    drift and the noise of the averaged iterate are both n-invariant multiples of R, so
+    E[F(w̄)] − F* ∝ ‖z̄‖ ∝ 1/n, as the bound LD√(1/T + 2d/(n²ρ)).
+    """
+
+    def measure(s: Setting, rng: np.random.Generator, keys: jax.Array) -> Cell:
+        loss = erm_loss("linear")
+        k_imb = max(2, int(round(scale_factor * math.sqrt(s.d) / s.epsilon)))
+        k_imb += (k_imb - s.n) % 2
+        steps: list[int] = []
+
+        def one(rng, k):
+            inst = instances.bst_linear_instance(rng, s.n, s.d, imbalance=k_imb, radius=radius)
+            W, info = private_release(
+                "dp_gd",
+                k,
+                inst.X,
+                inst.y,
+                loss=loss,
+                epsilon=s.epsilon,
+                delta=s.delta,
+                radius=radius,
+            )
+            steps.append(int(info.event.count))
+            ex = instances.linear_excess(W, inst.X, inst.y, inst.w_star)
+            return ex, info.excess_risk_bound, inst.zero_excess, 0.0
+
+        cell = _per_dataset(keys, rng, one, diameter=2.0 * radius)
+        cell.extra.update(steps=steps[0], imbalance=k_imb)
+        return cell
+
+    return measure
+
+
+def dpgd_sc_quadratic(mu: float) -> Measure:
+    """Projected DP-GD, μ-SC schedule η_t = 2/(μ(t+1)), t-weighted average, T = ⌈n²ρ/(2d)⌉.
+
+    Ridge regression (instance G) with the bounded squared loss (R = 1, |y| ≤ 1, L = 2): J is a
+    μ-strongly convex quadratic, the excess ½(w̄ − w*)ᵀH(w̄ − w*) is exact, and the bound
+    2(G² + dσ²)/(μ(T+1)) with dσ² fixed by T ∝ n² decays like n^-2.
+    """
+
+    def measure(s: Setting, rng: np.random.Generator, keys: jax.Array) -> Cell:
+        loss = erm_loss("squared")
+        steps: list[int] = []
+
+        def one(rng, k):
+            inst = instances.quadratic_instance(rng, s.n, s.d, mu=mu)
+            W, info = private_release(
+                "dp_gd",
+                k,
+                inst.X,
+                inst.y,
+                loss=loss,
+                epsilon=s.epsilon,
+                delta=s.delta,
+                radius=1.0,
+                mu=mu,
+            )
+            steps.append(int(info.event.count))
+            ex = instances.quadratic_excess(W, inst.X, inst.w_star, mu)
+            return ex, info.excess_risk_bound, inst.zero_excess, 0.0
+
+        cell = _per_dataset(keys, rng, one, diameter=2.0, lipschitz=loss.lipschitz)
+        cell.extra["steps"] = steps[0]
+        return cell
+
+    return measure
+
+
+@functools.cache
+def _laplace_last_iterate(rho: float, kappa: float, epsilon: float, mu: float, steps: int):
+    """Compiled vmapped N-step run of ``dpjax.laplace_dpsgd`` (optax) returning the LAST iterate."""
+    import dpjax
+
+    loss = erm_loss("squared")
+    clip = loss.lipschitz
+
+    def one(key, X, y):
+        l1 = 2.0 * clip * math.sqrt(X.shape[1])  # ℓ1 sensitivity of a clipped gradient (replace)
+        noise_key, index_key = jax.random.split(key)
+        opt = dpjax.laplace_dpsgd(
+            l1_sensitivity=l1, epsilon=epsilon, rho=rho, kappa=kappa, key=noise_key
+        )
+        grad_fn = dpjax.clipped_grad(loss, l2_clip_norm=clip, method="vmap")
+        idx = jax.random.randint(index_key, (steps,), 0, X.shape[0])
+
+        def step(carry, i):
+            w, state = carry
+            g, _ = grad_fn(w, X[i][None], y[i][None])
+            updates, state = opt.update(g + mu * w, state)
+            return (w + updates, state), None
+
+        w0 = jnp.zeros(X.shape[1], X.dtype)
+        (w, _), _ = jax.lax.scan(step, (w0, opt.init(w0)), idx)
+        return w
+
+    return jax.jit(jax.vmap(one, in_axes=(0, None, None)))
+
+
+def laplace_dpsgd_last(rho: float, kappa: float, mu: float = 1.0) -> Measure:
+    """Laplace batch-1 DP-SGD of 004 (Theorem 36 noise θ_h, a_h = h^κ), N = n steps, last iterate.
+
+    Built from the public ``dpjax.laplace_dpsgd`` optax transform and ``dpjax.clipped_grad`` on
+    the ridge instance G (μ = 1). The second moment of the last iterate obeys
+    m_{h+1} = (1 − μγ_h)²m_h + γ_h²(s² + 2θ_h²), whose noise part is ∝ γ_Nθ_N²/μ ∝ N^{2−ρ−2κ}
+    (literature §1.8; 004 Theorem 37's A₃ has the same exponent). No explicit-constant bound is
+    stated (Theorem 37's constant is not explicit), so every cell is flagged vacuous.
+    """
+
+    def measure(s: Setting, rng: np.random.Generator, keys: jax.Array) -> Cell:
+        release = _laplace_last_iterate(rho, kappa, s.epsilon, mu, s.n)
+
+        def one(rng, k):
+            inst = instances.quadratic_instance(rng, s.n, s.d, mu=mu)
+            W = np.asarray(release(k, jnp.asarray(inst.X), jnp.asarray(inst.y)))
+            ex = instances.quadratic_excess(W, inst.X, inst.w_star, mu)
+            return ex, math.inf, inst.zero_excess, 0.0
+
+        cell = _per_dataset(keys, rng, one, diameter=2.0, lipschitz=2.0)
+        cell.extra.update(rho=rho, kappa=kappa, steps=s.n)
         return cell
 
     return measure
@@ -388,6 +570,36 @@ def objective_convex_linear(radius: float, fraction: float = 0.5) -> Measure:
 
 def _over_n(d: int, epsilon: float = 1.0) -> Callable[[Scale], list[Setting]]:
     return lambda sc: [Setting(n, d, epsilon) for n in sc.n_grid]
+
+
+def _over_n_iterative(d: int, epsilon: float) -> Callable[[Scale], list[Setting]]:
+    return lambda sc: [Setting(n, d, epsilon) for n in sc.n_grid_iterative]
+
+
+def _over_steps(d: int, epsilon: float = 1.0) -> Callable[[Scale], list[Setting]]:
+    return lambda sc: [Setting(n, d, epsilon) for n in sc.steps_grid]
+
+
+def _laplace_rows() -> list[Row]:
+    cells = ((0.75, 0.75), (0.9, 0.8), (0.5, 0.75), (0.5, 0.5))
+    return [
+        Row(
+            f"laplace_dpsgd_rho{rho:g}_kappa{kappa:g}",
+            f"Laplace DP-SGD (004), ρ={rho:g}, κ={kappa:g}, last iterate",
+            "G ridge, d=2, μ=1, N = n steps",
+            "n",
+            2.0 - rho - 2.0 * kappa,
+            2.0 - rho - 2.0 * kappa,
+            laplace_dpsgd_last(rho, kappa),
+            _over_steps(2),
+            note=(
+                f"2κ+ρ = {2 * kappa + rho:g}: "
+                + ("converges" if 2 * kappa + rho > 2 else "does not converge")
+                + " (004 Theorem 37: iff 2κ+ρ > 2)."
+            ),
+        )
+        for rho, kappa in cells
+    ]
 
 
 def _over_d(epsilon: float = 1.0) -> Callable[[Scale], list[Setting]]:
@@ -461,6 +673,29 @@ def rows() -> list[Row]:
                 "E[F(w_p)] − F* = ‖z̄‖(R − ‖z̄‖/μ*) ∝ 1/n."
             ),
         ),
+        Row(
+            "dpgd_convex_linear",
+            "DP-GD, convex, T = ⌈n²ρ/(2d)⌉ (003)",
+            "E BST linear, d=4, R=1, ε=0.25",
+            "n",
+            -1.0,
+            -1.0,
+            dpgd_convex_linear(1.0),
+            _over_n_iterative(4, 0.25),
+            note="‖z̄‖ = k/n, k ≈ 2√d/ε; T ∝ n² (a non-smooth/linear loss needs it) gives n^-1.",
+        ),
+        Row(
+            "dpgd_sc_quadratic",
+            "DP-GD, μ-SC, η_t = 2/(μ(t+1)), T = ⌈n²ρ/(2d)⌉ (003)",
+            "G ridge, d=4, μ=1, ε=0.25",
+            "n",
+            -2.0,
+            -2.0,
+            dpgd_sc_quadratic(1.0),
+            _over_n_iterative(4, 0.25),
+            note="bound 2(G² + dσ²)/(μ(T+1)) with dσ² fixed by T ∝ n²: n^-2.",
+        ),
+        *_laplace_rows(),
         Row(
             "output_sc_sharp_eps",
             "output perturbation, μ-SC (000)",
@@ -543,7 +778,7 @@ def summarise_row(row: Row, settings, cells: list[Cell], scale: Scale, seed: int
     """Fit window, slope with CI, bound compliance and the per-cell numbers of one row."""
     xs = [_x_of(s, row.variable) for s in settings]
     means = [float(c.excess.mean()) for c in cells]
-    vacuous = [c.bound >= c.zero_excess for c in cells]
+    vacuous = [c.bound >= c.vacuity_level for c in cells]
     certified = [c.certificate <= 0.01 * min(means) for c in cells]
     window = [i for i in range(len(cells)) if not vacuous[i] and certified[i] and means[i] > 0]
     if len(window) < 2:
@@ -555,10 +790,11 @@ def summarise_row(row: Row, settings, cells: list[Cell], scale: Scale, seed: int
         seed=seed,
     )
     counted = [i for i in range(len(cells)) if not vacuous[i]]
-    held = fitting.holm_bound_held(
+    established = fitting.holm_bound_held(
         [cells[i].excess for i in counted], [cells[i].bound for i in counted]
     )
-    held_by_cell = dict(zip(counted, held, strict=True))
+    established_by_cell = dict(zip(counted, established, strict=True))
+    held_by_cell = {i: bool(means[i] <= cells[i].bound) for i in counted}
     lo, hi = fit["ci_low"] - scale.tolerance, fit["ci_high"] + scale.tolerance
     cell_results = [
         {
@@ -573,8 +809,10 @@ def summarise_row(row: Row, settings, cells: list[Cell], scale: Scale, seed: int
             "bound": c.bound,
             "ratio_to_bound": means[i] / c.bound,
             "zero_excess": c.zero_excess,
+            "vacuity_level": c.vacuity_level,
             "vacuous": vacuous[i],
             "bound_held": held_by_cell.get(i),
+            "bound_established_99": established_by_cell.get(i),
             "certificate": c.certificate,
             "certified": certified[i],
             "in_window": i in window,
@@ -597,7 +835,8 @@ def summarise_row(row: Row, settings, cells: list[Cell], scale: Scale, seed: int
         "local_slopes": fit["local_slopes"],
         "within_tolerance": bool(lo <= row.expected_slope <= hi),
         "cells": len(cells),
-        "cells_bound_held": int(sum(held)),
+        "cells_bound_held": int(sum(held_by_cell.values())),
+        "cells_bound_established": int(sum(established)),
         "cells_vacuous": int(sum(vacuous)),
         "note": row.note,
         "cell_results": cell_results,
