@@ -176,6 +176,13 @@ def randomized_response_frequencies(
         Post-processing of ε-DP reports, so ε-DP under ``REPLACE_ONE``; unbiased because
         E[λ̂] is affine in π with slope p − q > 0 (Warner 1965; Wang et al. 2017, USENIX
         Security, "direct encoding").
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> truth = jnp.zeros(1000, dtype=jnp.int32)
+        >>> reports = randomized_response(jax.random.key(0), truth, epsilon=2.0)
+        >>> randomized_response_frequencies(reports, epsilon=2.0).shape
+        (2,)
     """
     k = _num_categories(num_categories)
     p = randomized_response_keep_probability(epsilon=epsilon, num_categories=k)

@@ -196,6 +196,12 @@ def smooth_sensitivity_median(data: jax.Array, *, upper: float, beta: float) -> 
         Exactly the β-smooth sensitivity of Definition 14 (the smallest β-smooth upper bound
         on the local sensitivity, Lemma 15) under ``REPLACE_ONE``: 004_f02b245d52dd0fec.txt,
         Example 20, equation (4); Nissim, Raskhodnikova & Smith 2007, Proposition 3.4.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> x = jnp.array([0.0, 0.0, 0.0, 1.0, 1.0])  # 004 Example 12, data set 1 (n = 5)
+        >>> float(smooth_sensitivity_median(x, upper=1.0, beta=0.1))
+        1.0
     """
     _validate.positive("beta", beta)
     return _smooth_sensitivity_sorted(_sorted_data(data, upper), float(upper), float(beta))

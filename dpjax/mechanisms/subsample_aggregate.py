@@ -76,6 +76,13 @@ def clipped_mean(
     Formal guarantees:
         ε-DP (Laplace, 001) or (ε, δ)-DP (Gaussian, Balle & Wang 2018) under ``REPLACE_ONE``
         of one row, with the sensitivity of ``clipped_mean_sensitivity``.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> y = clipped_mean(jax.random.key(0), jnp.array([0.2, 0.4, 3.0]), lower=0.0,
+        ...                  upper=1.0, epsilon=1.0)
+        >>> y.shape
+        ()
     """
     _validate.one_of("noise", noise, _NOISES)
     values = jnp.asarray(values)
