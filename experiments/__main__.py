@@ -1,8 +1,13 @@
-"""Command line: ``python -m experiments {all,<name>} [--full] [--seed N] [--out DIR]``."""
+"""Command line: ``python -m experiments {all,<name>} [--full] [--seed N] [--out DIR]``.
+
+``--size tiny|quick|full`` picks a scale for experiments whose ``run`` accepts ``size`` (the
+rates: ``quick`` is the default of ``make reproduce``, ``--full`` equals ``--size full``).
+"""
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import pathlib
 import sys
 import time
@@ -22,7 +27,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--full", action="store_true", help="run the full grid (slow)")
     parser.add_argument("--seed", type=int, default=0, help="root seed (reproducible runs)")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("results"))
+    parser.add_argument(
+        "--size",
+        choices=("tiny", "quick", "full"),
+        default=None,
+        help="scale of the experiments that support it (default quick; --full means full)",
+    )
     return parser
+
+
+def _run_one(name: str, args: argparse.Namespace) -> dict:
+    module = registry.load(name)
+    kwargs = {"full": args.full, "seed": args.seed}
+    if args.size is not None and "size" in inspect.signature(module.run).parameters:
+        kwargs["size"] = args.size
+    return module.run(args.out, **kwargs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         start = time.perf_counter()
         print(f"[experiments] running {name} ...", flush=True)
-        summary = registry.load(name).run(args.out, full=args.full, seed=args.seed)
+        summary = _run_one(name, args)
         print(f"[experiments] {name} done in {time.perf_counter() - start:.1f}s", flush=True)
         sections.append(summary.get("report_md", ""))
     if args.name == "all":

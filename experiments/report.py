@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["RECORD_KEYS", "write_json", "plot_row", "markdown_table"]
+__all__ = ["RECORD_KEYS", "write_json", "plot_row", "markdown_table", "comparison_table"]
 
 RECORD_KEYS = (
     "method",
@@ -118,9 +118,23 @@ def markdown_table(records: Sequence[dict], tolerance: float) -> str:
         )
     foot = (
         f"\n✓ = expected slope inside the 95% CI widened by ±{tolerance:g}, and the measured mean "
-        "below the solver's stated bound in every non-vacuous cell (vacuous: bound ≥ the excess of "
-        'the trivial output w = 0). "at 99%": cells where the one-sided 99% upper confidence '
-        "bound of the mean (Student t over the K·S runs, Holm–Bonferroni over the row) is below "
-        "the bound too — bounds that are nearly tight need more runs for that.\n"
+        "below the solver's stated bound in every non-vacuous cell (vacuous: bound ≥ L·D, "
+        'literature §2.7, or no explicit bound). "at 99%": cells where the one-sided 99% upper '
+        "confidence bound of the mean (Student t over the K·S runs, Holm–Bonferroni over the row) "
+        "is below the bound too; nearly tight bounds need more runs for that.\n"
     )
     return head + "\n".join(lines) + "\n" + foot
+
+
+def comparison_table(first: dict, second: dict) -> str:
+    """Cell-by-cell ratio of two rows measured on the same data sets and grid (paired design)."""
+    head = (
+        f"| {first['variable']} | {first['method']} | {second['method']} | ratio |\n"
+        "|---|---|---|---|\n"
+    )
+    lines = []
+    for a, b in zip(first["cell_results"], second["cell_results"], strict=True):
+        lines.append(
+            f"| {a['x']:g} | {a['mean']:.3e} | {b['mean']:.3e} | {a['mean'] / b['mean']:.1f} |"
+        )
+    return head + "\n".join(lines) + "\n"
