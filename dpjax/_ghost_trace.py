@@ -2,9 +2,11 @@
 
 The per-example loss is traced to a jaxpr with every ``jit`` call inlined. A parameter leaf is a
 *dense weight* when it is used exactly once, as one operand of a ``dot_general`` without batch
-dimensions. For such a weight ``W`` the per-example gradient is a contraction of the layer input
-``a`` (the other operand) with the gradient ``g`` of the loss at the layer output, so its norm and
-the clipped sum can be formed from ``a`` and ``g`` without materialising it.
+dimensions, or as the kernel of an ungrouped ``conv_general_dilated`` (a dense layer on the
+input's im2col patches). For such a weight ``W`` the per-example gradient is a contraction of
+the layer input ``a`` (the other operand) with the gradient ``g`` of the loss at the layer
+output, so its norm and the clipped sum can be formed from ``a`` and ``g`` without
+materialising it. A weight cast (single use) before its product is followed through the cast.
 
 :func:`evaluate_tapped` re-evaluates the jaxpr, adds a zero *perturbation* to every tapped output
 and returns the captured inputs: the gradient with respect to a perturbation is ``g``.
@@ -47,6 +49,7 @@ class DenseTap:
     out_shape: tuple[int, ...]
     out_dtype: Any
     weight_shape: tuple[int, ...]
+    patches: tuple[tuple[str, Any], ...] | None = None  # conv: im2col of the input, kwargs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +129,54 @@ def _dense_tap(eqn_index: int, eqn: Any, leaf: int, weight_pos: int) -> DenseTap
     )
 
 
+def _conv_tap(eqn_index: int, eqn: Any, leaf: int) -> DenseTap | None:
+    """A convolution whose kernel is a parameter is a dense layer on im2col patches.
+
+    Patches of ``conv_general_dilated_patches`` have feature order ``(C, *filter_spatial)``
+    and the output layout ``out_spec``; the kernel is rearranged to ``(I, *spatial, O)``.
+    """
+    p = eqn.params
+    if p["feature_group_count"] != 1 or p["batch_group_count"] != 1:
+        return None
+    lhs_spec, rhs_spec, out_spec = p["dimension_numbers"]
+    lhs, rhs, out = eqn.invars[0].aval, eqn.invars[1].aval, eqn.outvars[0].aval
+    canonical = (out_spec[0], *out_spec[2:], out_spec[1])
+    filter_shape = tuple(rhs.shape[d] for d in rhs_spec[2:])
+    patches = {
+        "filter_shape": filter_shape,
+        "window_strides": p["window_strides"],
+        "padding": p["padding"],
+        "lhs_dilation": p["lhs_dilation"],
+        "rhs_dilation": p["rhs_dilation"],
+        "dimension_numbers": p["dimension_numbers"],
+    }
+    return DenseTap(
+        eqn_index=eqn_index,
+        leaf=leaf,
+        weight_pos=1,
+        act_perm=canonical,
+        out_perm=canonical,
+        weight_perm=(rhs_spec[1], *rhs_spec[2:], rhs_spec[0]),
+        t=int(np.prod([out.shape[d] for d in canonical[:-1]], dtype=np.int64)),
+        k=int(lhs.shape[lhs_spec[1]] * np.prod(filter_shape, dtype=np.int64)),
+        n=int(out.shape[out_spec[1]]),
+        out_shape=tuple(out.shape),
+        out_dtype=out.dtype,
+        weight_shape=tuple(rhs.shape),
+        patches=tuple(patches.items()),
+    )
+
+
+def _through_casts(jaxpr: Any, uses: dict, outvars: set, var: Any) -> Any:
+    """Follow a parameter through single-use dtype casts (``promote_dtype``, mixed precision)."""
+    while var not in outvars and len(uses[var]) == 1:
+        eqn = jaxpr.eqns[uses[var][0][0]]
+        if eqn.primitive.name != "convert_element_type":
+            break
+        var = eqn.outvars[0]
+    return var
+
+
 def _find_taps(jaxpr: Any, num_params: int) -> tuple[DenseTap, ...]:
     uses: dict[Any, list[tuple[int, int]]] = defaultdict(list)
     for i, eqn in enumerate(jaxpr.eqns):
@@ -135,15 +186,21 @@ def _find_taps(jaxpr: Any, num_params: int) -> tuple[DenseTap, ...]:
     outvars = {v for v in jaxpr.outvars if isinstance(v, jex.Var)}
     taps = []
     for leaf, var in enumerate(jaxpr.invars[:num_params]):
+        var = _through_casts(jaxpr, uses, outvars, var)
         if var in outvars or len(uses[var]) != 1:
             continue
         i, pos = uses[var][0]
         eqn = jaxpr.eqns[i]
-        if eqn.primitive.name != "dot_general" or pos > 1 or eqn.invars[1 - pos] is var:
+        if len(eqn.invars) != 2 or eqn.invars[1 - pos] is var:
             continue
         if not np.issubdtype(var.aval.dtype, np.floating):
             continue
-        tap = _dense_tap(i, eqn, leaf, pos)
+        if eqn.primitive.name == "dot_general":
+            tap = _dense_tap(i, eqn, leaf, pos)
+        elif eqn.primitive.name == "conv_general_dilated" and pos == 1:
+            tap = _conv_tap(i, eqn, leaf)
+        else:
+            tap = None
         if tap is not None:
             taps.append(tap)
     return tuple(taps)
@@ -179,7 +236,12 @@ def evaluate_tapped(plan: GhostPlan, args: Sequence[Any], perturbations: Sequenc
         outs = _bind(eqn, invals)
         j = tap_of.get(i)
         if j is not None:
-            activations[j] = invals[1 - plan.taps[j].weight_pos]
+            tap = plan.taps[j]
+            activations[j] = invals[1 - tap.weight_pos]
+            if tap.patches is not None:
+                activations[j] = jax.lax.conv_general_dilated_patches(
+                    activations[j], **dict(tap.patches)
+                )
             outs = [outs[0] + perturbations[j]]
         env.update(zip(eqn.outvars, outs, strict=True))
     return _read(env, jaxpr.outvars[0]), activations

@@ -94,6 +94,23 @@ def plain_mlp_loss(p, x, y):
     return 0.5 * jnp.sum((h @ p["w2"] + p["b2"] - y) ** 2)
 
 
+def test_weights_cast_before_the_matmul_are_tapped(key):
+    """Mixed precision: a float32 weight cast to the float64 compute dtype is still tapped."""
+    k1, k2 = jax.random.split(key)
+    params = {"w": jax.random.normal(k1, (6, 4), jnp.float32)}
+    x = jax.random.normal(k2, (9, 6))
+
+    def loss(p, x):
+        return jnp.sum(jnp.sin(x @ p["w"].astype(x.dtype)))
+
+    assert len(ghost.plan(loss, params, x)[0].taps) == 1
+    total, norms, _ = run(loss, params, (x,), clip=1.0)
+    ref_sum, ref_norms = reference(loss, params, (x,), 1.0)
+    assert total["w"].dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(norms), ref_norms, rtol=2e-6)
+    assert_close(total, ref_sum, 2e-6)
+
+
 def test_plain_pytree_mlp_float64(key):
     k1, k2, k3, k4 = jax.random.split(key, 4)
     params = {
@@ -156,10 +173,11 @@ class ConvNet(nn.Module):
     @nn.compact
     def __call__(self, x):
         x = nn.relu(nn.Conv(4, (3, 3), strides=2, padding="VALID")(x))
+        x = nn.relu(nn.Conv(5, (2, 3), padding="SAME", kernel_dilation=(1, 2))(x))
         return nn.Dense(3)(x.reshape(-1))
 
 
-def test_unsupported_layer_falls_back_to_vmap(key):
+def test_flax_convolutions_are_tapped_as_im2col(key):
     kx, kp = jax.random.split(key)
     x = jax.random.normal(kx, (12, 9, 9, 2), jnp.float32)
     y = jnp.arange(12) % 3
@@ -169,10 +187,52 @@ def test_unsupported_layer_falls_back_to_vmap(key):
     def loss(p, x, y):
         return xent(model.apply({"params": p}, x[None]), y)
 
-    tapped = ghost.plan(loss, params, x, y)[0].tapped_leaves
-    assert len(tapped) == 1  # the Dense kernel only; the conv kernel is per-example vmap
+    taps = ghost.plan(loss, params, x, y)[0].taps
+    assert {(t.t, t.k, t.n) for t in taps} == {(16, 18, 4), (16, 24, 5), (1, 80, 3)}
     total, norms, _ = run(loss, params, (x, y), clip=0.1)
     ref_sum, ref_norms = reference(loss, params, (x, y), 0.1)
+    np.testing.assert_allclose(np.asarray(norms), ref_norms, rtol=2e-6)
+    assert_close(total, ref_sum, 2e-6)
+
+
+def test_lax_conv_nchw_float64(key):
+    k1, k2 = jax.random.split(key)
+    params = {"k": jax.random.normal(k1, (3, 2, 2, 3))}  # OIHW
+    x = jax.random.normal(k2, (6, 2, 7, 8))
+
+    def loss(p, x):
+        dims = ("NCHW", "OIHW", "NCHW")
+        h = jax.lax.conv_general_dilated(x[None], p["k"], (1, 2), "VALID", dimension_numbers=dims)
+        return jnp.sum(jnp.tanh(h) ** 2)
+
+    total, norms, _ = run(loss, params, (x,), clip=0.5)
+    ref_sum, ref_norms = reference(loss, params, (x,), 0.5)
+    np.testing.assert_allclose(np.asarray(norms), ref_norms, rtol=1e-12)
+    assert_close(total, ref_sum, 1e-12)
+
+
+class Unsupported(nn.Module):
+    @nn.compact
+    def __call__(self, tokens):
+        x = nn.Embed(11, 4)(tokens)  # a gather of the table: not a dense weight
+        x = nn.Conv(4, (2,), feature_group_count=2)(x)  # grouped: not tapped either
+        return nn.Dense(3)(jnp.tanh(x).reshape(-1))
+
+
+def test_unsupported_layer_falls_back_to_vmap(key):
+    kx, kp = jax.random.split(key)
+    tokens = jax.random.randint(kx, (12, 5), 0, 11)
+    y = jnp.arange(12) % 3
+    model = Unsupported()
+    params = model.init(kp, tokens[0])["params"]
+
+    def loss(p, t, y):
+        return xent(model.apply({"params": p}, t), y)
+
+    tapped = ghost.plan(loss, params, tokens, y)[0].tapped_leaves
+    assert len(tapped) == 1  # the Dense kernel only; embedding and grouped conv use vmap
+    total, norms, _ = run(loss, params, (tokens, y), clip=0.1)
+    ref_sum, ref_norms = reference(loss, params, (tokens, y), 0.1)
     np.testing.assert_allclose(np.asarray(norms), ref_norms, rtol=2e-6)
     assert_close(total, ref_sum, 2e-6)
 
