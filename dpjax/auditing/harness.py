@@ -10,6 +10,7 @@ and trials are batched with ``jax.vmap`` under ``jax.jit`` in fixed-size chunks.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -107,8 +108,9 @@ def run_trials(
 
     Args:
         mechanism: ``mechanism(key, data) -> output``, calling the dpjax API under audit.
-        data: the data set (closed over, so host-side validation in the mechanism sees
-            concrete values).
+        data: the data set. It is passed to the jitted, vmapped run as an unbatched traced
+            argument (so D and D′ share one compilation); a mechanism that needs concrete
+            data is run with ``data`` closed over instead.
         key: a PRNG key; split into ``trials`` independent keys.
         trials: number of runs (> 0).
         score: maps one output to a scalar (large = evidence for D′). Defaults to the
@@ -125,12 +127,27 @@ def run_trials(
     pad = (-trials) % chunk_size
     if pad:
         keys = jnp.concatenate([keys, jax.random.split(jax.random.fold_in(key, 1), pad)])
-    one_run = jax.jit(jax.vmap(lambda k: jnp.asarray(score(mechanism(k, data)))))
-    chunks = [
-        np.asarray(one_run(keys[i : i + chunk_size]), dtype=np.float64)
-        for i in range(0, keys.shape[0], chunk_size)
+    try:  # data as a traced argument: one compilation serves D and D′
+        batched = _batched_runs(mechanism, score)
+        first = batched(keys[:chunk_size], data)
+    except jax.errors.JAXTypeError:  # the mechanism needs concrete data: close over it
+        batched = jax.jit(jax.vmap(lambda k, _: _run_once(mechanism, score, k, data), (0, None)))
+        first = batched(keys[:chunk_size], None)
+    chunks = [first] + [
+        batched(keys[i : i + chunk_size], data)
+        for i in range(chunk_size, keys.shape[0], chunk_size)
     ]
-    return np.concatenate(chunks)[:trials]
+    return np.concatenate([np.asarray(c, dtype=np.float64) for c in chunks])[:trials]
+
+
+def _run_once(mechanism: Mechanism, score: Score, key: jax.Array, data: Any) -> jax.Array:
+    return jnp.asarray(score(mechanism(key, data)))
+
+
+@functools.lru_cache(maxsize=32)
+def _batched_runs(mechanism: Mechanism, score: Score):
+    """``jit(vmap over keys)`` of one run, data unbatched; cached so D and D′ share it."""
+    return jax.jit(jax.vmap(functools.partial(_run_once, mechanism, score), (0, None)))
 
 
 def _bound(scores_d, scores_dprime, estimator: str, delta: float, confidence: float):
