@@ -237,3 +237,47 @@ def test_large_T_pld_below_rdp_and_calibration_round_trip():
     assert acc.dpsgd_epsilon(noise_multiplier=sigma, method="rdp", **kw) > 3.0
     rdp_sigma = acc.calibrate_noise_multiplier(target_epsilon=3.0, method="rdp", **kw)
     assert rdp_sigma > sigma
+
+
+def _numeric_subsampled_gaussian_rdp(q, sigma, alpha):
+    """Rényi divergence of (1−q)N(0,σ²)+qN(1,σ²) vs N(0,σ²), both directions, by quadrature
+    on a fine grid in log space (an oracle independent of dp-accounting's series)."""
+    from scipy import special, stats
+
+    x = np.linspace(-40 * sigma, 1 + 40 * sigma, 200_001)
+    log_q = stats.norm.logpdf(x, 0.0, sigma)
+    log_ratio = np.logaddexp(np.log1p(-q), np.log(q) + (2 * x - 1) / (2 * sigma**2))
+    log_dx = np.log(x[1] - x[0])
+    remove = special.logsumexp(log_q + alpha * log_ratio) + log_dx
+    add = special.logsumexp(log_q + (1 - alpha) * log_ratio) + log_dx
+    return max(remove, add) / (alpha - 1)
+
+
+@pytest.mark.parametrize("sigma", [0.8, 2.0])
+def test_rdp_integer_orders_exact_fractional_orders_valid_upper_bounds(sigma):
+    # Pitfall: dp-accounting's fractional-order RDP of the subsampled Gaussian is a (sometimes
+    # loose, sometimes infinite) upper bound; integer orders are exact (Mironov et al. 2019).
+    q, delta = 0.1, 1e-5
+
+    def via_dp_accounting(alpha):
+        return acc.dpsgd_epsilon(
+            noise_multiplier=sigma,
+            sampling_rate=q,
+            steps=1,
+            delta=delta,
+            method="rdp",
+            orders=[alpha],
+        )
+
+    def via_quadrature(alpha):
+        rdp_value = _numeric_subsampled_gaussian_rdp(q, sigma, alpha)
+        return (
+            rdp_value
+            + (math.log(1 / delta) - math.log(alpha)) / (alpha - 1)
+            + math.log1p(-1 / alpha)
+        )
+
+    for alpha in (2.0, 3.0, 8.0):
+        assert via_dp_accounting(alpha) == pytest.approx(via_quadrature(alpha), rel=1e-7)
+    for alpha in (1.5, 2.5):
+        assert via_dp_accounting(alpha) >= via_quadrature(alpha) - 1e-9
