@@ -146,8 +146,8 @@ def normalize_by(constant: float) -> optax.GradientTransformation:
     Example:
         >>> import jax.numpy as jnp
         >>> tx = normalize_by(4.0)
-        >>> tx.update(jnp.array([8.0]), tx.init(None))[0]
-        Array([2.], dtype=float32)
+        >>> float(tx.update(jnp.array([8.0]), tx.init(None))[0][0])
+        2.0
     """
     _validate.positive("constant", constant)
 

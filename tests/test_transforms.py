@@ -201,3 +201,15 @@ def test_laplace_arguments_validated(key, kwargs, name):
         dpjax.add_laplace_dpsgd_noise(key=key, **kwargs)
     with pytest.raises(ValueError, match=name):
         dpjax.laplace_dpsgd_event(steps=3, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["dpjax.clipping", "dpjax.transforms", "dpjax.optimizers", "dpjax.samplers"],
+)
+def test_docstring_examples_run(module):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
