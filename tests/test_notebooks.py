@@ -21,6 +21,7 @@ from nbclient import NotebookClient
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 EXPECTED = [
     "01_mechanisms.ipynb",
+    "02_accounting.ipynb",
 ]
 KERNEL_NAME = "dpjax-test-python"
 CELL_TIMEOUT_S = 300

@@ -1,0 +1,299 @@
+# %% [markdown]
+# # 2. Composition and accounting
+#
+# How much privacy do $T$ releases spend together? This notebook compares every accountant in
+# `dpjax.accounting` on the same releases, from the lectures' composition theorems to the tight
+# numerical accountants:
+#
+# * basic and advanced composition, group privacy: `000_a9865af81d0677e1.txt`;
+# * zCDP for the Gaussian mechanism and amplification by subsampling (DP-SGD):
+#   `003_eb46ba05ef56608d.txt`;
+# * sequential and parallel composition: `004_f02b245d52dd0fec.txt`;
+# * the optimal composition theorem (Kairouz, Oh & Viswanath 2015), Rényi DP (Mironov 2017) and
+#   privacy-loss distributions (PLD, through Google's `dp-accounting`), cited in
+#   `000_a9865af81d0677e1.txt` ("see [Kairouz et al., 2015] for slightly tighter results").
+#
+# Every section ends with a check cell: a number computed by dpjax against the lecture's formula
+# or an exact closed form.
+
+# %%
+# parameters
+EPS_STEP = 0.05  # ε₀ of each pure-DP (Laplace) release
+SIGMA = 20.0  # σ/Δ₂ of each Gaussian release
+DELTA = 1e-5  # the δ at which every ε is reported
+T_GRID = [1, 3, 10, 30, 100, 300, 1000]  # numbers of releases
+SAMPLING_RATE = 0.01  # DP-SGD: Poisson sampling rate q = B/n
+NOISE_MULTIPLIER = 1.1  # DP-SGD: σ/C
+SEED = 0
+
+# %%
+# %matplotlib inline
+import math
+
+import jax
+import matplotlib.pyplot as plt
+import numpy as np
+
+from dpjax import accounting as acc
+from dpjax import mechanisms as mech
+from dpjax.accounting import GaussianEvent, LaplaceEvent
+
+key_group = jax.random.key(SEED)
+
+
+def slope(xs, ys):
+    """Least-squares slope of log y against log x."""
+    return float(np.polyfit(np.log(xs), np.log(ys), 1)[0])
+
+
+# %% [markdown]
+# ## T pure-DP releases: basic, advanced, optimal, zCDP, RDP, PLD
+#
+# Each release is the Laplace mechanism with $b = \Delta_1/\varepsilon_0$, so it is
+# $(\varepsilon_0, 0)$-DP. Then (`000_a9865af81d0677e1.txt`):
+#
+# * **basic composition**: $T\varepsilon_0$;
+# * **advanced composition**: for every $\delta' > 0$, $(\varepsilon', T\delta + \delta')$-DP with
+#   $\varepsilon' = \varepsilon_0\sqrt{2T\ln(1/\delta')} + T\varepsilon_0\frac{e^{\varepsilon_0}-1}{e^{\varepsilon_0}+1}$
+#   (the drift term of the lecture's proof);
+# * **optimal composition** (Kairouz, Oh & Viswanath 2015): the exact worst case over all
+#   $(\varepsilon_0, 0)$-DP mechanisms;
+# * **zCDP**: an ε₀-DP mechanism is $\varepsilon_0^2/2$-zCDP and ρ's add up (003);
+# * **RDP / PLD**: numerical accountants for the Laplace mechanism itself.
+#
+# `PrivacyAccountant` records the events and answers ε(δ) by each method.
+
+# %%
+laplace_eps = {}
+for T in T_GRID:
+    accountant = acc.PrivacyAccountant([LaplaceEvent(noise_multiplier=1 / EPS_STEP, count=T)])
+    for method, value in accountant.epsilons(DELTA).items():
+        laplace_eps.setdefault(method, []).append(value)
+fig, ax = plt.subplots(figsize=(7, 4))
+for method, values in laplace_eps.items():
+    ax.loglog(T_GRID, values, "o-", ms=3, label=method)
+ax.set_xlabel("number of releases T")
+ax.set_ylabel(f"ε at δ = {DELTA:g}")
+ax.set_title(f"T Laplace releases, each ε₀ = {EPS_STEP}-DP")
+ax.legend()
+plt.show()
+for method, values in laplace_eps.items():
+    print(f"{method:>9}: ε(T={T_GRID[-1]}) = {values[-1]:7.3f}, slope in T = "
+          f"{slope(T_GRID[-3:], values[-3:]):.2f}")
+
+# %% [markdown]
+# **Check (000).** dpjax's advanced composition equals the lecture's formula; basic composition
+# grows like $T$ (slope 1) and the tight accountants like $\sqrt T$ (slope ≈ 1/2 while the drift
+# $T\varepsilon_0^2/2$ is small); the optimal composition theorem is never worse than advanced
+# or basic, and the Laplace-specific PLD is never worse than the generic optimum (up to its
+# discretisation).
+
+# %%
+T = T_GRID[-1]
+eps_adv, delta_adv = acc.advanced_composition(epsilon=EPS_STEP, delta=0.0, steps=T,
+                                              delta_prime=DELTA)
+lecture = (EPS_STEP * math.sqrt(2 * T * math.log(1 / DELTA))
+           + T * EPS_STEP * (math.exp(EPS_STEP) - 1) / (math.exp(EPS_STEP) + 1))
+print(f"advanced composition: dpjax {eps_adv:.6f}, lecture formula {lecture:.6f}")
+assert math.isclose(eps_adv, lecture, rel_tol=1e-12) and delta_adv == DELTA
+assert math.isclose(slope(T_GRID, laplace_eps["basic"]), 1.0, rel_tol=1e-9)
+assert 0.45 < slope(T_GRID[-3:], laplace_eps["pld"][-3:]) < 0.65
+for i in range(len(T_GRID)):
+    assert laplace_eps["optimal"][i] <= min(laplace_eps["advanced"][i], laplace_eps["basic"][i]) + 1e-9
+    assert laplace_eps["pld"][i] <= laplace_eps["optimal"][i] + 1e-3
+
+# %% [markdown]
+# ### The corollary: a per-step budget for a total ε'
+#
+# To make $T$ releases $(\varepsilon', T\delta + \delta')$-DP with $0 < \varepsilon' < 1$ it suffices
+# that each is ε-DP with $\varepsilon \le \varepsilon'/\sqrt{8T\ln(1/\delta')}$
+# (corollary of advanced composition, `000_a9865af81d0677e1.txt`).
+
+# %%
+target = 0.5
+for T in (10, 100, 1000):
+    eps_step = acc.advanced_composition_step_epsilon(target_epsilon=target, steps=T,
+                                                     delta_prime=DELTA)
+    total, _ = acc.advanced_composition(epsilon=eps_step, delta=0.0, steps=T, delta_prime=DELTA)
+    print(f"T = {T:5d}: per-step ε = {eps_step:.5f} → advanced composition gives {total:.4f} ≤ {target}")
+    assert math.isclose(eps_step, target / math.sqrt(8 * T * math.log(1 / DELTA)))
+    assert total <= target
+
+# %% [markdown]
+# ### Sequential versus parallel composition
+#
+# Releases on the *same* data compose sequentially ($\sum_i \varepsilon_i$); releases on
+# *disjoint* parts of the data (the bins of a histogram) compose in parallel, at
+# $\max_i \varepsilon_i$ (`004_f02b245d52dd0fec.txt`, sequential and parallel composition).
+
+# %%
+bins = [EPS_STEP] * 20
+sequential, _ = acc.basic_composition(bins)
+parallel, _ = acc.parallel_composition(bins)
+print(f"20 releases at ε₀ = {EPS_STEP}: sequential {sequential:.2f}, parallel (disjoint bins) {parallel:.2f}")
+assert math.isclose(sequential, 20 * EPS_STEP) and parallel == EPS_STEP
+
+# %% [markdown]
+# ## T Gaussian releases: zCDP, RDP and PLD against the exact answer
+#
+# A Gaussian release with noise $\sigma$ and sensitivity Δ is $\rho = \Delta^2/(2\sigma^2)$-zCDP,
+# zCDP composes additively, and $\rho$-zCDP implies
+# $(\rho + 2\sqrt{\rho\ln(1/\delta)}, \delta)$-DP (`003_eb46ba05ef56608d.txt`, "Improved analysis
+# with concentrated DP"). Here the truth is known exactly: $T$ Gaussian releases of the same
+# query are one Gaussian release with sensitivity $\sqrt T\,\Delta$, whose exact ε(δ) is
+# Balle & Wang's profile (`dpjax.mechanisms.gaussian_epsilon`).
+
+# %%
+gauss_eps, exact = {}, []
+for T in T_GRID:
+    accountant = acc.PrivacyAccountant([GaussianEvent(noise_multiplier=SIGMA, count=T)])
+    for method, value in accountant.epsilons(DELTA).items():
+        gauss_eps.setdefault(method, []).append(value)
+    rho = acc.zcdp_compose([acc.gaussian_zcdp_rho(sigma=SIGMA, sensitivity=1.0)] * T)
+    gauss_eps.setdefault("zcdp (003: ρ + 2√(ρ ln 1/δ))", []).append(
+        acc.zcdp_epsilon_bun_steinke(rho=rho, delta=DELTA))
+    exact.append(mech.gaussian_epsilon(sigma=SIGMA, sensitivity=math.sqrt(T), delta=DELTA))
+fig, ax = plt.subplots(figsize=(7, 4))
+for method, values in gauss_eps.items():
+    ax.loglog(T_GRID, values, "o-", ms=3, label=method)
+ax.loglog(T_GRID, exact, "k--", label="exact (one Gaussian, sensitivity √T)")
+ax.set_xlabel("number of releases T")
+ax.set_ylabel(f"ε at δ = {DELTA:g}")
+ax.set_title(f"T Gaussian releases, σ/Δ = {SIGMA:g}")
+ax.legend(fontsize=8)
+plt.show()
+
+# %% [markdown]
+# **Check.** PLD reproduces the exact ε within its discretisation, every accountant is an upper
+# bound on the exact ε, and dpjax's zCDP conversion is the lecture's formula.
+
+# %%
+for i, T in enumerate(T_GRID):
+    assert abs(gauss_eps["pld"][i] - exact[i]) < 1e-3 * max(1.0, exact[i]) + 2e-3, (T,)
+    for method, values in gauss_eps.items():
+        assert values[i] >= exact[i] - 2e-3, (method, T)
+rho = T_GRID[-1] / (2 * SIGMA**2)
+print(f"T = {T_GRID[-1]}: exact ε = {exact[-1]:.4f}, PLD {gauss_eps['pld'][-1]:.4f},"
+      f" RDP {gauss_eps['rdp'][-1]:.4f}, zCDP (003) {rho + 2 * math.sqrt(rho * math.log(1 / DELTA)):.4f}")
+assert math.isclose(gauss_eps["zcdp (003: ρ + 2√(ρ ln 1/δ))"][-1],
+                    rho + 2 * math.sqrt(rho * math.log(1 / DELTA)), rel_tol=1e-12)
+
+# %% [markdown]
+# ## Group privacy
+#
+# An (ε, δ)-DP mechanism protects a group of $k$ records at level
+# $\left(k\varepsilon, \delta\frac{e^{k\varepsilon}-1}{e^{\varepsilon}-1}\right)$
+# (`000_a9865af81d0677e1.txt`, "Group Privacy"). For the Laplace mechanism the factor $e^{k\varepsilon}$
+# is attained: a count that differs by $k$ shifts the output by $k$, and
+# $P[M(D) \le 0] / P[M(D_k) \le 0] = e^{k\varepsilon}$. We measure it with dpjax's Laplace draws.
+
+# %%
+eps_g = 0.5
+group_sizes = [1, 2, 3, 4]
+n_draws = 100_000
+measured = []
+for k, kk in zip(group_sizes, jax.random.split(key_group, len(group_sizes))):
+    k_a, k_b = jax.random.split(kk)
+    draws_D = np.asarray(mech.laplace(k_a, np.zeros(n_draws), sensitivity=1.0, epsilon=eps_g))
+    draws_Dk = np.asarray(mech.laplace(k_b, np.full(n_draws, float(k)), sensitivity=1.0,
+                                       epsilon=eps_g))
+    measured.append(math.log(np.mean(draws_D <= 0) / np.mean(draws_Dk <= 0)))
+theory = [acc.group_privacy(epsilon=eps_g, delta=0.0, group_size=k)[0] for k in group_sizes]
+group_delta = [acc.group_privacy(epsilon=eps_g, delta=1e-6, group_size=k)[1] for k in range(1, 11)]
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.5))
+ax1.plot(group_sizes, measured, "o", label="measured log P[M(D)≤0]/P[M(D_k)≤0]")
+ax1.plot(group_sizes, theory, "-", label="group privacy: kε")
+ax1.set_xlabel("group size k")
+ax1.legend(fontsize=8)
+ax2.semilogy(range(1, 11), group_delta, "o-")
+ax2.set_xlabel("group size k")
+ax2.set_title("group δ for a (0.5, 1e-6)-DP mechanism")
+plt.show()
+
+# %% [markdown]
+# **Check.** dpjax's group privacy is the lecture's formula, and the Laplace mechanism attains
+# $k\varepsilon$ (the measured log ratio is within 5 standard errors of $k\varepsilon$; each
+# probability has relative standard error $\sqrt{(1-p)/(pn)}$).
+
+# %%
+for k, got, want in zip(group_sizes, measured, theory):
+    p_small = 0.5 * math.exp(-k * eps_g)
+    se = math.sqrt((1 - p_small) / (p_small * n_draws)) + math.sqrt(1 / n_draws)
+    assert abs(got - want) < 5 * se, (k, got, want)
+eps_k, delta_k = acc.group_privacy(epsilon=eps_g, delta=1e-6, group_size=3)
+assert math.isclose(eps_k, 3 * eps_g)
+assert math.isclose(delta_k, 1e-6 * (math.exp(3 * eps_g) - 1) / (math.exp(eps_g) - 1))
+print(f"(ε, δ) = (0.5, 1e-6) for a group of 3: ({eps_k:.2f}, {delta_k:.3e})")
+
+# %% [markdown]
+# ## Amplification by subsampling and DP-SGD
+#
+# If $M$ is (ε, δ)-DP and runs on a secret random subsample containing each record with
+# probability $p$, the composition is $(\ln(1 + (e^\varepsilon - 1)p), p\delta)$-DP
+# (`003_eb46ba05ef56608d.txt`, "Privacy amplification by subsampling"; ≈ pε for small ε).
+# DP-SGD composes $T$ such subsampled Gaussian steps. The lecture's recipe amplifies each step and
+# composes with advanced composition; the tight accountants (RDP, the "moments accountant" of
+# Abadi et al.; PLD) account the subsampled Gaussian directly (`dpsgd_epsilon`). For the recipe
+# each step is a Gaussian release at $(\varepsilon_0, \delta_0)$ with $\delta_0 = \delta/(2Tq)$,
+# amplified to $(\ln(1 + q(e^{\varepsilon_0} - 1)), q\delta_0)$, and composed with
+# $\delta' = \delta/2$, so that the total δ is the same for all three.
+
+# %%
+p_grid = np.geomspace(1e-3, 1, 30)
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.5))
+for eps0 in (0.5, 1.0, 2.0):
+    amplified = [acc.amplification_by_subsampling(epsilon=eps0, delta=0.0, sampling_rate=p)[0]
+                 for p in p_grid]
+    ax1.loglog(p_grid, amplified, label=f"ε = {eps0}")
+ax1.loglog(p_grid, p_grid, "k:", label="p (for reference)")
+ax1.set_xlabel("sampling rate p")
+ax1.set_ylabel("amplified ε")
+ax1.legend(fontsize=8)
+
+steps_grid = [10, 100, 1000, 3000]
+eps_pld = [acc.dpsgd_epsilon(noise_multiplier=NOISE_MULTIPLIER, sampling_rate=SAMPLING_RATE,
+                             steps=s, delta=DELTA, method="pld") for s in steps_grid]
+eps_rdp = [acc.dpsgd_epsilon(noise_multiplier=NOISE_MULTIPLIER, sampling_rate=SAMPLING_RATE,
+                             steps=s, delta=DELTA, method="rdp") for s in steps_grid]
+# the lecture's recipe: per-step Gaussian (ε₀, δ₀), amplified by p, then advanced composition
+eps_recipe = []
+for s in steps_grid:
+    delta0 = DELTA / (2 * s * SAMPLING_RATE)
+    eps0 = mech.gaussian_epsilon(sigma=NOISE_MULTIPLIER, sensitivity=1.0, delta=delta0)
+    eps_amp, delta_amp = acc.amplification_by_subsampling(epsilon=eps0, delta=delta0,
+                                                          sampling_rate=SAMPLING_RATE)
+    total, _ = acc.advanced_composition(epsilon=eps_amp, delta=delta_amp, steps=s,
+                                        delta_prime=DELTA / 2)
+    eps_recipe.append(min(total, s * eps_amp))
+ax2.loglog(steps_grid, eps_recipe, "o-", label="amplify + advanced composition (003)")
+ax2.loglog(steps_grid, eps_rdp, "s-", label="RDP (moments accountant)")
+ax2.loglog(steps_grid, eps_pld, "^-", label="PLD")
+ax2.set_xlabel("DP-SGD steps T")
+ax2.set_ylabel(f"ε at δ = {DELTA:g}")
+ax2.set_title(f"DP-SGD, q = {SAMPLING_RATE}, σ/C = {NOISE_MULTIPLIER}")
+ax2.legend(fontsize=8)
+plt.show()
+for s, a, b, c in zip(steps_grid, eps_recipe, eps_rdp, eps_pld):
+    print(f"T = {s:5d}: recipe {a:8.3f}   RDP {b:6.3f}   PLD {c:6.3f}")
+
+# %% [markdown]
+# **Check.** dpjax's amplification is the lecture's formula; the tight accountants beat the
+# lecture's recipe; with $q = 1$ (full batch) DP-SGD is $T$ Gaussian releases, whose exact ε
+# dpjax's PLD reproduces; and calibrating σ for a target ε round-trips.
+
+# %%
+eps_amp, delta_amp = acc.amplification_by_subsampling(epsilon=1.0, delta=1e-6, sampling_rate=0.01)
+assert math.isclose(eps_amp, math.log(1 + (math.e - 1) * 0.01))
+assert math.isclose(delta_amp, 0.01 * 1e-6)
+assert all(c <= b + 1e-6 <= a + 1e-6 for a, b, c in zip(eps_recipe, eps_rdp, eps_pld))
+full_batch = acc.dpsgd_epsilon(noise_multiplier=5.0, sampling_rate=1.0, steps=10, delta=DELTA)
+exact_full = mech.gaussian_epsilon(sigma=5.0, sensitivity=math.sqrt(10), delta=DELTA)
+print(f"full-batch DP-GD, 10 steps, σ/C = 5: PLD {full_batch:.4f}, exact {exact_full:.4f}")
+assert abs(full_batch - exact_full) < 5e-3
+sigma_needed = acc.calibrate_noise_multiplier(target_epsilon=1.0, delta=DELTA,
+                                              sampling_rate=SAMPLING_RATE, steps=1000,
+                                              method="rdp")
+eps_back = acc.dpsgd_epsilon(noise_multiplier=sigma_needed, sampling_rate=SAMPLING_RATE,
+                             steps=1000, delta=DELTA, method="rdp")
+print(f"σ/C for ε = 1 after 1000 steps at q = {SAMPLING_RATE}: {sigma_needed:.4f} (ε back: {eps_back:.4f})")
+assert 0.99 <= eps_back <= 1.0
