@@ -23,6 +23,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from dpjax import auditing, mechanisms
 
@@ -425,17 +426,22 @@ def dp_gd_cases() -> list[Case]:
                           sampling_rate=q, steps=_STEPS, relation="replace_one",
                           output="last").params  # fmt: skip
 
+    mu_gdp = 2.0 * math.sqrt(_STEPS) / stddev  # T Gaussian steps, Δ = 2C each
     common = dict(family="dp_gd", claimed_epsilon=eps, delta=DELTA)
     return [
         Case(variant="correct", mechanism=correct, make_data=_canary_pair(_N, 1),
              estimator="gdp", trials=100_000, score=_minus_first, repetitions=3,
-             note=f"Dirac canary, T = {_STEPS}, n = {_N}, last iterate", **common),
+             exact_epsilon=auditing.gdp_epsilon(mu_gdp, DELTA),
+             note=f"Dirac canary, T = {_STEPS}, n = {_N}, last iterate; zCDP-calibrated",
+             **common),
         Case(variant="noise_on_mean", mechanism=noise_on_mean, make_data=_canary_pair(_N, 1),
              estimator="gdp", trials=10_000, score=_minus_first,
+             exact_epsilon=auditing.gdp_epsilon(mu_gdp * _N, DELTA),
              note="noise σ_s/n added to the sum", **common),
         Case(variant="key_reused", mechanism=key_reused, make_data=logistic_pair,
-             estimator="direct", trials=2_000, score=released_spread,
-             note="logistic canary x = 1 vs x = 0; white-box released sums", **common),
+             estimator="direct", trials=2_000, score=released_spread, exact_epsilon=math.inf,
+             note="logistic canary x = 1 vs x = 0; white-box released sums (ε_LB capped by N)",
+             **common),
         Case(family="dp_sgd", variant="correct", mechanism=correct_sgd,
              make_data=_canary_pair(_N, 1), claimed_epsilon=sgd_eps, delta=DELTA,
              estimator="direct", trials=20_000, score=_minus_first, repetitions=2, slow=True,
@@ -460,12 +466,104 @@ def _row(case: Case, result: auditing.AuditResult, seconds: float) -> dict:
         family=case.family,
         variant=case.variant,
         mutant=case.is_mutant,
-        exact_epsilon=case.exact_epsilon,
+        exact_epsilon=case.exact_epsilon
+        if case.exact_epsilon is None or math.isfinite(case.exact_epsilon)
+        else "inf",
         note=case.note,
         seconds=round(seconds, 2),
         ok=caught if case.is_mutant else result.exceed_count == 0,
     )
     return s
+
+
+# ---------------------------------------------------------------------------------------------
+# E: the one-run bound (Steinke, Nasr, Jagielski 2023). m canaries, each included w.p. ½; ONE
+# Gaussian release of the inclusion vector (ℓ2 sensitivity 1 per canary, add/remove); guess IN
+# for the top 5% and OUT for the bottom 5% (fixed in advance).
+
+ONE_RUN_CANARIES = 10_000
+
+
+def _one_run_correct(k, x):
+    return mechanisms.gaussian(k, x, sensitivity=1.0, epsilon=1.0, delta=DELTA)
+
+
+def _one_run_delta_ignored(k, x):
+    return x + 1.0 * jax.random.normal(k, x.shape, x.dtype)  # σ = Δ/ε
+
+
+ONE_RUN_RELEASES = {"correct": _one_run_correct, "delta_ignored": _one_run_delta_ignored}
+
+
+def one_run_audit(key: jax.Array, release: Callable, m: int = ONE_RUN_CANARIES):
+    """ε_LB (claimed ε = 1, δ = 1e-5) from ONE release of m randomly included canaries."""
+    k_incl, k_noise = jax.random.split(key)
+    truths = jax.random.bernoulli(k_incl, 0.5, (m,))
+    y = release(k_noise, truths.astype(jnp.result_type(float)))
+    guesses = auditing.guesses_from_scores(np.asarray(y), k_in=m // 20, k_out=m // 20)
+    return auditing.one_run_epsilon_lower_bound(guesses, np.asarray(truths), delta=DELTA)
+
+
+def one_run_table(key: jax.Array, repetitions: int = REPETITIONS) -> list[dict]:
+    """ε_LB of the correct release and of the δ-ignored mutant over independent runs."""
+    rows = []
+    for i, (variant, release) in enumerate(ONE_RUN_RELEASES.items()):
+        keys = jax.random.split(jax.random.fold_in(key, i), repetitions)
+        eps = np.array([one_run_audit(k, release).epsilon for k in keys])
+        rows.append(dict(variant=variant, claimed_epsilon=1.0, m=ONE_RUN_CANARIES,
+                         epsilon_lb_median=float(np.median(eps)), epsilon_lb_min=float(eps.min()),
+                         epsilon_lb_max=float(eps.max()), exceed_count=int(np.sum(eps > 1.0)),
+                         repetitions=repetitions))  # fmt: skip
+    return rows
+
+
+def _one_run_markdown(rows: list[dict]) -> list[str]:
+    lines = [
+        "### One-run audit (Steinke, Nasr, Jagielski 2023)",
+        "",
+        f"Gaussian mechanism, claimed (1, 1e-5); one release of {ONE_RUN_CANARIES} canaries "
+        "per run, 5% IN / 5% OUT guesses, 95% confidence, δ term included.",
+        "",
+        "| variant | ε_LB median [min, max] | > claim |",
+        "|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['variant']} | {r['epsilon_lb_median']:.3f} [{r['epsilon_lb_min']:.3f}, "
+            f"{r['epsilon_lb_max']:.3f}] | {r['exceed_count']}/{r['repetitions']} |"
+        )
+    return lines + [""]
+
+
+def porosity_table() -> list[dict]:
+    """Mironov's test, exact over all float32 noise values: f(D) = 0, f(D′) = 1, Δ = 1."""
+    rows = []
+    for eps in (0.1, 1.0, 2.0):
+        r = auditing.porosity.textbook_laplace_porosity(f_d=0.0, f_dprime=1.0, scale=1.0 / eps)
+        rows.append(dict(mechanism="dpjax.mechanisms.laplace (float32)", epsilon=eps,
+                         fraction=r.fraction, outputs=r.outputs))  # fmt: skip
+    grid = dict(sensitivity=1.0, epsilon=1.0, bound=8.0, granularity=2.0**-6)
+    r = auditing.porosity.discrete_laplace_porosity(f_d=0.0, f_dprime=1.0, **grid)
+    rows.append(dict(mechanism="dpjax.mechanisms.discrete_laplace (g = 2^-6, B = 8, float32)",
+                     epsilon=1.0, fraction=r.fraction, outputs=r.outputs))  # fmt: skip
+    return rows
+
+
+def _porosity_markdown(rows: list[dict]) -> list[str]:
+    lines = [
+        "### Floating-point porosity (Mironov 2012)",
+        "",
+        "Fraction of outputs on D = {0} that are impossible on D′ = {1} (exact enumeration of "
+        "every float32 noise value; such an output identifies D with certainty).",
+        "",
+        "| mechanism | ε | distinct outputs | impossible on D′ |",
+        "|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['mechanism']} | {r['epsilon']:g} | {r['outputs']} | {r['fraction']:.1%} |"
+        )
+    return lines
 
 
 def _markdown(rows: list[dict], extra: list[str]) -> str:
@@ -483,7 +581,8 @@ def _markdown(rows: list[dict], extra: list[str]) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        exact = "" if r["exact_epsilon"] is None else f"{r['exact_epsilon']:.3g}"
+        exact = r["exact_epsilon"]
+        exact = "" if exact is None else exact if isinstance(exact, str) else f"{exact:.3g}"
         verdict = ("caught" if r["ok"] else "MISSED") if r["mutant"] else (
             "pass" if r["ok"] else "FAIL")  # fmt: skip
         lines.append(
@@ -506,8 +605,10 @@ def run(out_dir: pathlib.Path, *, full: bool, seed: int) -> dict:
         start = time.perf_counter()
         result = run_case(case, key=jax.random.fold_in(root, i), scale=4.0 if full else 1.0)
         rows.append(_row(case, result, time.perf_counter() - start))
-    extra: list[str] = []
-    summary = {"cases": rows}
+    one_run_rows = one_run_table(jax.random.fold_in(root, 10_000))
+    porosity_rows = porosity_table()
+    extra = _one_run_markdown(one_run_rows) + _porosity_markdown(porosity_rows)
+    summary = {"cases": rows, "one_run": one_run_rows, "porosity": porosity_rows}
     report_md = _markdown(rows, extra)
     (out_dir / "audit.json").write_text(json.dumps(summary, indent=2, default=str))
     (out_dir / "audit.md").write_text(report_md)

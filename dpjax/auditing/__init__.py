@@ -21,6 +21,7 @@ from dpjax.auditing.estimators import (
     gdp_epsilon_lower_bound,
     gdp_mu_for,
     gdp_mu_from_rates,
+    guesses_from_scores,
     one_run_epsilon_lower_bound,
     one_run_p_value,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "gdp_epsilon_lower_bound",
     "gdp_mu_for",
     "gdp_mu_from_rates",
+    "guesses_from_scores",
     "one_run_epsilon_lower_bound",
     "one_run_p_value",
     "porosity",

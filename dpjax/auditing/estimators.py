@@ -53,6 +53,7 @@ __all__ = [
     "gdp_epsilon_lower_bound",
     "one_run_p_value",
     "one_run_epsilon_lower_bound",
+    "guesses_from_scores",
 ]
 
 _MAX_THRESHOLDS = 2000
@@ -391,6 +392,28 @@ def one_run_p_value(m: int, r: int, v: int, epsilon: float, delta: float = 0.0) 
     pmf = stats.binom.pmf(np.arange(v - 1, -1, -1), r, q)  # P[Bin = v-i], i = 1..v
     worst = float(np.max(np.cumsum(pmf) / np.arange(1, v + 1)))
     return min(tail + 2.0 * m * delta * worst, 1.0)
+
+
+def guesses_from_scores(scores, *, k_in: int, k_out: int) -> np.ndarray:
+    """One-run guesses: IN (+1) for the ``k_in`` highest scores, OUT (−1) for the ``k_out``
+    lowest, abstain (0) otherwise. Fix k_in, k_out before looking at the scores.
+
+    Args:
+        scores: one score per canary (large = evidence the canary was included).
+        k_in: number of IN guesses (≥ 0).
+        k_out: number of OUT guesses (≥ 0), with k_in + k_out ≤ number of canaries.
+
+    Returns:
+        An int array of guesses in {−1, 0, +1}.
+    """
+    s = np.asarray(scores, dtype=np.float64).ravel()
+    if not (0 <= k_in and 0 <= k_out and k_in + k_out <= s.size):
+        _validate.fail("(k_in, k_out)", (k_in, k_out), f"non-negative with sum <= {s.size}")
+    order = np.argsort(s, kind="stable")
+    guesses = np.zeros(s.size, dtype=np.int64)
+    guesses[order[s.size - k_in :]] = 1
+    guesses[order[:k_out]] = -1
+    return guesses
 
 
 def one_run_epsilon_lower_bound(
