@@ -191,8 +191,12 @@ def dp_gd(
     _validate.one_of("output", output, ("average", "last"))
     n, d = jnp.shape(X)
     rho = zcdp_rho_for_epsilon(epsilon=epsilon, delta=delta, conversion=conversion)
-    steps = _validate.positive_int("steps", steps or default_steps(n=n, d=d, rho=rho))
-    clip = float(_validate.positive("clip_norm", clip_norm or loss.lipschitz))
+    steps = _validate.positive_int(
+        "steps", default_steps(n=n, d=d, rho=rho) if steps is None else steps
+    )
+    clip = float(
+        _validate.positive("clip_norm", loss.lipschitz if clip_norm is None else clip_norm)
+    )
     sens = (2.0 if relation == REPLACE_ONE else 1.0) * clip
     multiplier = math.sqrt(steps / (2.0 * rho))
     stddev = multiplier * sens
@@ -271,7 +275,9 @@ def dp_sgd(
     _validate.one_of("output", output, ("average", "last"))
     steps = _validate.positive_int("steps", steps)
     n, d = jnp.shape(X)
-    clip = float(_validate.positive("clip_norm", clip_norm or loss.lipschitz))
+    clip = float(
+        _validate.positive("clip_norm", loss.lipschitz if clip_norm is None else clip_norm)
+    )
     multiplier = calibrate_noise_multiplier(
         target_epsilon=epsilon,
         delta=delta,
@@ -353,7 +359,9 @@ def laplace_dp_sgd(
     _validate.non_negative("mu", mu)
     steps = _validate.positive_int("steps", steps)
     n, d = jnp.shape(X)
-    clip = float(_validate.positive("clip_norm", clip_norm or loss.lipschitz))
+    clip = float(
+        _validate.positive("clip_norm", loss.lipschitz if clip_norm is None else clip_norm)
+    )
     l1 = 2.0 * clip * math.sqrt(d)
     event = laplace_dpsgd_event(
         l1_sensitivity=l1, epsilon=epsilon, rho=rho, kappa=kappa, steps=steps

@@ -140,7 +140,9 @@ def output_perturbation(
     relation = as_relation(relation)
     method = resolve_method(loss, method)
     tol = default_tol(method) if tol is None else float(_validate.positive("tol", tol))
-    max_iter = _validate.positive_int("max_iter", max_iter or (100 if method == "newton" else 2000))
+    if max_iter is None:
+        max_iter = 100 if method == "newton" else 2000
+    max_iter = _validate.positive_int("max_iter", max_iter)
     check_domain(loss, mu)
     n, d = jnp.shape(X)
     n = n if normalizer is None else _validate.positive_int("normalizer", normalizer)
