@@ -141,15 +141,13 @@ def test_replace_one_poisson_event_pld_only():
     )
 
 
-def test_fixed_batch_events_rdp_under_replace_one_with_other_releases():
+def test_independent_fixed_batch_events_rdp_amplified_with_other_releases():
     fixed = acc.FixedBatchGaussianEvent(
-        noise_multiplier=2.0, batch_size=50, dataset_size=1000, count=40
+        noise_multiplier=2.0, batch_size=50, dataset_size=1000, count=40, sampling="independent"
     )
     gauss = acc.GaussianEvent(noise_multiplier=10.0, count=2)  # replace-one sensitivity units
     accountant = acc.PrivacyAccountant([fixed, gauss])
-    assert accountant.applicable_methods() == ("rdp",)
-    with pytest.raises(ValueError, match="fixed-size"):
-        accountant.epsilon(1e-5, method="pld")
+    assert accountant.applicable_methods() == ("pld", "rdp", "zcdp")
     # Direct: dp-accounting RDP under replace-one, base Gaussian σ/(2C) = 1.
     replace = dp_accounting.NeighboringRelation.REPLACE_ONE
     r = rdp.RdpAccountant(list(acc.DEFAULT_RDP_ORDERS), replace)
@@ -162,7 +160,24 @@ def test_fixed_batch_events_rdp_under_replace_one_with_other_releases():
         )
     )
     r.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(10.0), 2))
-    assert accountant.epsilon(1e-5) == pytest.approx(r.get_epsilon(1e-5), rel=1e-9)
+    amplified = accountant.epsilon(1e-5, method="rdp")
+    assert amplified == pytest.approx(r.get_epsilon(1e-5), rel=1e-9)
+    # PLD has no amplification for it: 40 + 2 Gaussian releases, far looser.
+    assert accountant.epsilon(1e-5, method="pld") > 2 * amplified
+    assert accountant.epsilon(1e-5) == amplified
+
+
+def test_shuffled_fixed_batch_events_count_epochs_not_steps():
+    # 45 steps, ⌊1000/100⌋ = 10 batches per epoch: a record is in ≤ 5 batches.
+    shuffled = acc.FixedBatchGaussianEvent(
+        noise_multiplier=4.0, batch_size=100, dataset_size=1000, count=45
+    )
+    accountant = acc.PrivacyAccountant([shuffled])
+    exact = gaussian_epsilon(sigma=2.0 / math.sqrt(5), sensitivity=1.0, delta=1e-6)
+    assert accountant.epsilon(1e-6, method="pld") == pytest.approx(exact, rel=1e-4)
+    assert accountant.epsilon(1e-6, method="zcdp") == pytest.approx(
+        acc.zcdp_epsilon_cks(rho=5 * 4 / (2 * 16.0), delta=1e-6)
+    )
     add_fixed = acc.FixedBatchGaussianEvent(
         noise_multiplier=2.0,
         batch_size=50,
@@ -197,3 +212,11 @@ def test_accountant_validation():
         accountant.epsilon(1e-5, method="gdp")
     with pytest.raises(ValueError, match="no events"):
         acc.PrivacyAccountant().epsilon(1e-5, method="basic")
+
+
+def test_fixed_batch_event_sampling_field_is_validated():
+    with pytest.raises(ValueError, match="sampling"):
+        acc.FixedBatchGaussianEvent(
+            noise_multiplier=1.0, batch_size=10, dataset_size=100, sampling="poisson"
+        )
+    assert acc.FixedBatchGaussianEvent(1.0, 10, 100).sampling == "shuffle"

@@ -173,15 +173,31 @@ def test_to_dp_event_round_trips_through_dp_accounting():
     a.compose(dp_event)
     assert a.get_epsilon(1e-6) == pytest.approx(acc.pld_epsilon([event], 1e-6), rel=1e-9)
     fixed = acc.FixedBatchGaussianEvent(
-        noise_multiplier=2.0, batch_size=10, dataset_size=1000, count=30
+        noise_multiplier=2.0, batch_size=10, dataset_size=1000, count=30, sampling="independent"
     )
     dp_fixed, rel_fixed = acc.to_dp_event(fixed, method="rdp")
     assert rel_fixed == REPLACE
     assert isinstance(dp_fixed.event, dp_accounting.SampledWithoutReplacementDpEvent)
     # Base Gaussian on the batch under replace-one has sensitivity 2C: σ/(2C) = 1.
     assert dp_fixed.event.event.noise_multiplier == 1.0
-    with pytest.raises(ValueError, match="fixed-size"):
-        acc.to_dp_event(fixed, method="pld")
+    # Shuffling: no amplification; 250 steps over ⌊1000/10⌋ = 100 batches per epoch → a record
+    # is in at most 3 batches, each a Gaussian release with σ/(2C) = 1.
+    shuffled = acc.FixedBatchGaussianEvent(
+        noise_multiplier=2.0, batch_size=10, dataset_size=1000, count=250
+    )
+    for method in ("pld", "rdp"):
+        dp_shuffled, rel = acc.to_dp_event(shuffled, method=method)
+        assert rel == ADD
+        assert dp_shuffled.count == 3
+        assert dp_shuffled.event.noise_multiplier == 1.0
+    exact = gaussian_epsilon(sigma=1.0 / math.sqrt(3), sensitivity=1.0, delta=1e-5)
+    assert acc.pld_epsilon([shuffled], 1e-5) == pytest.approx(exact, rel=1e-4)
+    with pytest.raises(ValueError, match="replace-one"):
+        acc.to_dp_event(
+            acc.FixedBatchGaussianEvent(
+                noise_multiplier=2.0, batch_size=10, dataset_size=100, relation="add_or_remove_one"
+            )
+        )
     with pytest.raises(ValueError, match="composition theorems"):
         acc.to_dp_event(acc.EpsilonDeltaEvent(epsilon=1.0))
 

@@ -17,6 +17,7 @@ from dpjax.accounting.composition import advanced_composition_heterogeneous
 from dpjax.accounting.optimal import optimal_composition_epsilon
 from dpjax.accounting.tight import (
     DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
+    fixed_batch_uses,
     pld_epsilon,
     rdp_epsilon,
     to_dp_event,
@@ -51,6 +52,9 @@ def _zcdp_rho(event: ev.PrivacyEvent) -> float | None:
     if isinstance(event, ev.PoissonSampledGaussianEvent) and event.sampling_rate == 1.0:
         shift = 2.0 if event.relation is REPLACE_ONE else 1.0  # replace-one moves the sum by 2C
         return event.count * shift**2 / (2.0 * event.noise_multiplier**2)
+    if isinstance(event, ev.FixedBatchGaussianEvent) and event.relation is REPLACE_ONE:
+        # No amplification: fixed_batch_uses releases, each of sensitivity 2C.
+        return fixed_batch_uses(event) * 4.0 / (2.0 * event.noise_multiplier**2)
     profile = _dp_profile(event)
     if profile is not None and all(d == 0.0 for _, d, _ in profile):
         # Pure ε-DP implies ε²/2-zCDP (Bun & Steinke 2016, Proposition 1.4).
@@ -64,10 +68,10 @@ class PrivacyAccountant:
     Methods (see :data:`METHODS`):
 
     * ``"pld"`` / ``"rdp"``: dp-accounting (:mod:`dpjax.accounting.tight`); Gaussian, Laplace,
-      Poisson-subsampled Gaussian (RDP: add/remove-one or q = 1) and fixed-batch Gaussian (RDP,
-      replace-one) events.
-    * ``"zcdp"``: Gaussian events, full-batch (q = 1) DP-GD events and pure-DP events
-      (ε²/2-zCDP), converted by Canonne–Kamath–Steinke 2020.
+      Poisson-subsampled Gaussian (RDP: add/remove-one or q = 1) and fixed-batch Gaussian
+      (replace-one; amplified by RDP only for independently drawn batches) events.
+    * ``"zcdp"``: Gaussian events, full-batch (q = 1) DP-GD events, fixed-batch events (no
+      amplification) and pure-DP events (ε²/2-zCDP), converted by Canonne–Kamath–Steinke 2020.
     * ``"optimal"`` (Kairouz–Oh–Viswanath 2015), ``"advanced"`` (000, heterogeneous form),
       ``"basic"`` (000/004): events with a fixed (ε, δ): generic (ε, δ), Laplace (Δ₁/b, 0),
       Laplace DP-SGD (ε_h, 0) events; ``"optimal"`` needs all of them identical.

@@ -106,6 +106,14 @@ class FixedBatchGaussianEvent(PrivacyEvent):
     from ``dataset_size`` records (shuffling), clipped sum + N(0, (σ·C)²).
 
     Only analyses for sampling without replacement apply (not the Poisson accountant).
+
+    ``sampling`` (added for the accountant) says how batches are drawn:
+
+    * ``"shuffle"`` (default): a fresh random permutation per epoch cut into ⌊n/b⌋ batches, so
+      a record is in at most one batch per epoch. No amplification is claimed for it: the
+      accountant counts ⌈count/⌊n/b⌋⌉ Gaussian releases of sensitivity 2C (replace-one).
+    * ``"independent"``: a fresh uniform b-subset at every step; the without-replacement RDP
+      analysis (Wang, Balle, Kasiviswanathan 2019) applies.
     """
 
     noise_multiplier: float
@@ -113,9 +121,11 @@ class FixedBatchGaussianEvent(PrivacyEvent):
     dataset_size: int
     count: int = 1
     relation: NeighbouringRelation = REPLACE_ONE
+    sampling: str = "shuffle"
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        _validate.one_of("sampling", self.sampling, ("shuffle", "independent"))
         _validate.positive("noise_multiplier", self.noise_multiplier)
         _validate.positive_int("batch_size", self.batch_size)
         _validate.positive_int("dataset_size", self.dataset_size)

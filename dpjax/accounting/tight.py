@@ -28,8 +28,12 @@ Neighbouring relations, handled honestly:
   replace-one the PLD uses dp-accounting's replace-one mixture pair (shift 2C at q = 1);
   dp-accounting's RDP has no replace-one Poisson analysis, so RDP raises for q < 1 (at q = 1
   the release is a Gaussian with sensitivity 2C, which both methods handle).
-* Fixed-batch (sampling without replacement) events: RDP under replace-one only (Wang, Balle
-  and Kasiviswanathan 2019, Theorem 27, base sensitivity 2C); PLD raises.
+* Fixed-batch events (replace-one only; add/remove-one raises): shuffled batches get no
+  amplification — a record is in at most one batch per epoch, so by parallel composition within
+  an epoch they are ⌈T/⌊n/b⌋⌉ Gaussian releases of sensitivity 2C (valid for every
+  permutation, hence for the random one). Independently drawn b-subsets get the
+  without-replacement RDP of Wang, Balle and Kasiviswanathan (2019, Theorem 27, base
+  sensitivity 2C); their PLD uses the (loose, valid) no-amplification bound of T releases.
 * Beware: dp-accounting's own ``PLDAccountant(REPLACE_ONE)`` doubles the sensitivity of a plain
   ``GaussianDpEvent`` while ``RdpAccountant(REPLACE_ONE)`` does not (checked on 0.6.0). dpjax
   never relies on either behaviour for unit-shift events: it builds PLDs itself and tests the
@@ -80,10 +84,24 @@ DEFAULT_VALUE_DISCRETIZATION_INTERVAL = 1e-4
 
 TIGHT_METHODS = ("pld", "rdp")
 
+REPLACE_ONE_DP = dp_accounting.NeighboringRelation.REPLACE_ONE
+
 _DP_RELATION = {
     ADD_OR_REMOVE_ONE: dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
     REPLACE_ONE: dp_accounting.NeighboringRelation.REPLACE_ONE,
 }
+
+
+def fixed_batch_uses(event: ev.FixedBatchGaussianEvent) -> int:
+    """How many of the event's noisy releases one record can be part of.
+
+    ``"shuffle"``: ⌈count / ⌊n/b⌋⌉ (one batch per epoch, counting a partial epoch as whole);
+    ``"independent"``: ``count`` (a record may be drawn at every step).
+    """
+    if event.sampling == "shuffle":
+        per_epoch = event.dataset_size // event.batch_size
+        return -(-event.count // per_epoch)
+    return event.count
 
 
 def _unsupported(event: ev.PrivacyEvent, method: str, why: str) -> ValueError:
@@ -111,7 +129,7 @@ def to_dp_event(
     Raises:
         ValueError: if no analysis of ``method`` applies to the event under its relation
             (generic (ε, δ) and Laplace DP-SGD events; replace-one Poisson sampling with RDP;
-            fixed-size batches with PLD or under add/remove-one).
+            fixed-size batches under add/remove-one).
 
     Example:
         >>> e = ev.PoissonSampledGaussianEvent(noise_multiplier=1.0, sampling_rate=0.01, count=10)
@@ -128,20 +146,26 @@ def to_dp_event(
     elif isinstance(event, ev.PoissonSampledGaussianEvent):
         inner, rel = _poisson_dp_event(event, method)
     elif isinstance(event, ev.FixedBatchGaussianEvent):
-        if method != "rdp" or event.relation is not REPLACE_ONE:
+        if event.relation is not REPLACE_ONE:
             raise _unsupported(
                 event,
                 method,
-                "fixed-size batches (sampling without replacement) are accounted by RDP under "
-                "replace-one only (Wang, Balle, Kasiviswanathan 2019); dp-accounting has no PLD "
-                "for them, and Poisson analyses do not apply (literature §2.9, pitfall 10)",
+                "fixed-size batches are analysed under replace-one only (n is public); the "
+                "Poisson analyses do not apply to them (literature §2.9, pitfall 10)",
             )
-        inner = dp_accounting.SampledWithoutReplacementDpEvent(
-            source_dataset_size=event.dataset_size,
-            sample_size=event.batch_size,
-            event=dp_accounting.GaussianDpEvent(event.noise_multiplier / 2.0),
-        )
-        rel = dp_accounting.NeighboringRelation.REPLACE_ONE
+        if event.sampling == "independent" and method == "rdp":
+            # Wang, Balle, Kasiviswanathan 2019, Theorem 27: base Gaussian on the batch has
+            # replace-one sensitivity 2C, so its σ/Δ is noise_multiplier/2.
+            inner = dp_accounting.SampledWithoutReplacementDpEvent(
+                source_dataset_size=event.dataset_size,
+                sample_size=event.batch_size,
+                event=dp_accounting.GaussianDpEvent(event.noise_multiplier / 2.0),
+            )
+            return dp_accounting.SelfComposedDpEvent(inner, event.count), REPLACE_ONE_DP
+        # No amplification: a record sits in at most `fixed_batch_uses` batches, each a
+        # Gaussian release with sensitivity 2C (parallel composition within an epoch).
+        inner = dp_accounting.GaussianDpEvent(event.noise_multiplier / 2.0)
+        return dp_accounting.SelfComposedDpEvent(inner, fixed_batch_uses(event)), unit
     else:
         raise _unsupported(
             event,
@@ -217,7 +241,7 @@ def rdp_epsilon(
     dp_events = [to_dp_event(e, method="rdp") for e in events]
     # dp-accounting's RDP treats Gaussian/Laplace events as a unit shift under every relation
     # (tested in tests/test_accounting_tight.py), so the unit-shift events compose correctly in
-    # the replace-one accountant that fixed-batch events need.
+    # the replace-one accountant that independently sampled fixed-batch events need.
     needs_replace = any(
         rel is dp_accounting.NeighboringRelation.REPLACE_ONE for _, rel in dp_events
     )
@@ -260,6 +284,12 @@ def _pld_of(event: ev.PrivacyEvent, vdi: float) -> pld_lib.PrivacyLossDistributi
             value_discretization_interval=vdi,
             neighboring_relation=_DP_RELATION[event.relation],
         ).self_compose(event.count)
+    if isinstance(event, ev.FixedBatchGaussianEvent):
+        to_dp_event(event, method="pld")  # validates the relation
+        return pld_lib.from_gaussian_mechanism(
+            standard_deviation=event.noise_multiplier / (2.0 * math.sqrt(fixed_batch_uses(event))),
+            value_discretization_interval=vdi,
+        )
     to_dp_event(event, method="pld")  # raises with the reason
     raise AssertionError("unreachable")  # pragma: no cover
 
