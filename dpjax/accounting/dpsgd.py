@@ -186,6 +186,10 @@ def max_steps(
 
     Doubling then integer bisection on :func:`dpsgd_epsilon` (ε increases in T).
 
+    Formal guarantees:
+        Those of :func:`dpsgd_epsilon` at the returned T (ε ≤ ``target_epsilon`` was evaluated
+        for it, with the same method and settings).
+
     Args:
         noise_multiplier: σ/C in (0, inf).
         target_epsilon: ε in (0, inf).

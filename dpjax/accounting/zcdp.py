@@ -49,7 +49,11 @@ def gaussian_zcdp_rho(*, sigma: float, sensitivity: float) -> float:
 
 
 def zcdp_compose(rhos: Sequence[float]) -> float:
-    """Composition of zCDP: ρ = Σ ρᵢ (Bun and Steinke 2016, Lemma 2.3; 003).
+    """Composition of zCDP: ρ = Σ ρᵢ.
+
+    Formal guarantees:
+        Bun and Steinke (TCC 2016), Lemma 2.3 (adaptive composition); "By composition of zCDP"
+        in 003_eb46ba05ef56608d.txt. Same relation as the inputs.
 
     Args:
         rhos: per-mechanism ρᵢ, each in (0, inf).
