@@ -13,7 +13,9 @@ Modules: ``losses`` (losses with L, c), ``solver`` (certified exact minimiser), 
 """
 
 from dpjax.erm import bounds, losses
+from dpjax.erm.hypothesis_grid import exponential_mechanism_grid
 from dpjax.erm.iterative import dp_gd, dp_sgd, laplace_dp_sgd
+from dpjax.erm.linear_regression import noisy_sufficient_statistics_regression
 from dpjax.erm.objective_perturbation import objective_perturbation
 from dpjax.erm.output_perturbation import output_perturbation
 from dpjax.erm.result import ERMResult
@@ -24,9 +26,11 @@ __all__ = [
     "SolveResult",
     "bounds",
     "dp_gd",
+    "exponential_mechanism_grid",
     "dp_sgd",
     "laplace_dp_sgd",
     "losses",
+    "noisy_sufficient_statistics_regression",
     "objective",
     "objective_perturbation",
     "output_perturbation",
