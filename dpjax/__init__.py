@@ -15,7 +15,12 @@ from dpjax.clipping import ClippedGrad, ClippingInfo, clipped_grad
 from dpjax.distributed import data_parallel
 from dpjax.optimizers import accumulate_clipped_sums, dpsgd, laplace_dpsgd, laplace_dpsgd_event
 from dpjax.relation import ADD_OR_REMOVE_ONE, REPLACE_ONE, NeighbouringRelation
-from dpjax.samplers import PaddedBatch, PoissonSampler, ShuffledBatchSampler
+from dpjax.samplers import (
+    PaddedBatch,
+    PoissonSampler,
+    ShuffledBatchSampler,
+    UniformBatchSampler,
+)
 from dpjax.transforms import add_gaussian_noise, add_laplace_dpsgd_noise, normalize_by
 
 __version__ = "0.1.0"
@@ -40,6 +45,7 @@ __all__ = [
     "PaddedBatch",
     "PoissonSampler",
     "ShuffledBatchSampler",
+    "UniformBatchSampler",
     "add_gaussian_noise",
     "add_laplace_dpsgd_noise",
     "normalize_by",

@@ -10,7 +10,10 @@ an analysis of sampling without replacement. So each sampler here builds its own
   (add/remove-one). Normalise by the PUBLIC ``expected_batch_size`` = q·n.
 * :class:`ShuffledBatchSampler` — a fresh permutation per epoch cut into fixed-size batches;
   ``event(...)`` is a :class:`~dpjax.accounting.events.FixedBatchGaussianEvent`
-  (replace-one). Normalise by ``batch_size``.
+  (replace-one, ``sampling="shuffle"``: no amplification, epochs counted). Normalise by
+  ``batch_size``.
+* :class:`UniformBatchSampler` — a fresh uniformly random b-subset at every step;
+  ``FixedBatchGaussianEvent(sampling="independent")`` (sampling without replacement).
 
 Randomness comes only from the explicit ``key`` (JAX PRNG), so sampling is reproducible.
 """
@@ -27,7 +30,7 @@ from dpjax import _validate
 from dpjax.accounting.events import FixedBatchGaussianEvent, PoissonSampledGaussianEvent
 from dpjax.relation import ADD_OR_REMOVE_ONE, REPLACE_ONE, NeighbouringRelation, as_relation
 
-__all__ = ["PaddedBatch", "PoissonSampler", "ShuffledBatchSampler"]
+__all__ = ["PaddedBatch", "PoissonSampler", "ShuffledBatchSampler", "UniformBatchSampler"]
 
 DEFAULT_OVERFLOW_PROBABILITY = 1e-9
 
@@ -213,9 +216,68 @@ class ShuffledBatchSampler:
             dataset_size=self.dataset_size,
             count=steps,
             relation=as_relation(relation),
+            sampling="shuffle",
         )
 
     def __repr__(self) -> str:
         return (
             f"ShuffledBatchSampler(dataset_size={self.dataset_size}, batch_size={self.batch_size})"
+        )
+
+
+class UniformBatchSampler:
+    r"""A fresh uniformly random subset of exactly b examples at every step.
+
+    Formal guarantees:
+        Each step samples b of n without replacement, independently of the other steps: the
+        event is ``FixedBatchGaussianEvent(sampling="independent")`` under replace-one, for the
+        sampling-without-replacement analysis (Wang, Balle, Kasiviswanathan 2019) — not the
+        Poisson accountant.
+
+    Args:
+        dataset_size: n ≥ 1.
+        batch_size: b in [1, n].
+
+    Example:
+        >>> import jax
+        >>> UniformBatchSampler(dataset_size=10, batch_size=4).sample(jax.random.key(0)).shape
+        (4,)
+    """
+
+    def __init__(self, *, dataset_size: int, batch_size: int):
+        self.dataset_size = _validate.positive_int("dataset_size", dataset_size)
+        self.batch_size = _validate.positive_int("batch_size", batch_size)
+        if self.batch_size > self.dataset_size:
+            _validate.fail("batch_size", batch_size, f"at most dataset_size={dataset_size}")
+
+    @property
+    def expected_batch_size(self) -> float:
+        """b: the normaliser for :func:`dpjax.normalize_by`."""
+        return float(self.batch_size)
+
+    def sample(self, key: jax.Array) -> jax.Array:
+        """int32 (batch_size,) distinct indices, uniformly random (jit-able)."""
+        idx = jax.random.choice(key, self.dataset_size, (self.batch_size,), replace=False)
+        return idx.astype(jnp.int32)
+
+    def event(
+        self,
+        *,
+        noise_multiplier: float,
+        steps: int,
+        relation: NeighbouringRelation | str = REPLACE_ONE,
+    ) -> FixedBatchGaussianEvent:
+        """The event of ``steps`` DP-SGD steps on these batches with noise σ·C on the sum."""
+        return FixedBatchGaussianEvent(
+            noise_multiplier=noise_multiplier,
+            batch_size=self.batch_size,
+            dataset_size=self.dataset_size,
+            count=steps,
+            relation=as_relation(relation),
+            sampling="independent",
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"UniformBatchSampler(dataset_size={self.dataset_size}, batch_size={self.batch_size})"
         )

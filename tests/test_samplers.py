@@ -109,6 +109,23 @@ def test_shuffled_event():
     assert isinstance(ev, FixedBatchGaussianEvent)
     assert (ev.batch_size, ev.dataset_size, ev.count) == (10, 100, 30)
     assert ev.relation == dpjax.REPLACE_ONE
+    assert ev.sampling == "shuffle"
+
+
+def test_uniform_batches_are_uniform_subsets(key):
+    n, b, trials = 12, 3, 3000
+    sampler = dpjax.UniformBatchSampler(dataset_size=n, batch_size=b)
+    batches = np.asarray(jax.jit(jax.vmap(sampler.sample))(jax.random.split(key, trials)))
+    assert batches.shape == (trials, b)
+    assert all(len(set(row)) == b for row in batches)
+    freq = np.bincount(batches.ravel(), minlength=n) / trials
+    p = b / n
+    assert np.all(np.abs(freq - p) < 5.5 * math.sqrt(p * (1 - p) / trials))
+    ev = sampler.event(noise_multiplier=1.0, steps=7)
+    assert isinstance(ev, FixedBatchGaussianEvent) and ev.sampling == "independent"
+    assert ev.relation == dpjax.REPLACE_ONE and ev.count == 7
+    with pytest.raises(ValueError, match="batch_size"):
+        dpjax.UniformBatchSampler(dataset_size=3, batch_size=4)
 
 
 @pytest.mark.parametrize(
