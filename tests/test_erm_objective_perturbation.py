@@ -101,7 +101,14 @@ def test_perturbed_problem_is_solved_exactly():
     assert np.linalg.norm(b_over_n) * n < 10 * res.noise_scale * math.sqrt(d)
 
 
-@pytest.mark.parametrize("variant, eps", [("kst", 1.0), ("lecture", 0.5), ("cms", 1.0)])
+@pytest.mark.parametrize(
+    "variant, eps",
+    [
+        ("kst", 1.0),
+        ("lecture", 0.5),
+        pytest.param("cms", 1.0, marks=pytest.mark.slow),
+    ],
+)
 def test_mean_excess_risk_below_bound(variant, eps):
     n, d, mu = 400, 3, 0.1
     X, y = sphere_data(n, d, seed=24)

@@ -125,7 +125,11 @@ def test_cms_pure_noise_norm_is_gamma():
 
 @pytest.mark.parametrize(
     "loss, variant",
-    [(losses.logistic, "gaussian"), (losses.hinge, "gaussian"), (losses.logistic, "cms")],
+    [
+        (losses.logistic, "gaussian"),
+        (losses.hinge, "gaussian"),
+        pytest.param(losses.logistic, "cms", marks=pytest.mark.slow),
+    ],
 )
 def test_mean_excess_risk_below_bound(loss, variant):
     n, d, mu = 400, 3, 0.1
