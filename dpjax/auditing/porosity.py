@@ -29,9 +29,12 @@ from dpjax.mechanisms import discrete
 __all__ = [
     "PorosityResult",
     "float32_uniform_values",
+    "textbook_noise_float32_values",
     "textbook_laplace_float32_values",
     "impossible_fraction",
+    "textbook_porosity",
     "textbook_laplace_porosity",
+    "attainable_float64",
     "discrete_laplace_support",
     "discrete_laplace_porosity",
 ]
@@ -57,19 +60,43 @@ def float32_uniform_values() -> np.ndarray:
     return (np.arange(2**23, dtype=np.float64) * 2.0**-23).astype(np.float32)
 
 
-@jax.jit
-def _laplace_from_uniform(f: jax.Array) -> jax.Array:
-    # replays jax._src.random._laplace / _uniform (minval = −1 + epsneg, maxval = 1)
-    dtype = jnp.float32
-    minval = jnp.asarray(-1.0 + float(jnp.finfo(dtype).epsneg), dtype)
-    maxval = jnp.asarray(1.0, dtype)
-    u = jnp.maximum(minval, f * (maxval - minval) + minval)
-    return jnp.sign(u) * jnp.log1p(-jnp.abs(u))
+_NOISES = ("laplace", "gaussian")
+
+
+def _noise_from_unit(f: jax.Array, noise: str) -> jax.Array:
+    """Replays jax._src.random._laplace / _normal_real on a value f of the uniform [0, 1) grid.
+
+    Both draw u = max(lo, f·(1 − lo) + lo) with lo = −1 + epsneg (the float just above −1);
+    Laplace returns sign(u)·log1p(−|u|), the normal √2·erfinv(u).
+    """
+    dtype = f.dtype
+    lo = jnp.asarray(np.nextafter(np.array(-1.0, dtype), np.array(0.0, dtype)), dtype)
+    hi = jnp.asarray(1.0, dtype)
+    u = jnp.maximum(lo, f * (hi - lo) + lo)
+    if noise == "laplace":
+        return jnp.sign(u) * jnp.log1p(-jnp.abs(u))
+    return jnp.asarray(np.sqrt(2.0), dtype) * jax.scipy.special.erfinv(u)
+
+
+_noise_from_unit_jit = jax.jit(_noise_from_unit, static_argnums=1)
+
+
+def textbook_noise_float32_values(noise: str = "laplace") -> np.ndarray:
+    """Every value ``jax.random.laplace`` / ``jax.random.normal`` (float32) can return.
+
+    Args:
+        noise: ``"laplace"`` or ``"gaussian"``.
+
+    Returns:
+        The 2^23 equiprobable noise values (one per uniform mantissa), float32.
+    """
+    _validate.one_of("noise", noise, _NOISES)
+    return np.asarray(_noise_from_unit_jit(jnp.asarray(float32_uniform_values()), noise))
 
 
 def textbook_laplace_float32_values() -> np.ndarray:
     """Every value ``jax.random.laplace(key, dtype=float32)`` can return (2^23, equiprobable)."""
-    return np.asarray(_laplace_from_uniform(jnp.asarray(float32_uniform_values())))
+    return textbook_noise_float32_values("laplace")
 
 
 def impossible_fraction(outputs_d, support_dprime, weights=None) -> float:
@@ -88,28 +115,85 @@ def impossible_fraction(outputs_d, support_dprime, weights=None) -> float:
     return float(np.sum(w[missing]) / np.sum(w))
 
 
-def textbook_laplace_porosity(*, f_d: float, f_dprime: float, scale: float) -> PorosityResult:
-    """Exact porosity of float32 ``f + scale·jax.random.laplace`` (dpjax.mechanisms.laplace).
+def textbook_porosity(
+    *, f_d: float, f_dprime: float, scale: float, noise: str = "laplace"
+) -> PorosityResult:
+    """Exact porosity of float32 ``f + scale·noise`` (as dpjax.mechanisms adds it).
 
     Args:
         f_d: f(D) (rounded to float32).
         f_dprime: f(D′).
-        scale: Laplace scale b = Δ/ε.
+        scale: the noise scale (Laplace b = Δ/ε, or Gaussian σ).
+        noise: ``"laplace"`` or ``"gaussian"``.
 
     Returns:
         P_D[y impossible under D′] over all 2^23 equiprobable noise values, with the
-        release computed as dpjax does it: ``float32(f) + float32(b) * z``.
+        release computed as dpjax does it: ``float32(f) + float32(scale) * z``.
     """
     _validate.positive("scale", scale)
-    z = textbook_laplace_float32_values()
+    z = textbook_noise_float32_values(noise)
     b = np.float32(scale)
     y_d = np.float32(f_d) + b * z
     y_dprime = np.float32(f_dprime) + b * z
     return PorosityResult(
         fraction=impossible_fraction(y_d, y_dprime),
-        outputs=int(z.size),
-        mechanism=f"textbook Laplace float32 (b = {scale:g})",
+        outputs=int(np.unique(y_d).size),
+        mechanism=f"textbook {noise} float32 (scale = {scale:g})",
     )
+
+
+def textbook_laplace_porosity(*, f_d: float, f_dprime: float, scale: float) -> PorosityResult:
+    """``textbook_porosity`` for the Laplace mechanism (dpjax.mechanisms.laplace, float32)."""
+    return textbook_porosity(f_d=f_d, f_dprime=f_dprime, scale=scale, noise="laplace")
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _noise_float64(m: jax.Array, noise: str) -> jax.Array:
+    one = jnp.asarray(np.array(1.0).view(np.uint64))
+    unit = jax.lax.bitcast_convert_type(one | m, jnp.float64) - 1.0
+    return _noise_from_unit(unit, noise)
+
+
+def _release_float64(m: jax.Array, f: float, scale: float, noise: str) -> np.ndarray:
+    """f + scale·noise for the uniform mantissa m (uint64 < 2^52), as dpjax computes it eagerly.
+
+    The noise is materialised first, as ``jax.random.*`` does, and the shift and scale are two
+    separately rounded IEEE operations (NumPy): fused by XLA, scale·(√2·erfinv(u)) may be
+    re-associated and f + scale·z contracted into an FMA, which rounds differently.
+    """
+    z = np.asarray(_noise_float64(m, noise), dtype=np.float64)
+    return np.float64(f) + np.float64(scale) * z
+
+
+def attainable_float64(outputs, *, f: float, scale: float, noise: str = "laplace") -> np.ndarray:
+    """Whether each float64 output equals f + scale·noise(m) for some uniform mantissa m.
+
+    The release is non-increasing in m (u increases with m; both noise maps are monotone), so
+    a binary search over the 2^52 mantissas decides attainability exactly, provided the float
+    evaluation is monotone too; the control (outputs drawn under f itself are all attainable)
+    checks that assumption. Needs x64 (``jax_enable_x64``).
+
+    Args:
+        outputs: float64 outputs to test.
+        f: the exact answer f(D′) of the hypothesis.
+        scale: the noise scale.
+        noise: ``"laplace"`` or ``"gaussian"``.
+
+    Returns:
+        A boolean array: True where the output is attainable under f.
+    """
+    _validate.one_of("noise", noise, _NOISES)
+    if not jax.config.jax_enable_x64:
+        raise ValueError("jax_enable_x64 must be True for the float64 porosity search; got False")
+    y = np.asarray(outputs, dtype=np.float64).ravel()
+    sign = -1.0 if noise == "laplace" else 1.0  # Laplace decreases in u, the normal increases
+    lo = np.zeros(y.shape, np.uint64)
+    hi = np.full(y.shape, 2**52 - 1, np.uint64)
+    for _ in range(53):  # smallest m with sign·release(m) >= sign·y
+        mid = lo + (hi - lo) // np.uint64(2)
+        above = sign * _release_float64(jnp.asarray(mid), f, scale, noise) >= sign * y
+        hi, lo = np.where(above, mid, hi), np.where(above, lo, mid + np.uint64(1))
+    return _release_float64(jnp.asarray(lo), f, scale, noise) == y
 
 
 @functools.lru_cache(maxsize=8)
