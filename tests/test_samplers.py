@@ -161,3 +161,20 @@ def test_events_validate_noise_multiplier():
         dpjax.PoissonSampler(dataset_size=10, sampling_rate=0.5).event(
             noise_multiplier=0.0, steps=1
         )
+
+
+def test_sampler_events_are_accepted_by_the_accountant():
+    from dpjax.accounting import PrivacyAccountant, dpsgd_epsilon
+
+    poisson = dpjax.PoissonSampler(dataset_size=1000, sampling_rate=0.02)
+    ev = poisson.event(noise_multiplier=1.2, steps=100)
+    eps = PrivacyAccountant([ev]).epsilon(1e-5, method="pld")
+    ref = dpsgd_epsilon(noise_multiplier=1.2, sampling_rate=0.02, steps=100, delta=1e-5)
+    assert eps == pytest.approx(ref, rel=1e-6)
+    for sampler in (
+        dpjax.ShuffledBatchSampler(dataset_size=1000, batch_size=20),
+        dpjax.UniformBatchSampler(dataset_size=1000, batch_size=20),
+    ):
+        acc = PrivacyAccountant([sampler.event(noise_multiplier=1.2, steps=100)])
+        assert acc.relation == dpjax.REPLACE_ONE
+        assert 0 < acc.epsilon(1e-5, method="rdp") < math.inf

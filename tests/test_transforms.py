@@ -213,3 +213,12 @@ def test_docstring_examples_run(module):
 
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_laplace_dpsgd_event_composes_basically_in_the_accountant():
+    from dpjax.accounting import PrivacyAccountant
+
+    ev = dpjax.laplace_dpsgd_event(l1_sensitivity=1.0, epsilon=0.1, rho=0.5, kappa=0.8, steps=50)
+    acc = PrivacyAccountant([ev])
+    assert acc.releases == 50
+    assert acc.epsilon(0.0, method="basic") == pytest.approx(sum(ev.epsilons), rel=1e-12)
