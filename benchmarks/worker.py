@@ -10,11 +10,13 @@ MODE ``noise``: time drawing Gaussian noise for the model's parameters per PRNG 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import time
 
 import jax
+import jax.numpy as jnp
 
 from benchmarks.models import make_model
 from benchmarks.steps import make_step, noise_only
@@ -113,14 +115,33 @@ def rss_method(model_name: str, batch: int, method: str, repeats: int) -> dict:
     }
 
 
+def _flat_normal(tree):
+    """All leaves' noise from ONE draw, split into leaves (one threefry kernel to compile)."""
+    leaves, treedef = jax.tree.flatten(tree)
+    sizes = [x.size for x in leaves]
+
+    def draw(key):
+        flat = jax.random.normal(key, (sum(sizes),), leaves[0].dtype)
+        parts = jnp.split(flat, list(itertools.accumulate(sizes))[:-1])
+        noise = [p.reshape(x.shape) for p, x in zip(parts, leaves, strict=True)]
+        return jax.tree.unflatten(treedef, noise)
+
+    return jax.jit(draw)
+
+
 def time_noise(model_name: str, repeats: int) -> list[dict]:
     model = make_model(model_name)
     params = model.init(jax.random.key(0))
     size = sum(x.size for x in jax.tree.leaves(params))
     out = []
-    for impl in ("threefry2x32", "rbg", "unsafe_rbg"):
-        draw = noise_only(params)
+    variants = [("threefry2x32", "per-leaf (dpjax)"), ("threefry2x32", "one flat draw")]
+    variants += [("rbg", "per-leaf (dpjax)"), ("unsafe_rbg", "per-leaf (dpjax)")]
+    for impl, how in variants:
+        draw = noise_only(params) if how.startswith("per-leaf") else _flat_normal(params)
         keys = jax.random.split(jax.random.key(3, impl=impl), repeats + 1)
+        start = time.perf_counter()
+        draw = draw.lower(keys[0]).compile()
+        compile_s = time.perf_counter() - start
         _block(draw(keys[0]))
         times = []
         for r in range(repeats):
@@ -131,8 +152,10 @@ def time_noise(model_name: str, repeats: int) -> list[dict]:
             {
                 "model": model_name,
                 "prng": impl,
+                "draw": how,
                 "num_normals": size,
                 "median_ms": statistics.median(times),
+                "compile_s": compile_s,
             }
         )
     return out

@@ -151,9 +151,30 @@ def _flat_sq_norms(per_example: jax.Array) -> jax.Array:
     return jnp.einsum("bi,bi->b", flat, flat)
 
 
-def _dense_clipped_sum(tap: DenseTap, a: jax.Array, g_scaled: jax.Array, dtype: Any) -> jax.Array:
+def _zero_safe_contraction(spec: str, x: jax.Array, w: jax.Array, keep: jax.Array) -> jax.Array:
+    """``einsum(spec, x, w)`` over the row axis, where rows with ``keep=False`` have ``w = 0``.
+
+    A dropped row of ``x`` may hold NaN/inf (a padding row, a NaN example) and ``NaN · 0`` is
+    NaN, but zeroing ``x`` with ``where`` writes a copy of the largest tensor every step. So
+    contract directly, and only when the result is not finite (a dropped row leaked; kept rows
+    are finite) recompute with the dropped rows of ``x`` zeroed. Both branches are exact.
+    """
+    total = jnp.einsum(spec, x, w)
+
+    def recompute() -> jax.Array:
+        return jnp.einsum(spec, _row_where(keep, x), w)
+
+    return jax.lax.cond(jnp.all(jnp.isfinite(total)), lambda: total, recompute)
+
+
+def _dense_clipped_sum(
+    tap: DenseTap, a: jax.Array, g_scaled: jax.Array, keep: jax.Array, dtype: Any
+) -> jax.Array:
     """``Σ_i aᵢᵀ (sᵢ gᵢ)`` in the weight's own layout: one contraction over batch and T."""
-    total = jnp.einsum("btk,btn->kn", a, g_scaled)
+    b, t, k = a.shape  # one contracting axis (B·T): no transposed copy of the activations
+    keep_rows = jnp.repeat(keep, t) if t > 1 else keep
+    a2, g2 = a.reshape(b * t, k), g_scaled.reshape(b * t, -1)
+    total = _zero_safe_contraction("mk,mn->kn", a2, g2, keep_rows)
     contract_then_free = [tap.weight_shape[d] for d in tap.weight_perm]
     total = total.reshape(contract_then_free)
     return jnp.transpose(total, np.argsort(tap.weight_perm)).astype(dtype)
@@ -229,12 +250,10 @@ def ghost_clipped_sum(
     sums: list[Any] = [None] * len(p_leaves)
     for tap, (a, g) in zip(ghost_plan.taps, dense, strict=True):
         g_scaled = _row_where(keep, g * scale.astype(g.dtype)[:, None, None])
-        sums[tap.leaf] = _dense_clipped_sum(
-            tap, _row_where(keep, a), g_scaled, p_leaves[tap.leaf].dtype
-        )
+        sums[tap.leaf] = _dense_clipped_sum(tap, a, g_scaled, keep, p_leaves[tap.leaf].dtype)
     for i, g in zip(other, g_other, strict=True):
         weights = jnp.where(keep, scale, jnp.zeros((), dtype)).astype(g.dtype)
-        flat = _row_where(keep, g).reshape(g.shape[0], -1)
-        sums[i] = jnp.einsum("bi,b->i", flat, weights).reshape(g.shape[1:])
+        flat = g.reshape(g.shape[0], -1)
+        sums[i] = _zero_safe_contraction("bi,b->i", flat, weights, keep).reshape(g.shape[1:])
     reported = norms if mask is None else jnp.where(mask, norms, jnp.zeros((), dtype))
     return jax.tree.unflatten(p_tree, sums), reported, num_nonfinite
