@@ -22,6 +22,7 @@ NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 EXPECTED = [
     "01_mechanisms.ipynb",
     "02_accounting.ipynb",
+    "03_output_vs_objective.ipynb",
 ]
 KERNEL_NAME = "dpjax-test-python"
 CELL_TIMEOUT_S = 300
