@@ -142,13 +142,14 @@ def objective(
 
 
 def _line_search(J, w, p, slope):
-    """First t ∈ {1, 1/2, …, 2^-40} with Armijo decrease (rounding-tolerant)."""
-    ts = 2.0 ** -jnp.arange(41, dtype=w.dtype)
+    """Backtracking t = 1, 1/2, … (≥ 2^-40) to Armijo decrease, with rounding slack."""
     f0 = J(w)
-    vals = jax.vmap(lambda t: J(w - t * p))(ts)
     slack = 16.0 * jnp.finfo(w.dtype).eps * (1.0 + jnp.abs(f0))
-    ok = vals <= f0 - 0.25 * ts * slope + slack
-    return ts[jnp.argmax(ok)]
+
+    def rejected(t):
+        return (J(w - t * p) > f0 - 0.25 * t * slope + slack) & (t > 2.0**-40)
+
+    return jax.lax.while_loop(rejected, lambda t: 0.5 * t, jnp.ones((), w.dtype))
 
 
 def _newton(J, w0, mu, tol, max_iter):
