@@ -32,6 +32,7 @@ __all__ = [
     "slope_with_ci",
     "upper_confidence_bound",
     "holm_bound_held",
+    "holm_bound_violated",
 ]
 
 
@@ -178,3 +179,26 @@ def holm_bound_held(
             break
         held[idx] = True
     return [bool(h) for h in held]
+
+
+def _p_value_above(samples: np.ndarray, bound: float) -> float:
+    """p-value of H0: E[excess] ≤ bound against H1: E[excess] > bound (one-sided t test)."""
+    return 1.0 - _p_value_below(samples, bound)
+
+
+def holm_bound_violated(
+    samples: Sequence[np.ndarray], bounds: Sequence[float], alpha: float = 0.01
+) -> list[bool]:
+    """Per cell, whether "mean excess > bound" is established at family-wise level ``alpha``.
+
+    One-sided t tests of H0: E[excess] ≤ U, Holm–Bonferroni over the cells of a row. A bound
+    "holds" in a cell unless this rejects: a sample mean a little above a nearly tight bound is
+    not evidence of a violation (``holm_bound_held`` is the stricter, positive check).
+    """
+    p = np.array([_p_value_above(c, u) for c, u in zip(samples, bounds, strict=True)])
+    violated = np.zeros(p.size, dtype=bool)
+    for rank, idx in enumerate(np.argsort(p)):
+        if p[idx] > alpha / (p.size - rank):
+            break
+        violated[idx] = True
+    return [bool(v) for v in violated]

@@ -112,3 +112,12 @@ def test_logistic_optimum_matches_scipy():
     assert inst.j_star == pytest.approx(ref.fun, abs=1e-12)
     assert inst.certificate < 1e-20
     assert inst.zero_excess == pytest.approx(math.log(2.0) - ref.fun, abs=1e-12)
+
+
+def test_holm_bound_violated_flags_only_clear_excess():
+    rng = np.random.default_rng(8)
+    clear = rng.exponential(1.0, size=(4, 100))
+    slightly_above = rng.exponential(1.0, size=(4, 100))
+    held = fitting.holm_bound_violated([clear, slightly_above], [0.5, slightly_above.mean() * 0.99])
+    assert held == [True, False]
+    assert fitting.holm_bound_violated([clear], [2.0]) == [False]
