@@ -339,7 +339,7 @@ class ClippedGrad:
             _validate.fail("l2_clip_norm", self.l2_clip_norm, "a float or a pytree like params")
         return self.l2_clip_norm
 
-    def _core(self, params: Any, clip_norms: Any) -> Callable:
+    def _core(self, clip_norms: Any) -> Callable:
         def core(p, batch, mask):
             return _clipped_sum_dispatch(
                 self.method,
@@ -359,7 +359,7 @@ class ClippedGrad:
         batch_size = _batch_size(batch)
         mask = _check_mask(mask, batch_size)
         _check_scalar_loss(self.loss_fn, params, batch)
-        core = self._core(params, self._clip_norms_for(params))
+        core = self._core(self._clip_norms_for(params))
         if self.microbatch_size is None or self.microbatch_size >= batch_size:
             clipped_sum, norms, bad = core(params, batch, mask)
         else:
