@@ -83,14 +83,17 @@ def _hinge_qp_reference(X, y, mu):
     return out.x[:d], out.fun
 
 
-def test_sdca_hinge_matches_qp_and_gap_certificate():
+@pytest.mark.parametrize("label_scale", [1.0, 0.6])
+def test_sdca_hinge_matches_qp_and_gap_certificate(label_scale):
     X, y = sphere_data(40, 3, seed=4)
+    y = y * np.where(np.arange(40) % 2, label_scale, 1.0)  # also |y| < 1 labels
     mu = 0.1
     res = solve(X, y, loss=losses.hinge, mu=mu)
     w_ref, f_ref = _hinge_qp_reference(X, y, mu)
     J = objective(losses.hinge, mu, jnp.asarray(X), jnp.asarray(y))
     assert bool(res.converged)
     assert float(J(res.params)) <= f_ref + 1e-8
+    assert float(J(res.params)) - float(res.certificate) <= f_ref + 1e-8  # weak duality
     # the certificate bounds the distance: ‖ŵ − w*‖ ≤ √(2 gap/μ) (+ SLSQP's own error)
     assert np.linalg.norm(np.asarray(res.params) - w_ref) <= np.sqrt(2 * 1e-11 / mu) + 1e-5
 

@@ -200,47 +200,44 @@ def _lbfgs(J, w0, mu, tol, max_iter):
     return SolveResult(w, c, c <= tol, it)
 
 
-def _sdca_dual_value(loss: Loss, alpha, y):
-    """(1/n) Σ −φ_i*(−α_i) for the hinge (α_i = y_i β_i) and absolute losses."""
-    if loss.dual == "hinge":
-        return jnp.mean(alpha * y)  # β_i = α_i y_i with y_i ∈ {−1, +1}
-    return jnp.mean(alpha * y)
+def _sdca_terms(loss: Loss, y):
+    """(u, c, lo, hi): w = (1/(μN))Σ a_i u_i x_i, dual = (1/N)Σ a_i c_i − (μ/2)‖w‖², a ∈ [lo, hi].
 
-
-def _sdca_coordinate(loss: Loss, alpha_i, x_i, y_i, w, mu, n):
-    """Closed-form SDCA coordinate maximisation (Shalev-Shwartz & Zhang 2013, §5)."""
-    sq = jnp.dot(x_i, x_i)
-    step = mu * n * (y_i - jnp.dot(x_i, w)) / jnp.maximum(sq, 1e-300)
+    Hinge φ_i(s) = max(0, 1 − y_i s): −φ_i*(−y_i a) = a for a ∈ [0, 1] (any |y_i| ≤ 1).
+    Absolute φ_i(s) = |s − y_i|: −φ_i*(−a) = a y_i for a ∈ [−1, 1].
+    """
     if loss.dual == "hinge":
-        beta = jnp.clip((alpha_i + step) * y_i, 0.0, 1.0)
-        beta = jnp.where(sq > 0, beta, 1.0)
-        return beta * y_i
-    new = jnp.clip(alpha_i + step, -1.0, 1.0)
-    return jnp.where(sq > 0, new, jnp.sign(y_i))
+        return y, jnp.ones_like(y), 0.0, 1.0
+    return jnp.ones_like(y), y, -1.0, 1.0
 
 
 def _sdca(loss: Loss, X, y, mu, tol, max_epochs, normalizer=None):
+    """SDCA (Shalev-Shwartz & Zhang 2013) with exact coordinate maximisation; gap certificate."""
     n = X.shape[0] if normalizer is None else normalizer
-    factor = X.shape[0] / n
-    if loss.dual == "hinge" and _validate.is_concrete(y):
-        if not bool(jnp.all(jnp.abs(y) == 1.0)):
-            _validate.fail("y", "labels not in {-1, +1}", "±1 labels for the hinge solver")
+    u, c, lo, hi = _sdca_terms(loss, y)
+    curvature = u**2 * jnp.sum(X**2, axis=1)  # u_i²‖x_i‖²
 
-    def epoch(alpha):
+    def coordinate(a_i, i, w):
+        step = mu * n * (c[i] - u[i] * jnp.dot(X[i], w)) / jnp.maximum(curvature[i], 1e-300)
+        flat = jnp.where(c[i] >= 0, hi, lo)  # no curvature: maximise the linear term
+        return jnp.where(curvature[i] > 0, jnp.clip(a_i + step, lo, hi), flat)
+
+    def weights(a):
+        return X.T @ (a * u) / (mu * n)
+
+    def epoch(a):
         def step(i, carry):
-            alpha, w = carry
-            new = _sdca_coordinate(loss, alpha[i], X[i], y[i], w, mu, n)
-            w = w + (new - alpha[i]) * X[i] / (mu * n)
-            return alpha.at[i].set(new), w
+            a, w = carry
+            new = coordinate(a[i], i, w)
+            return a.at[i].set(new), w + (new - a[i]) * u[i] * X[i] / (mu * n)
 
-        w0 = X.T @ alpha / (mu * n)
-        alpha, _ = jax.lax.fori_loop(0, X.shape[0], step, (alpha, w0))
-        return alpha
+        a, _ = jax.lax.fori_loop(0, X.shape[0], step, (a, weights(a)))
+        return a
 
-    def gap(alpha):
-        w = X.T @ alpha / (mu * n)
+    def gap(a):
+        w = weights(a)
         primal = objective(loss, mu, X, y, normalizer=normalizer)(w)
-        dual = factor * _sdca_dual_value(loss, alpha, y) - 0.5 * mu * jnp.dot(w, w)
+        dual = jnp.sum(a * c) / n - 0.5 * mu * jnp.dot(w, w)
         return jnp.maximum(primal - dual, 0.0), w
 
     def cond(state):
@@ -248,13 +245,13 @@ def _sdca(loss: Loss, X, y, mu, tol, max_epochs, normalizer=None):
         return (g > tol) & (it < max_epochs)
 
     def body(state):
-        alpha, _, it = state
-        alpha = epoch(alpha)
-        return alpha, gap(alpha)[0], it + 1
+        a, _, it = state
+        a = epoch(a)
+        return a, gap(a)[0], it + 1
 
-    alpha0 = jnp.zeros(X.shape[0], dtype=X.dtype)
-    alpha, g, it = jax.lax.while_loop(cond, body, (alpha0, gap(alpha0)[0], jnp.asarray(0)))
-    g, w = gap(alpha)
+    a0 = jnp.zeros(X.shape[0], dtype=X.dtype)
+    a, g, it = jax.lax.while_loop(cond, body, (a0, gap(a0)[0], jnp.asarray(0)))
+    g, w = gap(a)
     return SolveResult(w, g, g <= tol, it)
 
 
