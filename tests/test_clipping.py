@@ -207,3 +207,17 @@ def test_clip_pytree_edge_cases():
     np.testing.assert_allclose(clipped["a"], [0.3, 0.4])
     with pytest.raises(ValueError, match="l2_clip_norm"):
         clip_pytree({"a": jnp.ones(2)}, 0.0)
+
+
+def test_vmap_over_datasets(data):
+    """Audits vmap the clipped sum over neighbouring data sets D, D'."""
+    params, X, Y = data
+    Xs = jnp.stack([X, X.at[0].set(10.0)])
+    g = dpjax.clipped_grad(linreg_loss, l2_clip_norm=1.0, microbatch_size=4)
+    sums, info = jax.jit(jax.vmap(g, in_axes=(None, 0, None)))(params, Xs, Y)
+    for i in range(2):
+        ref, _ = numpy_clipped_sum(params["w"], params["b"], Xs[i], Y, 1.0)
+        np.testing.assert_allclose(flat(jax.tree.map(lambda s: s[i], sums)), ref, rtol=1e-10)
+    diff = np.linalg.norm(flat(jax.tree.map(lambda s: s[0] - s[1], sums)))
+    assert diff <= 2.0 * (1 + 1e-12)  # replace-one sensitivity 2C
+    assert info.per_example_norms.shape == (2, X.shape[0])
