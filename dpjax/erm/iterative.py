@@ -124,6 +124,13 @@ def _check_common(loss, mu, radius, epsilon, delta, relation):
     _validate.positive("radius", radius)
     _validate.epsilon(epsilon)
     _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
+    if loss.domain_radius is not None and float(radius) > loss.domain_radius:
+        _validate.fail(
+            "radius",
+            radius,
+            f"≤ {loss.domain_radius:g} for {loss.name} (its Lipschitz constant, hence the bound, "
+            "holds on that ball only)",
+        )
     return as_relation(relation)
 
 
