@@ -48,6 +48,8 @@ def test_refuses_missing_strong_convexity_and_bad_input():
         )
     with pytest.raises(ValueError, match="variant"):
         objective_perturbation(key, X, y, loss=losses.logistic, variant="amp", **KW)
+    with pytest.raises(ValueError, match="continuous Hessian"):
+        objective_perturbation(key, X, y, loss=losses.huber_svm(0.5), variant="kst", **KW)
 
 
 def test_variant_constants_match_the_papers():

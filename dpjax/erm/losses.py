@@ -64,6 +64,8 @@ class Loss:
             holds everywhere (only the squared loss needs one).
         dual: the name of the SDCA dual update the exact solver uses for a non-smooth φ
             (``"hinge"`` or ``"absolute"``), else ``None``.
+        continuous_hessian: whether φ'' is continuous (KST12's assumption; the Huber-SVM's φ''
+            jumps at |1 − z| = h, which CMS11's own Huber analysis allows but KST12's does not).
     """
 
     name: str
@@ -76,6 +78,7 @@ class Loss:
     label_bound: float | None = None
     domain_radius: float | None = None
     dual: str | None = None
+    continuous_hessian: bool = True
 
     def __post_init__(self) -> None:
         _validate.one_of("kind", self.kind, ("margin", "residual"))
@@ -133,7 +136,8 @@ def huber_svm(h: float) -> Loss:
     φ(z) = 0 if z > 1 + h;  (1 + h − z)²/(4h) if |1 − z| ≤ h;  1 − z if z < 1 − h.
 
     L = 1 and c = 1/(2h). φ is C¹ with a piecewise-constant φ'' bounded by c; CMS11 apply
-    Algorithm 2 to it (their Huber-SVM corollary), so it is accepted by objective perturbation.
+    Algorithm 2 to it (their Huber-SVM analysis), so objective perturbation accepts it with
+    ``variant="cms"``; KST12 assume a continuous Hessian, so ``variant="kst"`` refuses it.
 
     Args:
         h: the width of the quadratic piece, h > 0.
@@ -156,6 +160,7 @@ def huber_svm(h: float) -> Loss:
         smoothness=1.0 / (2.0 * h),
         twice_differentiable=True,
         label_bound=1.0,
+        continuous_hessian=False,
     )
 
 

@@ -133,7 +133,8 @@ def objective_perturbation(
         key: PRNG key, used once.
         X: features (n, d), ‖x_i‖ ≤ 1. y: labels (n,) (±1 for margin losses).
         loss: a twice-differentiable linear-model loss with a bound c on φ'' (logistic,
-            huber_svm(h), linear); others are refused with the reason (002's median example).
+            linear; huber_svm(h) with ``variant="cms"``/``"lecture"`` only, its φ'' jumps);
+            others are refused with the reason (002's median example).
         mu: μ > 0 (public).
         epsilon, delta: the budget (``variant="cms"`` is pure ε and ignores δ).
         relation: only ``REPLACE_ONE`` (the relation CMS11 and KST12 prove).
@@ -170,6 +171,11 @@ def objective_perturbation(
     check_objective_perturbation_loss(loss, mu)
     _validate.epsilon(epsilon)
     _validate.delta(delta)
+    if variant == "kst" and not loss.continuous_hessian:
+        raise ValueError(
+            f"loss must have a continuous Hessian for variant='kst' (KST12's assumption); got "
+            f"{loss.name}. Use variant='cms' (CMS11 cover the Huber-SVM loss)."
+        )
     if as_relation(relation) != REPLACE_ONE:
         _validate.fail("relation", relation, "REPLACE_ONE (the relation CMS11/KST12 prove)")
     _validate.positive("tol", tol)
