@@ -37,6 +37,8 @@ __all__ = [
     "linear_excess",
     "quadratic_instance",
     "quadratic_excess",
+    "linear_ridge_instance",
+    "ridge_excess",
 ]
 
 
@@ -232,3 +234,22 @@ def quadratic_excess(W, X, w_star, mu) -> np.ndarray:
     B = np.asarray(W, dtype=np.float64) - w_star
     XB = B @ X.T
     return 0.5 * (np.mean(XB * XB, axis=1) + mu * np.sum(B * B, axis=1))
+
+
+def linear_ridge_instance(rng: np.random.Generator, n: int, d: int, *, mu: float) -> Instance:
+    """Linear loss −<w, x> (y = 1) plus (μ/2)‖w‖²: J is exactly quadratic with Hessian μI.
+
+    w* = x̄/μ and J(w) − J* = (μ/2)‖w − w*‖² exactly, so the excess is the second moment
+    of the iterate's error that the recursions of 004 / literature §1.8 track. The per-example
+    gradient −x_i has norm 1: clipping at L = 1 is never active.
+    """
+    X = unit_sphere(rng, n, d)
+    w_star = X.mean(axis=0) / mu
+    j_star = float(-0.5 * mu * w_star @ w_star)
+    return Instance("linear_ridge", X, np.ones(n), mu, w_star, j_star, 0.0, -j_star)
+
+
+def ridge_excess(W, w_star, mu) -> np.ndarray:
+    """(μ/2)‖w − w*‖² for each row of ``W`` (the exact excess on ``linear_ridge_instance``)."""
+    B = np.asarray(W, dtype=np.float64) - w_star
+    return 0.5 * mu * np.sum(B * B, axis=1)

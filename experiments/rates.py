@@ -518,7 +518,7 @@ def _laplace_last_iterate(rho: float, kappa: float, epsilon: float, mu: float, s
     """Compiled vmapped N-step run of ``dpjax.laplace_dpsgd`` (optax) returning the LAST iterate."""
     import dpjax
 
-    loss = erm_loss("squared")
+    loss = erm_loss("linear")
     clip = loss.lipschitz
 
     def one(key, X, y):
@@ -546,23 +546,25 @@ def _laplace_last_iterate(rho: float, kappa: float, epsilon: float, mu: float, s
 def laplace_dpsgd_last(rho: float, kappa: float, mu: float = 1.0) -> Measure:
     """Laplace batch-1 DP-SGD of 004 (Theorem 36 noise θ_h, a_h = h^κ), N = n steps, last iterate.
 
-    Built from the public ``dpjax.laplace_dpsgd`` optax transform and ``dpjax.clipped_grad`` on
-    the ridge instance G (μ = 1). The second moment of the last iterate obeys
-    m_{h+1} = (1 − μγ_h)²m_h + γ_h²(s² + 2θ_h²), whose noise part is ∝ γ_Nθ_N²/μ ∝ N^{2−ρ−2κ}
-    (literature §1.8; 004 Theorem 37's A₃ has the same exponent). No explicit-constant bound is
-    stated (Theorem 37's constant is not explicit), so every cell is flagged vacuous.
+    Built from the public ``dpjax.laplace_dpsgd`` optax transform and ``dpjax.clipped_grad``, on
+    the linear loss −<w, x> + (μ/2)‖w‖² (Hessian exactly μI, clipping at L = 1 never active), so
+    the excess (μ/2)‖β_N − β*‖² follows m_{h+1} = (1 − μγ_h)²m_h + γ_h²(s² + 2dθ_h²), whose
+    noise part is ∝ γ_Nθ_N²/μ ∝ N^{2−ρ−2κ} (literature §1.8; 004 Theorem 37's A₃ has the same
+    exponent). No explicit-constant bound is stated (Theorem 37's constant is not explicit),
+    so every cell is flagged vacuous. The γ-weighted average that ``dpjax.erm.laplace_dp_sgd``
+    returns decays faster than this (the averaging cancels part of the noise), so the exponent
+    is measured on the last iterate, where 004's recursion is sharp.
     """
 
     def measure(s: Setting, rng: np.random.Generator, keys: jax.Array) -> Cell:
         release = _laplace_last_iterate(rho, kappa, s.epsilon, mu, s.n)
 
         def one(rng, k):
-            inst = instances.quadratic_instance(rng, s.n, s.d, mu=mu)
+            inst = instances.linear_ridge_instance(rng, s.n, s.d, mu=mu)
             W = np.asarray(release(k, jnp.asarray(inst.X), jnp.asarray(inst.y)))
-            ex = instances.quadratic_excess(W, inst.X, inst.w_star, mu)
-            return ex, math.inf, inst.zero_excess, 0.0
+            return instances.ridge_excess(W, inst.w_star, mu), math.inf, inst.zero_excess, 0.0
 
-        cell = _per_dataset(keys, rng, one, diameter=2.0, lipschitz=2.0)
+        cell = _per_dataset(keys, rng, one, diameter=2.0 / mu)
         cell.extra.update(rho=rho, kappa=kappa, steps=s.n)
         return cell
 
@@ -585,15 +587,19 @@ def _over_steps(d: int, epsilon: float = 1.0) -> Callable[[Scale], list[Setting]
 
 
 def _laplace_rows() -> list[Row]:
-    cells = ((0.75, 0.75), (0.9, 0.8), (0.5, 0.75), (0.5, 0.5))
+    # ρ ≤ 0.6: there Σ_{j<h} γ_j ≈ h^{1−ρ}/(1−ρ) already at h ≈ 10³, so θ_h ∝ h^{1−κ} and the
+    # asymptotic exponent shows at N ≤ 2^14. For ρ near 1 the partial sums carry a ζ(ρ)
+    # correction that fades like h^{ρ−1}: the exact recursion of (ρ, κ) = (0.9, 0.8) has slope
+    # −0.36 over N = 2^10..2^14 (asymptotically −0.5), which the measurement reproduces.
+    cells = ((0.5, 1.0), (0.6, 0.9), (0.5, 0.75), (0.6, 0.6), (0.5, 0.5))
     return [
         Row(
             f"laplace_dpsgd_rho{rho:g}_kappa{kappa:g}",
             f"Laplace DP-SGD (004), ρ={rho:g}, κ={kappa:g}, last iterate",
-            "G ridge, d=2, μ=1, N = n steps",
+            "linear loss + (μ/2)‖w‖², d=2, μ=1, N = n steps",
             "n",
-            2.0 - rho - 2.0 * kappa,
-            2.0 - rho - 2.0 * kappa,
+            round(2.0 - rho - 2.0 * kappa, 12),
+            round(2.0 - rho - 2.0 * kappa, 12),
             laplace_dpsgd_last(rho, kappa),
             _over_steps(2),
             note=(

@@ -18,7 +18,7 @@ FAST_ROWS = (
     "output_sc_sharp",
     "objective_sc_logistic",
     "dpgd_convex_linear",
-    "laplace_dpsgd_rho0.5_kappa0.5",
+    "laplace_dpsgd_rho0.6_kappa0.9",
 )
 
 
