@@ -16,12 +16,14 @@ Every other parameter is left to the per-example (vmap) fallback.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.extend.core as jex
+import jax.numpy as jnp
 import numpy as np
 
 __all__ = ["DenseTap", "GhostPlan", "make_plan", "evaluate_tapped"]
@@ -132,8 +134,8 @@ def _dense_tap(eqn_index: int, eqn: Any, leaf: int, weight_pos: int) -> DenseTap
 def _conv_tap(eqn_index: int, eqn: Any, leaf: int) -> DenseTap | None:
     """A convolution whose kernel is a parameter is a dense layer on im2col patches.
 
-    Patches of ``conv_general_dilated_patches`` have feature order ``(C, *filter_spatial)``
-    and the output layout ``out_spec``; the kernel is rearranged to ``(I, *spatial, O)``.
+    The patches (:func:`im2col`) have layout ``(N, *out_spatial, C·prod(filter))`` with feature
+    order ``(C, *filter_spatial)``; the kernel is rearranged to ``(I, *spatial, O)`` to match.
     """
     p = eqn.params
     if p["feature_group_count"] != 1 or p["batch_group_count"] != 1:
@@ -144,17 +146,18 @@ def _conv_tap(eqn_index: int, eqn: Any, leaf: int) -> DenseTap | None:
     filter_shape = tuple(rhs.shape[d] for d in rhs_spec[2:])
     patches = {
         "filter_shape": filter_shape,
-        "window_strides": p["window_strides"],
-        "padding": p["padding"],
-        "lhs_dilation": p["lhs_dilation"],
-        "rhs_dilation": p["rhs_dilation"],
+        "window_strides": tuple(p["window_strides"]),
+        "padding": tuple(tuple(pad) for pad in p["padding"]),
+        "lhs_dilation": tuple(p["lhs_dilation"]),
+        "rhs_dilation": tuple(p["rhs_dilation"]),
         "dimension_numbers": p["dimension_numbers"],
+        "out_spatial": tuple(out.shape[d] for d in out_spec[2:]),
     }
     return DenseTap(
         eqn_index=eqn_index,
         leaf=leaf,
         weight_pos=1,
-        act_perm=canonical,
+        act_perm=tuple(range(out.ndim)),  # im2col returns the canonical layout
         out_perm=canonical,
         weight_perm=(rhs_spec[1], *rhs_spec[2:], rhs_spec[0]),
         t=int(np.prod([out.shape[d] for d in canonical[:-1]], dtype=np.int64)),
@@ -165,6 +168,37 @@ def _conv_tap(eqn_index: int, eqn: Any, leaf: int) -> DenseTap | None:
         weight_shape=tuple(rhs.shape),
         patches=tuple(patches.items()),
     )
+
+
+def im2col(lhs: jax.Array, patches: dict) -> jax.Array:
+    """Patches ``(N, *out_spatial, C·prod(filter))`` of a convolution's input, order ``(C, *f)``.
+
+    Strided slices of the padded input (cheap on CPU); with ``lhs_dilation`` it falls back to
+    ``lax.conv_general_dilated_patches`` (a grouped convolution).
+    """
+    lhs_spec, _, out_spec = patches["dimension_numbers"]
+    if any(d != 1 for d in patches["lhs_dilation"]):
+        keys = ("filter_shape", "window_strides", "padding", "lhs_dilation", "rhs_dilation")
+        out = jax.lax.conv_general_dilated_patches(
+            lhs, **{k: patches[k] for k in keys}, dimension_numbers=patches["dimension_numbers"]
+        )
+        return jnp.transpose(out, (out_spec[0], *out_spec[2:], out_spec[1]))
+    x = jnp.transpose(lhs, (lhs_spec[0], *lhs_spec[2:], lhs_spec[1]))  # (N, *S, C)
+    pads = [(0, 0, 0), *((lo, hi, 0) for lo, hi in patches["padding"]), (0, 0, 0)]
+    x = jax.lax.pad(x, jnp.zeros((), x.dtype), pads)
+    strides, dilation = patches["window_strides"], patches["rhs_dilation"]
+    cols = []
+    for offset in itertools.product(*(range(f) for f in patches["filter_shape"])):
+        start = [0] + [o * d for o, d in zip(offset, dilation, strict=True)] + [0]
+        limit = [x.shape[0]]
+        limit += [
+            s + st * (n - 1) + 1
+            for s, st, n in zip(start[1:-1], strides, patches["out_spatial"], strict=True)
+        ]
+        limit += [x.shape[-1]]
+        cols.append(jax.lax.slice(x, start, limit, (1, *strides, 1)))
+    stacked = jnp.stack(cols, axis=-1)  # (N, *So, C, F)
+    return stacked.reshape(stacked.shape[:-2] + (-1,))
 
 
 def _through_casts(jaxpr: Any, uses: dict, outvars: set, var: Any) -> Any:
@@ -239,9 +273,7 @@ def evaluate_tapped(plan: GhostPlan, args: Sequence[Any], perturbations: Sequenc
             tap = plan.taps[j]
             activations[j] = invals[1 - tap.weight_pos]
             if tap.patches is not None:
-                activations[j] = jax.lax.conv_general_dilated_patches(
-                    activations[j], **dict(tap.patches)
-                )
+                activations[j] = im2col(activations[j], dict(tap.patches))
             outs = [outs[0] + perturbations[j]]
         env.update(zip(eqn.outvars, outs, strict=True))
     return _read(env, jaxpr.outvars[0]), activations

@@ -197,13 +197,23 @@ def test_flax_convolutions_are_tapped_as_im2col(key):
 
 def test_lax_conv_nchw_float64(key):
     k1, k2 = jax.random.split(key)
-    params = {"k": jax.random.normal(k1, (3, 2, 2, 3))}  # OIHW
+    params = {"k": jax.random.normal(k1, (3, 2, 2, 3)), "t": jax.random.normal(k1, (2, 3, 2, 2))}
     x = jax.random.normal(k2, (6, 2, 7, 8))
 
     def loss(p, x):
         dims = ("NCHW", "OIHW", "NCHW")
         h = jax.lax.conv_general_dilated(x[None], p["k"], (1, 2), "VALID", dimension_numbers=dims)
+        h = jax.lax.conv_general_dilated(  # transposed-style: input dilation, HWIO-free OIHW
+            jnp.tanh(h),
+            p["t"],
+            (1, 1),
+            ((1, 1), (0, 1)),
+            lhs_dilation=(2, 1),
+            dimension_numbers=dims,
+        )
         return jnp.sum(jnp.tanh(h) ** 2)
+
+    assert len(ghost.plan(loss, params, x)[0].taps) == 2
 
     total, norms, _ = run(loss, params, (x,), clip=0.5)
     ref_sum, ref_norms = reference(loss, params, (x,), 0.5)
