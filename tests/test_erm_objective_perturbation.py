@@ -145,3 +145,29 @@ def test_tuned_objective_perturbation_bound():
     assert bounds.tuned_objective_perturbation(
         n=n, d=d, epsilon=eps, delta=delta, lipschitz=L, radius=R
     ) == pytest.approx(total)
+
+
+def test_approximate_objective_perturbation_constants_and_bound():
+    """L-BFGS to ‖∇‖ ≤ γ, then Gaussian output noise for the residual 2γ/μ (AMP-style)."""
+    from dpjax.erm import approximate_objective_perturbation
+    from dpjax.mechanisms import analytic_gaussian_sigma
+
+    n, d, mu = 400, 3, 0.1
+    X, y = sphere_data(n, d, seed=25)
+    J = objective(losses.logistic, mu, jnp.asarray(X), jnp.asarray(y))
+    j_star = float(J(solve(X, y, loss=losses.logistic, mu=mu).params))
+    keys = jax.random.split(jax.random.key(5), 100)
+    res = jax.jit(
+        jax.vmap(
+            lambda k: approximate_objective_perturbation(
+                k, X, y, loss=losses.logistic, mu=mu, epsilon=1.0, delta=1e-6
+            )
+        )
+    )(keys)
+    assert res.sensitivity == pytest.approx(2 * 1e-9 / mu)
+    ref = analytic_gaussian_sigma(sensitivity=2e-8, epsilon=0.01, delta=1e-8)
+    assert res.noise_scale == pytest.approx(ref)
+    assert res.event.epsilon == 1.0 and res.event.delta == 1e-6
+    assert float(jnp.max(res.certificate)) <= (1e-9) ** 2 / (2 * mu)
+    excess = np.asarray(jax.vmap(J)(res.params)) - j_star
+    assert excess.mean() + 3 * excess.std() / math.sqrt(excess.size) <= res.excess_risk_bound

@@ -16,7 +16,10 @@ from dpjax.erm import bounds, losses
 from dpjax.erm.hypothesis_grid import exponential_mechanism_grid
 from dpjax.erm.iterative import dp_gd, dp_sgd, laplace_dp_sgd
 from dpjax.erm.linear_regression import noisy_sufficient_statistics_regression
-from dpjax.erm.objective_perturbation import objective_perturbation
+from dpjax.erm.objective_perturbation import (
+    approximate_objective_perturbation,
+    objective_perturbation,
+)
 from dpjax.erm.output_perturbation import output_perturbation
 from dpjax.erm.result import ERMResult
 from dpjax.erm.solver import SolveResult, objective, solve
@@ -24,6 +27,7 @@ from dpjax.erm.solver import SolveResult, objective, solve
 __all__ = [
     "ERMResult",
     "SolveResult",
+    "approximate_objective_perturbation",
     "bounds",
     "dp_gd",
     "exponential_mechanism_grid",
