@@ -3,7 +3,9 @@
 The notebooks run in a fresh ipykernel started with *this* interpreter (the .venv's), through a
 kernel spec written to a temporary directory, so a user-level ``python3`` kernel spec pointing at
 another Python cannot hijack the run. The kernel inherits the test environment (XLA_FLAGS from
-conftest); each notebook configures JAX itself (x64 where it measures excess risk).
+conftest); each notebook configures JAX itself (x64 where it measures excess risk). The kernel
+runs in the repository root, so ``import dpjax`` finds the checkout even where an editable
+install is stale.
 """
 
 import importlib.util
@@ -18,11 +20,13 @@ from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
 EXPECTED = [
     "01_mechanisms.ipynb",
     "02_accounting.ipynb",
     "03_output_vs_objective.ipynb",
+    "04_dpsgd_flax.ipynb",
 ]
 KERNEL_NAME = "dpjax-test-python"
 CELL_TIMEOUT_S = 300
@@ -79,7 +83,7 @@ def test_notebook_runs_clean(name, kernel_spec_manager):
         km=manager,
         timeout=CELL_TIMEOUT_S,
         allow_errors=False,
-        resources={"metadata": {"path": str(NOTEBOOKS)}},
+        resources={"metadata": {"path": str(ROOT)}},
     )
     start = time.perf_counter()
     client.execute()
