@@ -316,3 +316,15 @@ def test_rejects_bad_clip_norm(linen_mlp):
     for bad in (0.0, -1.0, float("nan")):
         with pytest.raises(ValueError, match="l2_clip_norm"):
             ghost.ghost_clipped_sum(loss_fn, params, batch, l2_clip_norm=bad)
+
+
+def test_microbatched_ghost_equals_one_pass(key):
+    k1, k2, k3 = jax.random.split(key, 3)
+    params = {"w1": jax.random.normal(k1, (6, 9)), "b1": jnp.zeros(9)}
+    params |= {"w2": jax.random.normal(k2, (9, 3)), "b2": jnp.ones(3)}
+    x, y = jax.random.normal(k3, (20, 6)), jnp.zeros((20, 3))
+    fn = dpjax.clipped_grad(plain_mlp_loss, l2_clip_norm=2.0, method="ghost", microbatch_size=8)
+    total, info = fn(params, x, y)
+    ref_sum, ref_norms = reference(plain_mlp_loss, params, (x, y), 2.0)
+    assert_close(total, ref_sum, 1e-12)
+    np.testing.assert_allclose(np.asarray(info.per_example_norms), ref_norms, rtol=1e-12)
