@@ -27,6 +27,7 @@ EXPECTED = [
     "02_accounting.ipynb",
     "03_output_vs_objective.ipynb",
     "04_dpsgd_flax.ipynb",
+    "05_rates.ipynb",
 ]
 KERNEL_NAME = "dpjax-test-python"
 CELL_TIMEOUT_S = 300
