@@ -128,14 +128,14 @@ def run_trials(
     if pad:
         keys = jnp.concatenate([keys, jax.random.split(jax.random.fold_in(key, 1), pad)])
     try:  # data as a traced argument: one compilation serves D and D′
-        batched = _batched_runs(mechanism, score)
-        first = batched(keys[:chunk_size], data)
+        batched, arg = _batched_runs(mechanism, score), data
+        first = batched(keys[:chunk_size], arg)
     except jax.errors.JAXTypeError:  # the mechanism needs concrete data: close over it
         batched = jax.jit(jax.vmap(lambda k, _: _run_once(mechanism, score, k, data), (0, None)))
-        first = batched(keys[:chunk_size], None)
+        arg = None
+        first = batched(keys[:chunk_size], arg)
     chunks = [first] + [
-        batched(keys[i : i + chunk_size], data)
-        for i in range(chunk_size, keys.shape[0], chunk_size)
+        batched(keys[i : i + chunk_size], arg) for i in range(chunk_size, keys.shape[0], chunk_size)
     ]
     return np.concatenate([np.asarray(c, dtype=np.float64) for c in chunks])[:trials]
 
