@@ -28,9 +28,7 @@ import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
-from scipy import stats
 
-import dpjax
 from dpjax import mechanisms as mech
 
 root = jax.random.key(SEED)
@@ -266,7 +264,7 @@ print(f"P[report = truth] = {kept:.4f} (lecture 3/4);"
       f" ε measured {epsilon_measured:.4f}, lecture ln 3 = {mech.COIN_EPSILON:.4f}")
 print(f"true yes-rate {float(truth.mean()):.4f}, estimated from the reports {float(estimate[1]):.4f}")
 
-eps_rr = np.geomspace(0.1, 5, 6)
+eps_rr = np.geomspace(0.1, 5, 5)
 errors_rr = []
 for k_e, e in zip(jax.random.split(key_krr, len(eps_rr)), eps_rr):
     noisy_reports = mech.randomized_response(k_e, truth[:20_000], epsilon=float(e))
