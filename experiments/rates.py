@@ -590,8 +590,20 @@ def _over_n(d: int, epsilon: float = 1.0) -> Callable[[Scale], list[Setting]]:
     return lambda sc: [Setting(n, d, epsilon) for n in sc.n_grid]
 
 
-def _over_n_iterative(d: int, epsilon: float) -> Callable[[Scale], list[Setting]]:
-    return lambda sc: [Setting(n, d, epsilon) for n in sc.n_grid_iterative]
+def _over_n_iterative(
+    d: int, epsilon: float, drop_last: bool = False
+) -> Callable[[Scale], list[Setting]]:
+    """DP-GD grid; ``drop_last`` for rows whose T = ⌈n²ρ/(2d)⌉ is 4× larger (ε doubled)."""
+
+    def grid(sc: Scale) -> list[Setting]:
+        ns = (
+            sc.n_grid_iterative[:-1]
+            if drop_last and len(sc.n_grid_iterative) > 2
+            else sc.n_grid_iterative
+        )
+        return [Setting(n, d, epsilon) for n in ns]
+
+    return grid
 
 
 def _over_steps(d: int, epsilon: float = 1.0) -> Callable[[Scale], list[Setting]]:
@@ -713,12 +725,12 @@ def rows() -> list[Row]:
         Row(
             "dpgd_sc_quadratic",
             "DP-GD, μ-SC, η_t = 2/(μ(t+1)), T = ⌈n²ρ/(2d)⌉ (003)",
-            "G ridge, d=4, μ=1, ε=0.25",
+            "G ridge, d=4, μ=1, ε=0.5",
             "n",
             -2.0,
             -2.0,
             dpgd_sc_quadratic(1.0),
-            _over_n_iterative(4, 0.25),
+            _over_n_iterative(4, 0.5, drop_last=True),
             note="bound 2(G² + dσ²)/(μ(T+1)) with dσ² fixed by T ∝ n²: n^-2.",
         ),
         *_laplace_rows(),
