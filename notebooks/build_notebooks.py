@@ -2,9 +2,11 @@
 
 Each notebook is kept as a reviewable "percent" script in ``notebooks/src/NN_name.py``:
 ``# %%`` starts a code cell, ``# %% [markdown]`` starts a markdown cell whose lines are comments
-(``# `` is stripped). A code cell whose first line is ``# parameters`` gets the papermill
-``parameters`` tag. This script turns each source into ``notebooks/NN_name.ipynb`` with nbformat,
-with deterministic cell ids and no outputs, so a diff of a notebook is a diff of its source.
+(``# `` is stripped). In code cells a commented IPython magic (``# %matplotlib inline``) is
+uncommented, so the sources stay plain Python. A code cell whose first line is ``# parameters``
+gets the papermill ``parameters`` tag. This script turns each source into
+``notebooks/NN_name.ipynb`` with nbformat, with deterministic cell ids and no outputs, so a diff
+of a notebook is a diff of its source.
 
 Usage:
     python notebooks/build_notebooks.py          # (re)write every notebook
@@ -47,6 +49,10 @@ def _strip_comment(line: str) -> str:
     return "" if line.strip() == "#" else line
 
 
+def _uncomment_magic(line: str) -> str:
+    return line[2:] if line.startswith("# %") else line
+
+
 def _trim(lines: list[str]) -> str:
     return "\n".join(lines).strip("\n")
 
@@ -59,7 +65,7 @@ def notebook_from_source(path: Path) -> nbformat.NotebookNode:
         if kind == "markdown":
             cell = new_markdown_cell(_trim([_strip_comment(line) for line in lines]), id=cell_id)
         else:
-            source = _trim(lines)
+            source = _trim([_uncomment_magic(line) for line in lines])
             cell = new_code_cell(source, id=cell_id)
             if source.startswith("# parameters"):
                 cell.metadata["tags"] = ["parameters"]
