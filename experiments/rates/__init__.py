@@ -4,9 +4,21 @@ Each *row* is one claim "the mean excess risk of method M on instance I decays l
 x ∈ {n, d, ε}. A row is a grid of *cells*; in each cell K independently generated data sets are
 each hit with S independent noise draws (one compiled ``jax.vmap`` over S keys per data set), the
 excess risk of every private output is measured in float64 against a certified exact optimum,
-and the stated bound of the solver is compared with a one-sided upper confidence bound of the
-mean. The slope of log2(mean) against log2(x) is fitted by OLS with a hierarchical-bootstrap
+and the stated bound of the solver is compared with the mean (one-sided t tests, Holm over the
+row). The slope of log2(mean) against log2(x) is fitted by OLS with a hierarchical-bootstrap
 95% CI (see ``experiments.fitting``).
+
+Modules: ``grid`` (scales, settings, the row record), ``solvers`` (the public ``dpjax.erm``
+solvers, one compiled vmapped call per data set), ``cells`` (one measurement per method ×
+instance), ``table`` (the rows and their expected slopes), ``runner`` (fits, bound checks,
+JSON, plots, Markdown).
+
+Example:
+    >>> import pathlib, tempfile
+    >>> from experiments import rates
+    >>> out = rates.run(pathlib.Path(tempfile.mkdtemp()), size="tiny", only=("output_sc_sharp",))
+    >>> out["records"][0]["within_tolerance"]
+    True
 
 Float64: ``run`` enables ``jax_enable_x64`` before anything is computed, because the excess risks
 at large n (1e-6…1e-9) are below float32 resolution of the objective (literature §2.3).
