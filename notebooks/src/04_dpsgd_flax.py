@@ -3,9 +3,10 @@
 #
 # DP-SGD (`003_eb46ba05ef56608d.txt`, "DP Stochastic Gradient Descent") in three visible pieces:
 #
-# 1. **per-example clipping**: $[g]_C = g\cdot\min(1, C/\|g\|_2)$, summed over the batch
-#    (`dpjax.clipped_grad`); one example moves the sum by at most $C$, so the sum has ℓ2
-#    sensitivity $C$ under add/remove-one (`003`, DP-GD with clipping);
+# 1. **per-example clipping**: $[g]_C = g\cdot\min(1, C/\|g\|_2)$ (the note writes max where
+#    min is meant), summed over the batch (`dpjax.clipped_grad`); one example moves the sum by
+#    at most $C$, so the sum has ℓ2 sensitivity $C$ under add/remove-one and $2C$ under
+#    replace-one (`003_eb46ba05ef56608d.txt`, "DP Gradient Descent");
 # 2. **the Gaussian mechanism on the sum**: $N(0, \sigma^2C^2 I)$ added once per step
 #    (`dpjax.add_gaussian_noise`), then division by the PUBLIC expected batch size $qn$
 #    (`dpjax.normalize_by`) and any optax optimizer (post-processing); `dpjax.dpsgd` chains the
