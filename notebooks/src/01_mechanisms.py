@@ -32,8 +32,8 @@ import numpy as np
 from dpjax import mechanisms as mech
 
 root = jax.random.key(SEED)
-(key_lap, key_lap_k, key_gauss, key_plrv, key_util, key_rr, key_exp, key_rnm, key_mix, key_ss,
- key_bl) = jax.random.split(root, 11)
+(key_lap, key_lap_k, key_plrv, key_util, key_rr, key_exp, key_em_sweep, key_mix, key_ss,
+ key_bl) = jax.random.split(root, 10)
 
 
 def runs(mechanism, key, value, n=N_RUNS, **kwargs):
@@ -354,10 +354,11 @@ for a, b_ in [("EM D", "EM D'"), ("RNM D", "RNM D'")]:
 
 # %%
 d_cand = 50
-scores = jax.random.uniform(k1, (d_cand,), minval=0.0, maxval=20.0)
+key_scores, key_picks = jax.random.split(key_em_sweep)
+scores = jax.random.uniform(key_scores, (d_cand,), minval=0.0, maxval=20.0)
 eps_em = np.geomspace(0.1, 10, 6)
 gap_em, gap_rnm = [], []
-for kk, e in zip(jax.random.split(k2, len(eps_em)), eps_em):
+for kk, e in zip(jax.random.split(key_picks, len(eps_em)), eps_em):
     ka, kb = jax.random.split(kk)
     pick_em = runs(mech.exponential_mechanism, ka, scores, n=20_000, sensitivity=1.0, epsilon=e)
     pick_rnm = runs(mech.report_noisy_max, kb, scores, n=20_000, sensitivity=1.0, epsilon=e)
@@ -501,11 +502,12 @@ ss2 = float(mech.smooth_sensitivity_median(dataset2, upper=Lambda, beta=params.b
 print(f"local sensitivity: Dataset 1 {ls1:g}, Dataset 2 {ls2:g} (Example 12)")
 print(f"{params.beta:.4f}-smooth sensitivity: Dataset 1 {ss1:.4f}, Dataset 2 {ss2:.4f} (Example 21)")
 
-typical = jnp.sort(jnp.clip(0.5 + 0.15 * jax.random.normal(key_ss, (n_med,)), 0.0, Lambda))
+key_typical, key_smooth, key_global = jax.random.split(key_ss, 3)
+typical = jnp.sort(jnp.clip(0.5 + 0.15 * jax.random.normal(key_typical, (n_med,)), 0.0, Lambda))
 betas = np.geomspace(1e-3, 1.0, 5)
 smooth_typical = [float(mech.smooth_sensitivity_median(typical, upper=Lambda, beta=float(bb)))
                   for bb in betas]
-releases = runs(mech.smooth_median, jax.random.fold_in(key_ss, 1), typical, n=4_000,
+releases = runs(mech.smooth_median, key_smooth, typical, n=4_000,
                 upper=Lambda, epsilon=EPSILON, delta=DELTA, noise="laplace")
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.5))
 ax1.loglog(betas, smooth_typical, label="smooth S*_β(x)")
@@ -517,7 +519,7 @@ ax1.set_xlabel("β")
 ax1.set_title(f"sensitivities of the median, n = {n_med}, N(0.5, 0.15²) data")
 ax1.legend(fontsize=8)
 ax2.hist(releases, 80, density=True, alpha=0.6, label="smooth-sensitivity median")
-ax2.hist(runs(mech.laplace, jax.random.fold_in(key_ss, 2), float(jnp.median(typical)), n=4_000,
+ax2.hist(runs(mech.laplace, key_global, float(jnp.median(typical)), n=4_000,
               sensitivity=Lambda, epsilon=EPSILON), 80, density=True, alpha=0.4,
          label="Laplace with global sensitivity")
 ax2.set_xlim(-3, 4)

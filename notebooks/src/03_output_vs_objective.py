@@ -197,10 +197,11 @@ assert sweep["output"][best_out].mean() <= tuned
 # absolute loss for objective perturbation and says why:
 
 # %%
+key_refused, key_tilt = jax.random.split(key_median)
 X_med = jnp.ones((2, 1))
 D_med, D_neighbour = jnp.array([0.0, 100.0]), jnp.array([0.0, 101.0])
 try:
-    erm.objective_perturbation(key_median, X_med, D_med, loss=losses.absolute, mu=0.01,
+    erm.objective_perturbation(key_refused, X_med, D_med, loss=losses.absolute, mu=0.01,
                                epsilon=EPSILON, delta=DELTA)
 except ValueError as error:
     print("refused:", str(error)[:160], "...")
@@ -216,7 +217,7 @@ except ValueError as error:
 eps_med, n_draws = 0.5, 20_000
 noise = np.asarray(jax.vmap(lambda k: mech.gaussian(k, 0.0, sensitivity=2.0, epsilon=eps_med,
                                                     delta=DELTA, calibration="classic"))(
-    jax.random.split(key_median, n_draws)))
+    jax.random.split(key_tilt, n_draws)))
 
 
 def tilted_argmin(data, b):

@@ -51,7 +51,7 @@ from dpjax import erm
 from dpjax.erm import losses
 
 rng = np.random.default_rng(SEED)
-root = jax.random.key(SEED)
+key_n_sweep, key_eps_sweep = jax.random.split(jax.random.key(SEED))
 
 
 def unit_sphere(n, d):
@@ -116,7 +116,7 @@ def fitted_slope(xs, samples):
 # %%
 sweep = {"output perturbation (sharp L1)": [], "objective perturbation (logistic)": []}
 bound = {name: [] for name in sweep}
-for n, key in zip(N_GRID, jax.random.split(root, len(N_GRID))):
+for n, key in zip(N_GRID, jax.random.split(key_n_sweep, len(N_GRID))):
     k1, k2 = jax.random.split(key)
     for name, fn, k in [("output perturbation (sharp L1)", excess_output, k1),
                         ("objective perturbation (logistic)", excess_objective, k2)]:
@@ -160,7 +160,7 @@ for name in sweep:
 # %%
 n_eps = N_GRID[1]
 eps_samples, eps_bounds = [], []
-for e, key in zip(EPS_GRID, jax.random.split(jax.random.fold_in(root, 1), len(EPS_GRID))):
+for e, key in zip(EPS_GRID, jax.random.split(key_eps_sweep, len(EPS_GRID))):
     excess, bnd = excess_output(key, n_eps, D, e)
     eps_samples.append(excess)
     eps_bounds.append(bnd)
