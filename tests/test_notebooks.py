@@ -10,6 +10,7 @@ install is stale.
 
 import importlib.util
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -73,6 +74,28 @@ def test_notebooks_match_their_sources_and_have_no_outputs():
         notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
         code = [c for c in notebook.cells if c.cell_type == "code"]
         assert all(not c.outputs and c.execution_count is None for c in code), name
+
+
+SEED_FILE = re.compile(r"\d{3}_[0-9a-f]{16}\.txt")
+LECTURE_NOTES = {
+    "000_a9865af81d0677e1.txt",
+    "001_22975d579ade9c52.txt",
+    "002_2b8193132caeaf52.txt",
+    "003_eb46ba05ef56608d.txt",
+    "004_f02b245d52dd0fec.txt",
+}
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_notebook_cites_the_lectures_and_starts_with_parameters(name):
+    notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
+    markdown = "\n".join(c.source for c in notebook.cells if c.cell_type == "markdown")
+    seeds = set(SEED_FILE.findall(markdown))
+    assert seeds <= LECTURE_NOTES, seeds - LECTURE_NOTES
+    assert seeds, f"{name} cites no lecture note"
+    code = [c for c in notebook.cells if c.cell_type == "code"]
+    assert code[0].metadata.get("tags") == ["parameters"], f"{name}: first code cell"
+    assert "assert " in "\n".join(c.source for c in code), f"{name} checks nothing"
 
 
 @pytest.mark.parametrize("name", EXPECTED)
