@@ -18,7 +18,11 @@ __all__ = ["run", "run_row", "summarise_row"]
 
 
 def _cell_keys(seed: int, row_index: int, cell_index: int, scale: Scale) -> jax.Array:
-    """Independent keys of shape (K, S) for one cell (never shared across cells or rows)."""
+    """Independent keys of shape (K, S) for one cell (never shared across cells or rows).
+
+    Derived from ``seed`` so that a run is reproducible; the protocol's OS-seeded keys are for
+    releases of real data, not for simulations whose point is to be rerun.
+    """
     root = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), row_index), cell_index)
     keys = jax.random.split(root, scale.datasets * scale.seeds)
     return keys.reshape(scale.datasets, scale.seeds)
@@ -116,9 +120,15 @@ def summarise_row(row: Row, settings, cells: list[Cell], scale: Scale, seed: int
         "cells_bound_held": int(sum(held_by_cell.values())),
         "cells_bound_established": int(sum(established)),
         "cells_vacuous": int(sum(vacuous)),
+        "ratio_to_bound_range": _ratio_range([means[i] / cells[i].bound for i in counted]),
         "note": row.note,
         "cell_results": cell_results,
     }
+
+
+def _ratio_range(ratios: list[float]) -> list[float] | None:
+    """[min, max] of mean/bound over the non-vacuous cells (the constant check of lit. §2.6)."""
+    return [float(min(ratios)), float(max(ratios))] if ratios else None
 
 
 def _progress(total: int):
