@@ -38,7 +38,7 @@ import numpy as np
 import optax
 
 from dpjax import _validate
-from dpjax.erm.losses import Loss
+from dpjax.erm.losses import Loss, huber_svm
 
 __all__ = [
     "SolveResult",
@@ -211,7 +211,7 @@ def _sdca_terms(loss: Loss, y):
     return jnp.ones_like(y), y, -1.0, 1.0
 
 
-def _sdca(loss: Loss, X, y, mu, tol, max_epochs, normalizer=None):
+def _sdca(loss: Loss, X, y, mu, tol, max_epochs, normalizer=None, a0=None):
     """SDCA (Shalev-Shwartz & Zhang 2013) with exact coordinate maximisation; gap certificate."""
     n = X.shape[0] if normalizer is None else normalizer
     u, c, lo, hi = _sdca_terms(loss, y)
@@ -249,10 +249,35 @@ def _sdca(loss: Loss, X, y, mu, tol, max_epochs, normalizer=None):
         a = epoch(a)
         return a, gap(a)[0], it + 1
 
-    a0 = jnp.zeros(X.shape[0], dtype=X.dtype)
+    a0 = jnp.zeros(X.shape[0], dtype=X.dtype) if a0 is None else a0
     a, g, it = jax.lax.while_loop(cond, body, (a0, gap(a0)[0], jnp.asarray(0)))
     g, w = gap(a)
     return SolveResult(w, g, g <= tol, it)
+
+
+def _smoothed(loss: Loss, h: float) -> Loss:
+    """A Huber-smoothed twin of the hinge / absolute loss (for the SDCA warm start only)."""
+    if loss.dual == "hinge":
+        return huber_svm(h)
+
+    def phi(r):
+        return jnp.where(jnp.abs(r) <= h, r**2 / (2.0 * h), jnp.abs(r) - 0.5 * h)
+
+    return Loss("huber_abs", phi, "residual", 1.0, 1.0 / h, True)
+
+
+def _sdca_warm_start(loss: Loss, X, y, mu, normalizer, h=1e-2, iterations=30):
+    """Dual point a_i = −φ_h'(s_i) at the smoothed problem's (approximate) Newton solution.
+
+    Only a starting point: the certificate is SDCA's own duality gap, whatever a0 is.
+    """
+    smooth = _smoothed(loss, h)
+    J = objective(smooth, mu, X, y, normalizer=normalizer)
+    w = _newton(J, jnp.zeros(X.shape[1], dtype=X.dtype), mu, 0.0, iterations).params
+    inner = X @ w
+    s = y * inner if loss.dual == "hinge" else inner - y
+    lo, hi = _sdca_terms(loss, y)[2:]
+    return jnp.clip(-jax.vmap(jax.grad(smooth.phi))(s), lo, hi)
 
 
 def resolve_method(loss: Loss, method: str) -> str:
@@ -298,7 +323,8 @@ def solve_prepared(
     if method == "sdca":
         if tilt is not None:
             raise ValueError("tilt is not supported by method='sdca'")
-        return _sdca(loss, X, y, mu, tol, max_iter, normalizer)
+        a0 = _sdca_warm_start(loss, X, y, mu, normalizer)
+        return _sdca(loss, X, y, mu, tol, max_iter, normalizer, a0)
     J = objective(loss, mu, X, y, tilt, normalizer)
     run = _newton if method == "newton" else _lbfgs
     return run(J, w0, mu, tol, max_iter)
