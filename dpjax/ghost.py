@@ -132,18 +132,26 @@ def _canonical(tap: DenseTap, act: jax.Array, g: jax.Array) -> tuple[jax.Array, 
     return a, g
 
 
+_SMALL_LAYER = 8192  # K·N: per-example gradients of layers this small are cheap to materialise
+
+
+def _materialise(tap: DenseTap) -> bool:
+    """Form per-example layer gradients (B, K, N) instead of ghost norms: T > 1 and K·N small.
+
+    Then the norms cost B·T·K·N flops and the clipped sum reuses them (B·K·N); the Gram trick
+    costs B·T²·(K+N) plus a second B·T·K·N contraction for the sum.
+    """
+    return tap.t > 1 and (tap.k * tap.n <= tap.t * (tap.k + tap.n) or tap.k * tap.n <= _SMALL_LAYER)
+
+
 def _dense_sq_norms(a: jax.Array, g: jax.Array) -> jax.Array:
-    r"""Per-example ``‖aᵢᵀ gᵢ‖²_F``: ``‖a‖²‖g‖²`` when T = 1, else the cheaper of Gram / direct."""
-    _, t, k = a.shape
-    n = g.shape[2]
-    if t == 1:
+    r"""Per-example ``‖aᵢᵀ gᵢ‖²_F``: ``‖a‖²‖g‖²`` when T = 1, else the Gram trick."""
+    if a.shape[1] == 1:
         return jnp.einsum("btk,btk->b", a, a) * jnp.einsum("btn,btn->b", g, g)
-    if t * (k + n) < k * n:  # Σ_{t,s} (a_t·a_s)(g_t·g_s): B·T²·(K+N) flops, no B·K·N buffer
-        return jnp.einsum(
-            "bts,bts->b", jnp.einsum("btk,bsk->bts", a, a), jnp.einsum("btn,bsn->bts", g, g)
-        )
-    per_example = jnp.einsum("btk,btn->bkn", a, g)
-    return jnp.einsum("bkn,bkn->b", per_example, per_example)
+    # Σ_{t,s} (a_t·a_s)(g_t·g_s): B·T²·(K+N) flops, no B·K·N buffer
+    return jnp.einsum(
+        "bts,bts->b", jnp.einsum("btk,bsk->bts", a, a), jnp.einsum("btn,bsn->bts", g, g)
+    )
 
 
 def _flat_sq_norms(per_example: jax.Array) -> jax.Array:
@@ -167,17 +175,25 @@ def _zero_safe_contraction(spec: str, x: jax.Array, w: jax.Array, keep: jax.Arra
     return jax.lax.cond(jnp.all(jnp.isfinite(total)), lambda: total, recompute)
 
 
-def _dense_clipped_sum(
-    tap: DenseTap, a: jax.Array, g_scaled: jax.Array, keep: jax.Array, dtype: Any
-) -> jax.Array:
-    """``Σ_i aᵢᵀ (sᵢ gᵢ)`` in the weight's own layout: one contraction over batch and T."""
+def _to_weight_layout(tap: DenseTap, total: jax.Array, dtype: Any) -> jax.Array:
+    """A canonical ``(K, N)`` gradient back in the weight's own shape and dtype."""
+    total = total.reshape([tap.weight_shape[d] for d in tap.weight_perm])
+    return jnp.transpose(total, np.argsort(tap.weight_perm)).astype(dtype)
+
+
+def _dense_clipped_sum(a: jax.Array, g_scaled: jax.Array, keep: jax.Array) -> jax.Array:
+    """``Σ_i aᵢᵀ (sᵢ gᵢ)`` as ``(K, N)``: one contraction over batch and T."""
     b, t, k = a.shape  # one contracting axis (B·T): no transposed copy of the activations
     keep_rows = jnp.repeat(keep, t) if t > 1 else keep
     a2, g2 = a.reshape(b * t, k), g_scaled.reshape(b * t, -1)
-    total = _zero_safe_contraction("mk,mn->kn", a2, g2, keep_rows)
-    contract_then_free = [tap.weight_shape[d] for d in tap.weight_perm]
-    total = total.reshape(contract_then_free)
-    return jnp.transpose(total, np.argsort(tap.weight_perm)).astype(dtype)
+    return _zero_safe_contraction("mk,mn->kn", a2, g2, keep_rows)
+
+
+def _weighted_rows(per_example: jax.Array, weights: jax.Array, keep: jax.Array) -> jax.Array:
+    """``Σ_i wᵢ xᵢ`` over materialised per-example gradients ``(B, ...)``."""
+    flat = per_example.reshape(per_example.shape[0], -1)
+    total = _zero_safe_contraction("bi,b->i", flat, weights.astype(flat.dtype), keep)
+    return total.reshape(per_example.shape[1:])
 
 
 def _norm_dtype(leaves: Sequence[Any]) -> Any:
@@ -235,8 +251,16 @@ def ghost_clipped_sum(
     dtype = _norm_dtype(p_leaves)
 
     dense = [_canonical(t, a, g) for t, a, g in zip(ghost_plan.taps, acts, g_perts, strict=True)]
-    sq = [_dense_sq_norms(a, g).astype(dtype) for a, g in dense]
-    sq += [_flat_sq_norms(g).astype(dtype) for g in g_other]
+    layer = {
+        j: jnp.einsum("btk,btn->bkn", a, g)
+        for j, (tap, (a, g)) in enumerate(zip(ghost_plan.taps, dense, strict=True))
+        if _materialise(tap)
+    }
+    sq = [
+        _flat_sq_norms(layer[j]) if j in layer else _dense_sq_norms(a, g)
+        for j, (a, g) in enumerate(dense)
+    ]
+    sq = [x.astype(dtype) for x in sq] + [_flat_sq_norms(g).astype(dtype) for g in g_other]
     norms = jnp.sqrt(sum(sq[1:], sq[0]))
 
     finite = jnp.isfinite(norms)
@@ -246,14 +270,17 @@ def ghost_clipped_sum(
         keep = jnp.logical_and(keep, finite)
     clip = jnp.asarray(l2_clip_norm, dtype)
     scale = clip / jnp.maximum(norms, clip)  # min(1, C/‖g‖), 1 at ‖g‖ = 0
+    weights = jnp.where(keep, scale, jnp.zeros((), dtype))
 
     sums: list[Any] = [None] * len(p_leaves)
-    for tap, (a, g) in zip(ghost_plan.taps, dense, strict=True):
-        g_scaled = _row_where(keep, g * scale.astype(g.dtype)[:, None, None])
-        sums[tap.leaf] = _dense_clipped_sum(tap, a, g_scaled, keep, p_leaves[tap.leaf].dtype)
+    for j, (tap, (a, g)) in enumerate(zip(ghost_plan.taps, dense, strict=True)):
+        if j in layer:
+            total = _weighted_rows(layer[j], weights, keep)
+        else:
+            g_scaled = _row_where(keep, g * scale.astype(g.dtype)[:, None, None])
+            total = _dense_clipped_sum(a, g_scaled, keep)
+        sums[tap.leaf] = _to_weight_layout(tap, total, p_leaves[tap.leaf].dtype)
     for i, g in zip(other, g_other, strict=True):
-        weights = jnp.where(keep, scale, jnp.zeros((), dtype)).astype(g.dtype)
-        flat = g.reshape(g.shape[0], -1)
-        sums[i] = _zero_safe_contraction("bi,b->i", flat, weights, keep).reshape(g.shape[1:])
+        sums[i] = _weighted_rows(g, weights, keep)
     reported = norms if mask is None else jnp.where(mask, norms, jnp.zeros((), dtype))
     return jax.tree.unflatten(p_tree, sums), reported, num_nonfinite

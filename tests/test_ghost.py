@@ -147,24 +147,26 @@ def test_logistic_regression(key):
 
 
 def test_sequence_inputs_and_weight_on_the_left(key):
-    """T > 1 rows per example: Gram-trick norms (small T) and direct norms (large T)."""
+    """T > 1 rows per example: Gram-trick norms (large layer) and materialised ones (small)."""
     k1, k2, k3, k4 = jax.random.split(key, 4)
 
     def loss(p, x):
-        h = jnp.tanh(x @ p["wide"])  # x: (T, 4): T=3, K·N = 4·40 > T(K+N) -> Gram trick
-        h = jnp.einsum("on,tn->to", p["left"], h)  # weight as lhs operand
-        return jnp.sum(jnp.sin(h @ p["narrow"]))  # K·N = 5·2 < T(K+N) -> direct
+        h = jnp.tanh(x @ p["wide"]) / 10.0  # K·N = 96² > 8192: Gram trick
+        h = jnp.einsum("on,tn->to", p["left"], h)  # weight as lhs operand, small: materialised
+        return jnp.sum(jnp.sin(h @ p["narrow"]))
 
     params = {
-        "wide": jax.random.normal(k1, (4, 40)),
-        "left": jax.random.normal(k2, (5, 40)),
+        "wide": jax.random.normal(k1, (96, 96)) / 10.0,
+        "left": jax.random.normal(k2, (5, 96)),
         "narrow": jax.random.normal(k3, (5, 2)),
     }
-    x = jax.random.normal(k4, (10, 3, 4))
+    x = jax.random.normal(k4, (10, 3, 96))
     taps = ghost.plan(loss, params, x)[0].taps
-    assert {(t.t, t.k, t.n) for t in taps} == {(3, 4, 40), (3, 40, 5), (3, 5, 2)}
-    total, norms, _ = run(loss, params, (x,), clip=3.0)
-    ref_sum, ref_norms = reference(loss, params, (x,), 3.0)
+    assert {(t.t, t.k, t.n) for t in taps} == {(3, 96, 96), (3, 96, 5), (3, 5, 2)}
+    assert {t.k * t.n: ghost._materialise(t) for t in taps} == {9216: False, 480: True, 10: True}
+    total, norms, _ = run(loss, params, (x,), clip=30.0)
+    ref_sum, ref_norms = reference(loss, params, (x,), 30.0)
+    assert np.sum(ref_norms > 30.0) >= 2 and np.sum(ref_norms < 30.0) >= 2
     np.testing.assert_allclose(np.asarray(norms), ref_norms, rtol=1e-10)
     assert_close(total, ref_sum, 1e-10)
 
