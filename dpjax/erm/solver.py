@@ -14,10 +14,12 @@ How exact is exact enough (and how it is enforced):
       data sets, each solved to within √(2·tol/μ) of its exact argmin), so its guarantee covers
       the computed ŵ, not only the ideal w*.
     * Objective perturbation (CMS11, KST12) is proved for the exact minimiser only. dpjax
-      requires float64 and the default tol = 1e-18 (‖∇J‖ ≈ 1e-9·√μ, i.e. ŵ within ~1e-9/√μ of
-      the exact minimiser — the double-precision floor at which the float64 output is the
-      rounded exact argmin, up to a few ulps); the private solvers **fail closed**: parameters
-      become NaN when the certificate misses the tolerance (and a concrete call raises).
+      requires float64 and solves to the default tol = 1e-18, i.e. ‖∇J‖ ≤ √(2μ)·1e-9 and
+      ŵ within √(2·tol/μ) ≈ 1.4e-9/√μ of the exact minimiser; the private solvers **fail
+      closed** (parameters become NaN, and a concrete call raises) when the certificate misses
+      the tolerance. That residual is NOT covered by CMS11/KST12 (an inexact minimiser could in
+      principle encode data); ``approximate_objective_perturbation`` covers it with a small
+      Gaussian output noise for sensitivity 2γ/μ (AMP's idea, Iyengar et al. 2019).
 
 Methods: damped Newton in float64 (default for smooth losses, moderate d), optax L-BFGS
 (``method="lbfgs"``, large d), and SDCA with a duality-gap certificate for the non-smooth
