@@ -20,23 +20,25 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)  # E|N(0, σ²)| = σ√(2/π): the s
 def _per_dataset(
     keys: jax.Array,
     rng: np.random.Generator,
-    one: Callable[[np.random.Generator, jax.Array], tuple[np.ndarray, float, float, float]],
+    one: Callable[[np.random.Generator, jax.Array], tuple[np.ndarray, float, float, float, float]],
     *,
     diameter: float | Callable[[], float],
     lipschitz: float = 1.0,
 ) -> Cell:
     """Run ``one(rng, keys[k])`` for each data set k and stack into a ``Cell``.
 
-    ``one`` returns (excess (S,), bound, excess of w = 0, optimality certificate); the cell keeps
-    the largest bound and certificate over data sets (conservative) and L·D as vacuity level.
+    ``one`` returns (excess (S,), bound, excess of w = 0, certificate of the reference optimum,
+    largest certificate of the private solver's inner exact solves); the cell keeps the largest
+    bound and certificates over data sets (conservative) and L·D as vacuity level.
     """
-    rows, bounds, zeros, certs = [], [], [], []
+    rows, bounds, zeros, certs, solver_certs = [], [], [], [], []
     for k in range(keys.shape[0]):
-        excess, bound, zero, cert = one(rng, keys[k])
+        excess, bound, zero, cert, solver_cert = one(rng, keys[k])
         rows.append(np.asarray(excess, dtype=np.float64))
         bounds.append(bound)
         zeros.append(zero)
         certs.append(cert)
+        solver_certs.append(solver_cert)
     diameter = diameter() if callable(diameter) else diameter
     return Cell(
         np.stack(rows),
@@ -44,6 +46,7 @@ def _per_dataset(
         float(np.mean(zeros)),
         float(max(certs)),
         vacuity_level=lipschitz * float(diameter),
+        extra={"solver_certificate": float(max(solver_certs))},
     )
 
 
@@ -60,7 +63,7 @@ def output_sc_sharp(mu: float, radius: float = 1.0) -> Measure:
 
         def one(rng, k):
             inst = instances.sharp_l1_instance(rng, s.n, s.d, mu=mu, radius=radius)
-            W, info = private_release(
+            W, info, solver_cert = private_release(
                 "output_perturbation",
                 k,
                 inst.X,
@@ -72,7 +75,7 @@ def output_sc_sharp(mu: float, radius: float = 1.0) -> Measure:
             )
             ex = instances.sharp_l1_excess(W, inst.X, inst.y, inst.w_star, mu)
             sigmas.append(info.noise_scale)
-            return ex, info.excess_risk_bound, inst.zero_excess, inst.certificate
+            return ex, info.excess_risk_bound, inst.zero_excess, inst.certificate, solver_cert
 
         cell = _per_dataset(keys, rng, one, diameter=2.0 * radius)
         sigma = sigmas[0]
@@ -91,7 +94,7 @@ def output_sc_logistic(mu: float) -> Measure:
 
         def one(rng, k):
             inst = instances.logistic_instance(rng, s.n, s.d, mu=mu)
-            W, info = private_release(
+            W, info, solver_cert = private_release(
                 "output_perturbation",
                 k,
                 inst.X,
@@ -103,7 +106,7 @@ def output_sc_logistic(mu: float) -> Measure:
             )
             ex = instances.logistic_excess(W, inst.X, inst.y, inst.w_star, mu)
             norms.append(float(np.linalg.norm(inst.w_star)))
-            return ex, info.excess_risk_bound, inst.zero_excess, inst.certificate
+            return ex, info.excess_risk_bound, inst.zero_excess, inst.certificate, solver_cert
 
         return _per_dataset(keys, rng, one, diameter=lambda: 2.0 * max(norms))
 
@@ -128,7 +131,7 @@ def output_convex_tuned(radius: float) -> Measure:
 
         def one(rng, k):
             inst = instances.sharp_l1_instance(rng, s.n, s.d, mu=mu, radius=radius)
-            W, info = private_release(
+            W, info, solver_cert = private_release(
                 "output_perturbation",
                 k,
                 inst.X,
@@ -141,7 +144,7 @@ def output_convex_tuned(radius: float) -> Measure:
             ex = instances.sharp_l1_risk_excess(W, inst.X, inst.w_star)
             bound = info.excess_risk_bound + 0.5 * mu * radius**2
             sigmas.append(info.noise_scale)
-            return ex, bound, float(np.mean(np.abs(inst.y))), inst.certificate
+            return ex, bound, float(np.mean(np.abs(inst.y))), inst.certificate, solver_cert
 
         cell = _per_dataset(keys, rng, one, diameter=2.0 * radius)
         cell.extra.update(mu=mu, predicted_mean=sigmas[0] * _SQRT_2_OVER_PI)
@@ -159,7 +162,7 @@ def objective_sc_logistic(mu: float) -> Measure:
 
         def one(rng, k):
             inst = instances.logistic_instance(rng, s.n, s.d, mu=mu)
-            W, info = private_release(
+            W, info, solver_cert = private_release(
                 "objective_perturbation",
                 k,
                 inst.X,
@@ -171,7 +174,7 @@ def objective_sc_logistic(mu: float) -> Measure:
             )
             ex = instances.logistic_excess(W, inst.X, inst.y, inst.w_star, mu)
             norms.append(float(np.linalg.norm(inst.w_star)))
-            return ex, info.excess_risk_bound, inst.zero_excess, inst.certificate
+            return ex, info.excess_risk_bound, inst.zero_excess, inst.certificate, solver_cert
 
         return _per_dataset(keys, rng, one, diameter=lambda: 2.0 * max(norms))
 
@@ -208,7 +211,7 @@ def objective_convex_linear(radius: float, fraction: float = 0.5) -> Measure:
 
         def one(rng, k):
             inst = instances.bst_linear_instance(rng, s.n, s.d, imbalance=k_imb, radius=radius)
-            W, info = private_release(
+            W, info, solver_cert = private_release(
                 "objective_perturbation",
                 k,
                 inst.X,
@@ -221,7 +224,7 @@ def objective_convex_linear(radius: float, fraction: float = 0.5) -> Measure:
             ex = instances.linear_excess(W, inst.X, inst.y, inst.w_star)
             bound = info.excess_risk_bound + 0.5 * mu * radius**2
             mu_total.append(mu + info.extra_regularization)
-            return ex, bound, inst.zero_excess, inst.certificate
+            return ex, bound, inst.zero_excess, inst.certificate, solver_cert
 
         cell = _per_dataset(keys, rng, one, diameter=2.0 * radius)
         g = k_imb / s.n  # ‖z̄‖; w_p = (z̄ − b/n)/μ ⇒ E[F(w_p)] − F* = g(R − g/μ) exactly
@@ -247,7 +250,7 @@ def dpgd_convex_linear(radius: float, scale_factor: float = 2.0) -> Measure:
 
         def one(rng, k):
             inst = instances.bst_linear_instance(rng, s.n, s.d, imbalance=k_imb, radius=radius)
-            W, info = private_release(
+            W, info, solver_cert = private_release(
                 "dp_gd",
                 k,
                 inst.X,
@@ -259,7 +262,7 @@ def dpgd_convex_linear(radius: float, scale_factor: float = 2.0) -> Measure:
             )
             steps.append(int(info.event.count))
             ex = instances.linear_excess(W, inst.X, inst.y, inst.w_star)
-            return ex, info.excess_risk_bound, inst.zero_excess, 0.0
+            return ex, info.excess_risk_bound, inst.zero_excess, 0.0, solver_cert
 
         cell = _per_dataset(keys, rng, one, diameter=2.0 * radius)
         cell.extra.update(steps=steps[0], imbalance=k_imb)
@@ -282,7 +285,7 @@ def dpgd_sc_quadratic(mu: float) -> Measure:
 
         def one(rng, k):
             inst = instances.quadratic_instance(rng, s.n, s.d, mu=mu)
-            W, info = private_release(
+            W, info, solver_cert = private_release(
                 "dp_gd",
                 k,
                 inst.X,
@@ -295,7 +298,7 @@ def dpgd_sc_quadratic(mu: float) -> Measure:
             )
             steps.append(int(info.event.count))
             ex = instances.quadratic_excess(W, inst.X, inst.w_star, mu)
-            return ex, info.excess_risk_bound, inst.zero_excess, 0.0
+            return ex, info.excess_risk_bound, inst.zero_excess, 0.0, solver_cert
 
         cell = _per_dataset(keys, rng, one, diameter=2.0, lipschitz=loss.lipschitz)
         cell.extra["steps"] = steps[0]
@@ -353,7 +356,7 @@ def laplace_dpsgd_last(rho: float, kappa: float, mu: float = 1.0) -> Measure:
         def one(rng, k):
             inst = instances.linear_ridge_instance(rng, s.n, s.d, mu=mu)
             W = np.asarray(release(k, jnp.asarray(inst.X), jnp.asarray(inst.y)))
-            return instances.ridge_excess(W, inst.w_star, mu), math.inf, inst.zero_excess, 0.0
+            return instances.ridge_excess(W, inst.w_star, mu), math.inf, inst.zero_excess, 0.0, 0.0
 
         cell = _per_dataset(keys, rng, one, diameter=2.0 / mu)
         cell.extra.update(rho=rho, kappa=kappa, steps=s.n)

@@ -60,13 +60,15 @@ def private_release(name: str, keys: jax.Array, X: np.ndarray, y: np.ndarray, **
     """Run ``dpjax.erm.<name>(key, X, y, **kwargs)`` for every key in ONE compiled vmapped call.
 
     Returns:
-        ``(params, info)``: the private weights, shape (S, d), and the solver's static result
-        fields (``excess_risk_bound``, ``noise_scale``, ...) from ``jax.eval_shape``.
+        ``(params, info, certificate)``: the private weights, shape (S, d); the solver's static
+        result fields (``excess_risk_bound``, ``noise_scale``, ...) from ``jax.eval_shape``; and
+        the largest certificate of its exact inner solves (0 for the iterative solvers).
     """
     batched, one = _compiled(name, tuple(sorted(kwargs.items())))
     X, y = jnp.asarray(X), jnp.asarray(y)
     info = jax.eval_shape(one, keys[0], X, y)
-    params = np.asarray(batched(keys, X, y).params)
+    result = batched(keys, X, y)
+    params = np.asarray(result.params)
     if np.isnan(params).any():
         raise RuntimeError(f"dpjax.erm.{name} failed closed (NaN params) on a rate cell")
-    return params, info
+    return params, info, float(np.max(np.asarray(result.certificate)))
