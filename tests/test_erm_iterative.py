@@ -32,6 +32,7 @@ def test_zero_noise_unclipped_gd_matches_exact_solver():
         steps=steps,
         clip_norm=1e9,
         noise_stddev=0.0,
+        normalizer=float(Xp.shape[0]),
         step_sizes=jnp.full(steps, eta),
         weights=jnp.full(steps, 1.0 / steps),
     )
@@ -108,6 +109,7 @@ def test_dp_sgd_event_matches_accountant():
         steps=30,
         mu=0.1,
         accountant="rdp",
+        dataset_size=n,
     )
     assert isinstance(res.event, PoissonSampledGaussianEvent)
     assert res.event.relation == ADD_OR_REMOVE_ONE and res.event.count == 30
@@ -159,6 +161,11 @@ def test_iterative_solvers_refuse_bad_input():
         with pytest.raises(ValueError, match=match):
             dp_gd(key, X, y, **{**kw, **bad})
     with pytest.raises(ValueError, match="sampling_rate"):
-        dp_sgd(key, X, y, **kw, sampling_rate=1.5, steps=10)
+        dp_sgd(key, X, y, **kw, sampling_rate=1.5, steps=10, dataset_size=len(X))
+    # add/remove-one: len(X) is private, so the public normaliser must be given
+    with pytest.raises(ValueError, match="dataset_size"):
+        dp_sgd(key, X, y, **kw, sampling_rate=0.5, steps=10)
+    with pytest.raises(ValueError, match="dataset_size"):
+        dp_gd(key, X, y, **kw, relation="add_or_remove_one")
     with pytest.raises(ValueError, match="rho"):
         laplace_dp_sgd(key, X, y, loss=losses.logistic, epsilon=1.0, steps=10, rho=1.5)

@@ -29,7 +29,7 @@ from dpjax.erm.losses import Loss
 from dpjax.erm.result import ERMResult
 from dpjax.erm.solver import prepare_data, require_x64
 from dpjax.optimizers import laplace_dpsgd, laplace_dpsgd_event
-from dpjax.relation import REPLACE_ONE, NeighbouringRelation, as_relation
+from dpjax.relation import ADD_OR_REMOVE_ONE, REPLACE_ONE, NeighbouringRelation, as_relation
 from dpjax.transforms import add_gaussian_noise
 
 __all__ = [
@@ -88,12 +88,14 @@ def noisy_gradient_descent(
     clip_norm: float,
     noise_stddev: float,
     sampling_rate: float = 1.0,
+    normalizer: float,
     step_sizes: jax.Array,
     weights: jax.Array,
 ) -> tuple[jax.Array, jax.Array]:
     """The hot path (no calibration): T projected steps on the noisy clipped gradient.
 
-    ĝ_t = (clip-sum over the (Poisson) batch + N(0, noise_stddev² I)) / (q n) + μ w_t. Pure in
+    ĝ_t = (clip-sum over the (Poisson) batch + N(0, noise_stddev² I)) / normalizer + μ w_t, with
+    ``normalizer`` a PUBLIC constant (q·n_public), never the realised batch size. Pure in
     (key, X, y); hyperparameters static. Returns (weighted average of w_1..w_T, last iterate).
     """
     n, d = X.shape
@@ -101,7 +103,7 @@ def noisy_gradient_descent(
     noise_key, sample_key = jax.random.split(key)
     noise = add_gaussian_noise(noise_stddev, key=noise_key)
     w0 = jnp.zeros(d, dtype=X.dtype)
-    public_batch = sampling_rate * n
+    public_batch = float(normalizer)
 
     def step(carry, inputs):
         w, avg, state = carry
@@ -116,6 +118,24 @@ def noisy_gradient_descent(
     init = (w0, jnp.zeros_like(w0), noise.init(w0))
     (w_last, w_avg, _), _ = jax.lax.scan(step, init, (step_sizes, weights, sample_keys))
     return w_avg, w_last
+
+
+def public_dataset_size(n: int, dataset_size: int | None, relation: NeighbouringRelation) -> int:
+    """The n that normalises gradients and sets schedules: it must be PUBLIC.
+
+    Under replace-one, len(X) is the same on neighbours and may be used. Under add/remove-one
+    it differs by one between neighbours, so dividing by it (or choosing T or η from it) would
+    make the release depend on a private quantity: the caller must pass ``dataset_size``.
+    """
+    if dataset_size is not None:
+        return _validate.positive_int("dataset_size", dataset_size)
+    if relation == ADD_OR_REMOVE_ONE:
+        raise ValueError(
+            "dataset_size must be a public positive integer under relation='add_or_remove_one' "
+            "(len(X) differs between neighbours, so it may not set the normaliser q·n, T or the "
+            "step sizes); got None"
+        )
+    return int(n)
 
 
 def _check_common(loss, mu, radius, epsilon, delta, relation):
@@ -162,6 +182,7 @@ def dp_gd(
     relation: NeighbouringRelation | str = REPLACE_ONE,
     conversion: str = "cks",
     output: str = "average",
+    dataset_size: int | None = None,
 ) -> ERMResult:
     r"""Full-batch projected DP-GD with the theory's step sizes, T and averaging.
 
@@ -184,6 +205,8 @@ def dp_gd(
         relation: neighbouring relation of the guarantee.
         conversion: zCDP → (ε, δ) conversion.
         output: ``"average"`` (the theory's output; default) or ``"last"`` (no bound: inf).
+        dataset_size: the PUBLIC n used as normaliser and in T, η (default len(X) under
+            replace-one; required under add/remove-one, see :func:`public_dataset_size`).
 
     Returns:
         :class:`ERMResult` with ``GaussianEvent(noise_multiplier=σ_s/Δ, count=T)``.
@@ -197,6 +220,7 @@ def dp_gd(
     relation = _check_common(loss, mu, radius, epsilon, delta, relation)
     _validate.one_of("output", output, ("average", "last"))
     n, d = jnp.shape(X)
+    n = public_dataset_size(n, dataset_size, relation)
     rho = zcdp_rho_for_epsilon(epsilon=epsilon, delta=delta, conversion=conversion)
     steps = _validate.positive_int(
         "steps", default_steps(n=n, d=d, rho=rho) if steps is None else steps
@@ -222,6 +246,7 @@ def dp_gd(
         steps=steps,
         clip_norm=clip,
         noise_stddev=stddev,
+        normalizer=float(n),
         step_sizes=sched.step_sizes,
         weights=sched.weights,
     )
@@ -254,6 +279,7 @@ def dp_sgd(
     relation: NeighbouringRelation | str = "add_or_remove_one",
     accountant: str = "pld",
     output: str = "average",
+    dataset_size: int | None = None,
 ) -> ERMResult:
     r"""Projected DP-SGD with Poisson sampling at rate q, same schedules as :func:`dp_gd`.
 
@@ -266,6 +292,8 @@ def dp_sgd(
         relation: ``"add_or_remove_one"`` (default: the relation Poisson amplification is proved
             for) or ``REPLACE_ONE``.
         accountant: ``"pld"`` or ``"rdp"`` (:func:`dpjax.accounting.calibrate_noise_multiplier`).
+        dataset_size: the PUBLIC n of the normaliser q·n (required under add/remove-one, the
+            default relation; :func:`public_dataset_size`).
         Others: as :func:`dp_gd`.
 
     Returns:
@@ -282,6 +310,7 @@ def dp_sgd(
     _validate.one_of("output", output, ("average", "last"))
     steps = _validate.positive_int("steps", steps)
     n, d = jnp.shape(X)
+    n = public_dataset_size(n, dataset_size, relation)
     clip = float(
         _validate.positive("clip_norm", loss.lipschitz if clip_norm is None else clip_norm)
     )
@@ -317,6 +346,7 @@ def dp_sgd(
         clip_norm=clip,
         noise_stddev=stddev,
         sampling_rate=float(sampling_rate),
+        normalizer=public_batch,
         step_sizes=sched.step_sizes,
         weights=sched.weights,
     )
