@@ -165,9 +165,12 @@ class ShuffledBatchSampler:
     n mod b examples of the permutation are skipped that epoch).
 
     Formal guarantees:
-        Each batch is a uniformly random b-subset (marginally); the event is a
-        :class:`~dpjax.accounting.events.FixedBatchGaussianEvent` under replace-one, which only
-        without-replacement analyses may account — NOT the Poisson accountant (opacus#80).
+        Each batch is a uniformly random b-subset marginally, but batches within an epoch are
+        disjoint, so the per-step subsampling analyses (Poisson, or independent sampling
+        without replacement) do NOT apply (opacus#80). The event is a
+        :class:`~dpjax.accounting.events.FixedBatchGaussianEvent` with ``sampling="shuffle"``
+        under replace-one: the accountant charges each record for the ⌈T/⌊n/b⌋⌉ batches it can
+        appear in, each a Gaussian release of sensitivity 2C, with no amplification.
 
     Args:
         dataset_size: n ≥ 1.
