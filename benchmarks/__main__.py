@@ -48,6 +48,7 @@ def _ratios(records: list[dict]) -> None:
         if base is None:
             continue
         r["ratio_to_nonprivate"] = r["median_ms"] / base["median_ms"]
+        r["min_ratio_to_nonprivate"] = r["min_ms"] / base["min_ms"]
         r["compile_ratio"] = r["compile_s"] / base["compile_s"]
         for key in ("peak_memory_mb", "step_memory_mb"):
             if key in r and key in base:
@@ -75,14 +76,15 @@ def _fmt(x: float | None, spec: str) -> str:
 
 def _table(records: list[dict]) -> list[str]:
     lines = [
-        "| model | batch | method | median ms | × non-private | peak RSS MB (×) | "
+        "| model | batch | method | median ms | × non-private | min ms (×) | peak RSS MB (×) | "
         "step RSS MB (×) | XLA buffers MB | compile s (×) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in records:
         lines.append(
             f"| {r['model']} | {r['batch']} | {r['method']} | {r['median_ms']:.1f} | "
             f"{_fmt(r.get('ratio_to_nonprivate'), '.2f')} | "
+            f"{r['min_ms']:.1f} ({_fmt(r.get('min_ratio_to_nonprivate'), '.2f')}) | "
             f"{_fmt(r.get('peak_memory_mb'), '.0f')} ({_fmt(r.get('peak_memory_ratio'), '.2f')}) | "
             f"{_fmt(r.get('step_memory_mb'), '.0f')} ({_fmt(r.get('step_memory_ratio'), '.2f')}) | "
             f"{r['xla_buffer_mb']:.0f} | "
@@ -100,7 +102,10 @@ def _targets(records: list[dict]) -> list[str]:
         ratio = r.get("ratio_to_nonprivate")
         if ratio is not None:
             ok = "holds" if ratio <= TARGET_RATIO else "MISSED"
-            lines.append(f"- step {name}: {ratio:.2f}× ≤ {TARGET_RATIO}: {ok}")
+            lines.append(
+                f"- step {name}: {ratio:.2f}× (min-time ratio "
+                f"{r['min_ratio_to_nonprivate']:.2f}×) ≤ {TARGET_RATIO}: {ok}"
+            )
         compile_ratio = r.get("compile_ratio")
         if compile_ratio is not None:
             ok = "holds" if compile_ratio <= TARGET_COMPILE else "MISSED"

@@ -24,15 +24,16 @@ CLIP = 1.0
 NOISE_MULTIPLIER = 1.0
 
 METHODS = ("nonprivate", "dpjax", "dpjax_vmap", "optax_contrib")
+DIAGNOSTIC = "dpjax_clip_only"  # dpjax's clipped sum without the noise: NOT private, a breakdown
 
 
 def available_methods() -> tuple[str, ...]:
-    """The methods whose dependencies are importable here."""
+    """The methods whose dependencies are importable here (plus the no-noise breakdown)."""
     try:
         import optax.contrib  # noqa: F401
     except ImportError:
-        return METHODS[:3]
-    return METHODS
+        return METHODS[:3] + (DIAGNOSTIC,)
+    return METHODS + (DIAGNOSTIC,)
 
 
 def _sgd(params: Any, update: Any) -> Any:
@@ -47,12 +48,14 @@ def _nonprivate(model: Model) -> Callable:
     return step
 
 
-def _dpjax(model: Model, method: str) -> Callable:
+def _dpjax(model: Model, method: str, noise: bool = True) -> Callable:
     grad_fn = clipped_grad(model.loss, l2_clip_norm=CLIP, method=method)
 
     def step(params, key, xs, ys):
         clipped_sum, _ = grad_fn(params, xs, ys)
-        noisy = tree_add_noise(key, clipped_sum, jax.random.normal, NOISE_MULTIPLIER * CLIP)
+        noisy = clipped_sum
+        if noise:
+            noisy = tree_add_noise(key, clipped_sum, jax.random.normal, NOISE_MULTIPLIER * CLIP)
         batch_size = xs.shape[0]  # public: the benchmark's fixed batch size
         return _sgd(params, jax.tree.map(lambda g: g / batch_size, noisy))
 
@@ -79,10 +82,12 @@ def make_step(model: Model, method: str) -> Callable:
         step = _dpjax(model, "auto")
     elif method == "dpjax_vmap":
         step = _dpjax(model, "vmap")
+    elif method == DIAGNOSTIC:
+        step = _dpjax(model, "auto", noise=False)
     elif method == "optax_contrib":
         step = _optax_contrib(model)
     else:
-        raise ValueError(f"method must be one of {METHODS}; got {method!r}")
+        raise ValueError(f"method must be one of {METHODS + (DIAGNOSTIC,)}; got {method!r}")
     return jax.jit(step)
 
 

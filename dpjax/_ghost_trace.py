@@ -218,15 +218,15 @@ def _find_taps(jaxpr: Any, num_params: int) -> tuple[DenseTap, ...]:
             if isinstance(v, jex.Var):
                 uses[v].append((i, j))
     outvars = {v for v in jaxpr.outvars if isinstance(v, jex.Var)}
-    taps = []
+    taps, tapped_eqns = [], set()
     for leaf, var in enumerate(jaxpr.invars[:num_params]):
         var = _through_casts(jaxpr, uses, outvars, var)
         if var in outvars or len(uses[var]) != 1:
             continue
         i, pos = uses[var][0]
         eqn = jaxpr.eqns[i]
-        if len(eqn.invars) != 2 or eqn.invars[1 - pos] is var:
-            continue
+        if len(eqn.invars) != 2 or eqn.invars[1 - pos] is var or i in tapped_eqns:
+            continue  # one tap per product (of two parameters, the second uses vmap)
         if not np.issubdtype(var.aval.dtype, np.floating):
             continue
         if eqn.primitive.name == "dot_general":
@@ -237,6 +237,7 @@ def _find_taps(jaxpr: Any, num_params: int) -> tuple[DenseTap, ...]:
             tap = None
         if tap is not None:
             taps.append(tap)
+            tapped_eqns.add(i)
     return tuple(taps)
 
 

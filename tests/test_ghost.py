@@ -264,6 +264,22 @@ def test_tied_weight_is_not_tapped(key):
     assert_close(total, ref_sum, 1e-10)
 
 
+def test_product_of_two_parameters(key):
+    """``x @ (U @ V)``: U is tapped (its 'activation' is V), V falls back to vmap."""
+    k1, k2, k3 = jax.random.split(key, 3)
+    params = {"u": jax.random.normal(k1, (5, 3)), "v": jax.random.normal(k2, (3, 4))}
+
+    def loss(p, x):
+        return jnp.sum(jnp.tanh(x @ (p["u"] @ p["v"])))
+
+    x = jax.random.normal(k3, (7, 5))
+    assert len(ghost.plan(loss, params, x)[0].taps) == 1
+    total, norms, _ = run(loss, params, (x,), clip=0.5)
+    ref_sum, ref_norms = reference(loss, params, (x,), 0.5)
+    np.testing.assert_allclose(np.asarray(norms), ref_norms, rtol=1e-10)
+    assert_close(total, ref_sum, 1e-10)
+
+
 def test_mask_rows_contribute_zero(linen_mlp):
     loss_fn, params, (x, y) = linen_mlp
     mask = jnp.arange(24) < 17
