@@ -127,6 +127,9 @@ class Row:
         settings: the cells, from a ``Scale``.
         main: a main row of the issue (checked by the tests).
         note: one sentence the report prints under the table.
+        data: rows with the same label see the same data sets (paired comparisons).
+        normaliser: a known factor f(cell) divided out of excess, bound and prediction before
+            fitting (e.g. the √ln(1.25/δ) of δ = n^-2, literature §2.4); ``None``: none.
     """
 
     name: str
@@ -140,6 +143,7 @@ class Row:
     main: bool = True
     note: str = ""
     data: str = ""
+    normaliser: Callable[[Setting], float] | None = None
 
     @property
     def data_id(self) -> int:

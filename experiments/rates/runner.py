@@ -38,8 +38,24 @@ def run_row(row: Row, row_index: int, scale: Scale, seed: int) -> dict:
     cells = []
     for i, s in enumerate(settings):
         rng = np.random.default_rng([seed, row.data_id, i])
-        cells.append(row.measure(s, rng, _cell_keys(seed, row_index, i, scale)))
+        cell = row.measure(s, rng, _cell_keys(seed, row_index, i, scale))
+        cells.append(cell if row.normaliser is None else _normalised(cell, row.normaliser(s)))
     return summarise_row(row, settings, cells, scale, seed)
+
+
+def _normalised(cell: Cell, factor: float) -> Cell:
+    """The cell with excess, bound, levels and prediction divided by ``factor`` (raw mean kept)."""
+    extra = dict(cell.extra, normaliser=factor, raw_mean=float(cell.excess.mean()))
+    if extra.get("predicted_mean") is not None:
+        extra["predicted_mean"] /= factor
+    return Cell(
+        cell.excess / factor,
+        cell.bound / factor,
+        cell.zero_excess / factor,
+        cell.certificate / factor,
+        vacuity_level=cell.vacuity_level / factor,
+        extra=extra,
+    )
 
 
 def summarise_row(row: Row, settings, cells: list[Cell], scale: Scale, seed: int) -> dict:
@@ -67,6 +83,10 @@ def summarise_row(row: Row, settings, cells: list[Cell], scale: Scale, seed: int
     )
     held_by_cell = {i: not v for i, v in zip(counted, violated, strict=True)}
     lo, hi = fit["ci_low"] - scale.tolerance, fit["ci_high"] + scale.tolerance
+    raw_slope = None
+    if row.normaliser is not None:
+        raw = [cells[i].extra["raw_mean"] for i in window]
+        raw_slope = fitting.log_log_slope([xs[i] for i in window], raw)[0]
     predicted = [c.extra.get("predicted_mean") for c in cells]
     predicted_slope = None
     if all(p is not None for p in predicted):
@@ -112,6 +132,7 @@ def summarise_row(row: Row, settings, cells: list[Cell], scale: Scale, seed: int
         "ci_high": fit["ci_high"],
         "local_slopes": fit["local_slopes"],
         "within_tolerance": bool(lo <= row.expected_slope <= hi),
+        "raw_slope_before_normalising": raw_slope,
         "predicted_slope": predicted_slope,
         "predicted_in_ci": None
         if predicted_slope is None
@@ -224,14 +245,16 @@ def _markdown(results, records, skipped, scale: Scale, size: str, seed: int) -> 
 
 def _prediction_note(row: dict) -> str:
     """The closed-form prediction's slope and measured/predicted ratios, where one exists."""
+    raw = row.get("raw_slope_before_normalising")
+    raw_note = "" if raw is None else f" Raw slope before dividing out the factor: {raw:+.3f}."
     if row.get("predicted_slope") is None:
-        return ""
+        return raw_note
     ratios = [c["ratio_to_prediction"] for c in row["cell_results"]]
     verdict = "inside" if row["predicted_in_ci"] else "outside"
     return (
         f" Closed-form E[excess] for this instance and calibration: slope "
         f"{row['predicted_slope']:+.3f} ({verdict} the CI); measured/predicted mean "
-        f"{min(ratios):.3f}–{max(ratios):.3f}."
+        f"{min(ratios):.3f}–{max(ratios):.3f}." + raw_note
     )
 
 
