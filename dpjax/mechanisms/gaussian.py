@@ -97,7 +97,7 @@ def analytic_gaussian_sigma(*, sensitivity: float, epsilon: float, delta: float)
         Theorem 8 / Algorithm 1 "analytic Gaussian mechanism").
 
     Example:
-        >>> round(analytic_gaussian_sigma(sensitivity=1.0, epsilon=1.0, delta=1e-5), 3)
+        >>> round(analytic_gaussian_sigma(sensitivity=1.0, epsilon=1.0, delta=1e-5), 2)
         3.73
     """
     _validate.positive("sensitivity", sensitivity)
