@@ -17,6 +17,9 @@ Instances (letters as in literature §2.2):
 * E ``bst_linear``: z ∈ {±1/√d}^d with a FIXED integer imbalance per column, so the mean z̄ has
   norm exactly ∝ 1/n (BST14's lower-bound scaling); loss −<w, z> on the ball ‖w‖ ≤ R, whose
   optimum is w* = R z̄/‖z̄‖ in closed form.
+* G ``quadratic``: ridge regression with |y| ≤ 1 (the bounded squared loss), an exact quadratic:
+  w* = H⁻¹Xᵀy/n and J(w) − J* = ½(w − w*)ᵀH(w − w*).
+* ``linear_ridge``: −<w, x> + (μ/2)‖w‖², Hessian exactly μI (the Laplace DP-SGD rows).
 """
 
 from __future__ import annotations
