@@ -121,3 +121,29 @@ def test_holm_bound_violated_flags_only_clear_excess():
     held = fitting.holm_bound_violated([clear, slightly_above], [0.5, slightly_above.mean() * 0.99])
     assert held == [True, False]
     assert fitting.holm_bound_violated([clear], [2.0]) == [False]
+
+
+def test_quadratic_and_ridge_instances_have_exact_optima():
+    from scipy import optimize
+
+    rng = np.random.default_rng(9)
+    mu = 1.0
+    inst = instances.quadratic_instance(rng, 200, 3, mu=mu)
+
+    def j(w):
+        return 0.5 * np.mean((inst.X @ w - inst.y) ** 2) + 0.5 * mu * w @ w
+
+    ref = optimize.minimize(j, np.zeros(3), method="BFGS", options={"gtol": 1e-12})
+    assert np.allclose(inst.w_star, ref.x, atol=1e-7)
+    W = inst.w_star + rng.normal(size=(5, 3))
+    direct = np.array([j(w) for w in W]) - j(inst.w_star)
+    assert np.allclose(instances.quadratic_excess(W, inst.X, inst.w_star, mu), direct, rtol=1e-10)
+
+    ridge = instances.linear_ridge_instance(rng, 100, 2, mu=2.0)
+
+    def jr(w):
+        return -np.mean(ridge.X @ w) + w @ w  # μ/2 = 1
+
+    assert jr(ridge.w_star) == pytest.approx(ridge.j_star, abs=1e-14)
+    direct = np.array([jr(w) for w in W[:, :2]]) - ridge.j_star
+    assert np.allclose(instances.ridge_excess(W[:, :2], ridge.w_star, 2.0), direct, rtol=1e-10)
