@@ -51,7 +51,7 @@ def _ratios(records: list[dict]) -> None:
         r["min_ratio_to_nonprivate"] = r["min_ms"] / base["min_ms"]
         r["compile_ratio"] = r["compile_s"] / base["compile_s"]
         for key in ("peak_memory_mb", "step_memory_mb"):
-            if key in r and key in base:
+            if key in r and key in base and base[key] > 0:
                 r[key.replace("_mb", "_ratio")] = r[key] / base[key]
 
 
