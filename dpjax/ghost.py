@@ -167,41 +167,41 @@ def _flat_sq_norms(per_example: jax.Array) -> jax.Array:
     return jnp.einsum("bi,bi->b", flat, flat)
 
 
-def _zero_safe_contraction(spec: str, x: jax.Array, w: jax.Array, keep: jax.Array) -> jax.Array:
-    """``einsum(spec, x, w)`` over the row axis, where rows with ``keep=False`` have ``w = 0``.
-
-    A dropped row of ``x`` may hold NaN/inf (a padding row, a NaN example) and ``NaN · 0`` is
-    NaN, but zeroing ``x`` with ``where`` writes a copy of the largest tensor every step. So
-    contract directly, and only when the result is not finite (a dropped row leaked; kept rows
-    are finite) recompute with the dropped rows of ``x`` zeroed. Both branches are exact.
-    """
-    total = jnp.einsum(spec, x, w)
-
-    def recompute() -> jax.Array:
-        return jnp.einsum(spec, _row_where(keep, x), w)
-
-    return jax.lax.cond(jnp.all(jnp.isfinite(total)), lambda: total, recompute)
-
-
 def _to_weight_layout(tap: DenseTap, total: jax.Array, dtype: Any) -> jax.Array:
     """A canonical ``(K, N)`` gradient back in the weight's own shape and dtype."""
     total = total.reshape([tap.weight_shape[d] for d in tap.weight_perm])
     return jnp.transpose(total, np.argsort(tap.weight_perm)).astype(dtype)
 
 
-def _dense_clipped_sum(a: jax.Array, g_scaled: jax.Array, keep: jax.Array) -> jax.Array:
+def _dense_clipped_sum(a: jax.Array, g_scaled: jax.Array, keep: jax.Array, sanitize: bool):
     """``Σ_i aᵢᵀ (sᵢ gᵢ)`` as ``(K, N)``: one contraction over batch and T."""
     b, t, k = a.shape  # one contracting axis (B·T): no transposed copy of the activations
-    keep_rows = jnp.repeat(keep, t) if t > 1 else keep
-    a2, g2 = a.reshape(b * t, k), g_scaled.reshape(b * t, -1)
-    return _zero_safe_contraction("mk,mn->kn", a2, g2, keep_rows)
+    if sanitize:
+        a = _row_where(keep, a)
+    return jnp.einsum("mk,mn->kn", a.reshape(b * t, k), g_scaled.reshape(b * t, -1))
 
 
-def _weighted_rows(per_example: jax.Array, weights: jax.Array, keep: jax.Array) -> jax.Array:
+def _weighted_rows(per_example: jax.Array, weights: jax.Array, keep: jax.Array, sanitize: bool):
     """``Σ_i wᵢ xᵢ`` over materialised per-example gradients ``(B, ...)``."""
+    if sanitize:
+        per_example = _row_where(keep, per_example)
     flat = per_example.reshape(per_example.shape[0], -1)
-    total = _zero_safe_contraction("bi,b->i", flat, weights.astype(flat.dtype), keep)
+    total = jnp.einsum("bi,b->i", flat, weights.astype(flat.dtype))
     return total.reshape(per_example.shape[1:])
+
+
+def _nan_proof(sums_fn: Callable[[bool], list]) -> list:
+    """``sums_fn(False)``, or ``sums_fn(True)`` if any entry is not finite.
+
+    Dropped rows (mask False, non-finite example) have weight 0, but their activations may hold
+    NaN/inf and ``NaN · 0`` is NaN. Zeroing them (``sanitize``) writes a copy of every
+    activation each step, so contract directly and recompute with zeroed rows only when the
+    result is not finite (kept rows are finite, so only a dropped row can cause that). Both
+    branches are exact; one ``cond`` for all layers.
+    """
+    fast = sums_fn(False)
+    ok = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in fast]))
+    return jax.lax.cond(ok, lambda: fast, lambda: sums_fn(True))
 
 
 def _norm_dtype(leaves: Sequence[Any]) -> Any:
@@ -280,15 +280,19 @@ def ghost_clipped_sum(
     scale = clip / jnp.maximum(norms, clip)  # min(1, C/‖g‖), 1 at ‖g‖ = 0
     weights = jnp.where(keep, scale, jnp.zeros((), dtype))
 
-    sums: list[Any] = [None] * len(p_leaves)
-    for j, (tap, (a, g)) in enumerate(zip(ghost_plan.taps, dense, strict=True)):
-        if j in layer:
-            total = _weighted_rows(layer[j], weights, keep)
-        else:
-            g_scaled = _row_where(keep, g * scale.astype(g.dtype)[:, None, None])
-            total = _dense_clipped_sum(a, g_scaled, keep)
-        sums[tap.leaf] = _to_weight_layout(tap, total, p_leaves[tap.leaf].dtype)
-    for i, g in zip(other, g_other, strict=True):
-        sums[i] = _weighted_rows(g, weights, keep)
+    def clipped_sums(sanitize: bool) -> list:
+        sums: list[Any] = [None] * len(p_leaves)
+        for j, (tap, (a, g)) in enumerate(zip(ghost_plan.taps, dense, strict=True)):
+            if j in layer:
+                total = _weighted_rows(layer[j], weights, keep, sanitize)
+            else:
+                g_scaled = _row_where(keep, g * scale.astype(g.dtype)[:, None, None])
+                total = _dense_clipped_sum(a, g_scaled, keep, sanitize)
+            sums[tap.leaf] = _to_weight_layout(tap, total, p_leaves[tap.leaf].dtype)
+        for i, g in zip(other, g_other, strict=True):
+            sums[i] = _weighted_rows(g, weights, keep, sanitize).astype(p_leaves[i].dtype)
+        return sums
+
+    sums = _nan_proof(clipped_sums)
     reported = norms if mask is None else jnp.where(mask, norms, jnp.zeros((), dtype))
     return jax.tree.unflatten(p_tree, sums), reported, num_nonfinite
