@@ -27,8 +27,10 @@ CNN_FLAGS = ("--xla_cpu_use_onednn=true", "--xla_cpu_use_xnnpack=false")
 TARGET_RATIO, TARGET_MEMORY, TARGET_COMPILE = 1.3, 2.0, 2.0
 
 
-def _worker(args: list[str], env_flags: str = "", timeout: int = 1800) -> list[dict]:
-    env = dict(os.environ)
+def _worker(
+    args: list[str], env_flags: str = "", timeout: int = 1800, extra_env: dict | None = None
+) -> list[dict]:
+    env = dict(os.environ) | (extra_env or {})
     if env_flags:
         env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + env_flags).strip()
     cmd = [sys.executable, "-m", "benchmarks.worker", *args]
@@ -122,13 +124,13 @@ def _targets(records: list[dict]) -> list[str]:
 def _noise_lines(noise: list[dict]) -> list[str]:
     lines = ["", "## Noise generation (Gaussian for every parameter, jitted)", ""]
     lines += [
-        "| model | PRNG | draw | normals | median ms | compile s |",
-        "|---|---|---|---|---|---|",
+        "| model | PRNG | partitionable | draw | normals | median ms | compile s |",
+        "|---|---|---|---|---|---|---|",
     ]
     for n in noise:
         lines.append(
-            f"| {n['model']} | {n['prng']} | {n['draw']} | {n['num_normals']} | "
-            f"{n['median_ms']:.2f} | {n['compile_s']:.2f} |"
+            f"| {n['model']} | {n['prng']} | {n.get('partitionable')} | {n['draw']} | "
+            f"{n['num_normals']} | {n['median_ms']:.2f} | {n['compile_s']:.2f} |"
         )
     return lines
 
@@ -163,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
             _ratios(recs)
             flag_records += recs
     noise = _worker(["noise", "mlp", "0", "--repeats", str(max(repeats, 5))])
+    legacy = {"JAX_THREEFRY_PARTITIONABLE": "0"}  # same threefry, pre-0.5 counter layout
+    noise += _worker(["noise", "mlp", "0", "--repeats", str(max(repeats, 5))], extra_env=legacy)
 
     opacus = _opacus_available()
     meta = {
@@ -178,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     md = ["# dpjax benchmarks", "", f"`{json.dumps(meta)}`", ""] + _table(records)
     md += _targets(records)
     if flag_records:
-        md += ["", "## CNN with XLA CPU flags", ""] + _flag_table(flag_records)
+        md += ["", "## CNN with XLA CPU flags", ""]
+        md += _flag_table(flag_records)
     md += _noise_lines(noise)
     (args.out / "bench.md").write_text("\n".join(md) + "\n")
     print("\n".join(md), flush=True)
@@ -186,10 +191,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _flag_table(records: list[dict]) -> list[str]:
-    lines = ["| XLA_FLAGS | method | median ms | × non-private |", "|---|---|---|---|"]
+    lines = ["| model | flags | method | median ms | × non-private |", "|---|---|---|---|---|"]
     for r in records:
         lines.append(
-            f"| `{r['flags']}` | {r['method']} | {r['median_ms']:.1f} | "
+            f"| {r['model']} | `{r['flags']}` | {r['method']} | {r['median_ms']:.1f} | "
             f"{_fmt(r.get('ratio_to_nonprivate'), '.2f')} |"
         )
     return lines

@@ -153,6 +153,7 @@ def time_noise(model_name: str, repeats: int) -> list[dict]:
                 "model": model_name,
                 "prng": impl,
                 "draw": how,
+                "partitionable": bool(jax.config.jax_threefry_partitionable),
                 "num_normals": size,
                 "median_ms": statistics.median(times),
                 "compile_s": compile_s,
