@@ -227,7 +227,7 @@ def _find_taps(jaxpr: Any, num_params: int) -> tuple[DenseTap, ...]:
         eqn = jaxpr.eqns[i]
         if len(eqn.invars) != 2 or eqn.invars[1 - pos] is var or i in tapped_eqns:
             continue  # one tap per product (of two parameters, the second uses vmap)
-        if not np.issubdtype(var.aval.dtype, np.floating):
+        if not jnp.issubdtype(var.aval.dtype, np.floating):
             continue
         if eqn.primitive.name == "dot_general":
             tap = _dense_tap(i, eqn, leaf, pos)
@@ -248,7 +248,7 @@ def make_plan(flat_fn: Callable, param_avals: Sequence[Any], example_avals: Sequ
     if (
         len(out) != 1
         or out[0].aval.shape != ()
-        or not np.issubdtype(out[0].aval.dtype, np.floating)
+        or not jnp.issubdtype(out[0].aval.dtype, np.floating)
     ):
         raise ValueError("loss_fn must return a floating scalar for one example")
     return GhostPlan(closed, len(param_avals), _find_taps(closed.jaxpr, len(param_avals)))

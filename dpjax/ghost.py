@@ -137,7 +137,9 @@ def _canonical(tap: DenseTap, act: jax.Array, g: jax.Array) -> tuple[jax.Array, 
     b = act.shape[0]
     a = jnp.transpose(act, (0,) + tuple(d + 1 for d in tap.act_perm)).reshape(b, tap.t, tap.k)
     g = jnp.transpose(g, (0,) + tuple(d + 1 for d in tap.out_perm)).reshape(b, tap.t, tap.n)
-    return a, g
+    # the wider of the two (e.g. bf16 inputs with f32 accumulation); explicit under strict mode
+    dtype = max(a.dtype, g.dtype, key=lambda d: jnp.dtype(d).itemsize)
+    return a.astype(dtype), g.astype(dtype)
 
 
 _SMALL_LAYER = 8192  # K·N: per-example gradients of layers this small are cheap to materialise

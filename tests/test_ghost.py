@@ -346,3 +346,22 @@ def test_microbatched_ghost_equals_one_pass(key):
     ref_sum, ref_norms = reference(plain_mlp_loss, params, (x, y), 2.0)
     assert_close(total, ref_sum, 1e-12)
     np.testing.assert_allclose(np.asarray(info.per_example_norms), ref_norms, rtol=1e-12)
+
+
+def test_bfloat16_weights_with_float32_accumulation(key):
+    k1, k2 = jax.random.split(key)
+    params = {"w": jax.random.normal(k1, (6, 4), jnp.bfloat16)}
+    x = jax.random.normal(k2, (8, 6), jnp.bfloat16)
+
+    def loss(p, x):
+        dims = (((0,), (0,)), ((), ()))
+        h = jax.lax.dot_general(x, p["w"], dims, preferred_element_type=jnp.float32)
+        return jnp.sum(jnp.sin(h))
+
+    assert ghost.supports(loss, params, x)
+    total, norms, _ = run(loss, params, (x,), clip=1.0)
+    params32 = jax.tree.map(lambda v: v.astype(jnp.float32), params)
+    ref_sum, ref_norms = reference(loss, params32, (x.astype(jnp.float32),), 1.0)
+    assert total["w"].dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(norms), ref_norms, rtol=1e-2)
+    assert_close(total, ref_sum, 2e-2)
