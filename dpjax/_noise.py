@@ -31,7 +31,8 @@ def tree_noise_like(key: jax.Array, tree: Any, sampler: Sampler) -> Any:
     leaves, treedef = jax.tree.flatten(tree)
     keys = jax.random.split(key, max(len(leaves), 1))
     noise = [
-        sampler(k, jnp.shape(leaf), float_dtype_of(leaf)) for k, leaf in zip(keys, leaves, strict=False)
+        sampler(k, jnp.shape(leaf), float_dtype_of(leaf))
+        for k, leaf in zip(keys, leaves, strict=False)
     ]
     return jax.tree.unflatten(treedef, noise)
 
