@@ -18,14 +18,11 @@ import enum
 __all__ = ["NeighbouringRelation", "REPLACE_ONE", "ADD_OR_REMOVE_ONE", "as_relation"]
 
 
-class NeighbouringRelation(str, enum.Enum):
+class NeighbouringRelation(enum.StrEnum):
     """The neighbouring relation a privacy guarantee is stated under."""
 
     REPLACE_ONE = "replace_one"
     ADD_OR_REMOVE_ONE = "add_or_remove_one"
-
-    def __str__(self) -> str:  # pragma: no cover - cosmetic
-        return self.value
 
 
 REPLACE_ONE = NeighbouringRelation.REPLACE_ONE

@@ -81,7 +81,7 @@ def laplace_expected_l1_error(*, k: int, sensitivity: float, epsilon: float) -> 
 
 
 def laplace_linf_tail_bound(*, k: int, sensitivity: float, epsilon: float, beta: float) -> float:
-    r"""ℓ∞ error level exceeded with probability at most β: :math:`(\Delta_1/\varepsilon)\ln(k/\beta)`.
+    r"""ℓ∞ error exceeded with probability at most β: :math:`(\Delta_1/\varepsilon)\ln(k/\beta)`.
 
     From the union bound over k coordinates, P[|Lap(b)| ≥ t] = e^{−t/b} (001).
     """
