@@ -27,8 +27,8 @@ def gaussian_delta(*, sigma: float, sensitivity: float, epsilon: float) -> float
     r"""Exact δ(ε) of the Gaussian mechanism N(0, σ²) with ℓ2 sensitivity Δ (its privacy profile).
 
     .. math::
-        \delta(\varepsilon) = \Phi\left(\frac{\Delta}{2\sigma} - \frac{\varepsilon\sigma}{\Delta}\right)
-          - e^{\varepsilon}\Phi\left(-\frac{\Delta}{2\sigma} - \frac{\varepsilon\sigma}{\Delta}\right)
+        \delta(\varepsilon) = \Phi(\Delta/(2\sigma) - \varepsilon\sigma/\Delta)
+          - e^{\varepsilon}\,\Phi(-\Delta/(2\sigma) - \varepsilon\sigma/\Delta)
 
     Formal guarantees:
         The mechanism is (ε, δ)-DP iff δ ≥ this value (Balle & Wang, ICML 2018, Theorem 8).
