@@ -12,8 +12,15 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-__all__ = ["float_dtype_of", "tree_noise_like", "tree_add_noise"]
+__all__ = [
+    "float_dtype_of",
+    "tree_noise_like",
+    "tree_add_noise",
+    "tree_iid_noise_like",
+    "tree_add_iid_noise",
+]
 
 Sampler = Callable[[jax.Array, tuple[int, ...], Any], jax.Array]
 
@@ -40,6 +47,42 @@ def tree_noise_like(key: jax.Array, tree: Any, sampler: Sampler) -> Any:
 def tree_add_noise(key: jax.Array, tree: Any, sampler: Sampler, scale: Any) -> Any:
     """Return ``tree + scale * noise`` leaf by leaf (leaves are promoted to a float dtype)."""
     noise = tree_noise_like(key, tree, sampler)
+
+    def add(leaf: Any, z: jax.Array) -> jax.Array:
+        leaf = jnp.asarray(leaf, dtype=z.dtype)
+        return leaf + jnp.asarray(scale, dtype=z.dtype) * z
+
+    return jax.tree.map(add, tree, noise)
+
+
+def tree_iid_noise_like(key: jax.Array, tree: Any, sampler: Sampler) -> Any:
+    """I.i.d. noise for every coordinate of ``tree``, drawn as ONE flat vector per dtype.
+
+    Equivalent in distribution to :func:`tree_noise_like` for samplers whose coordinates are
+    i.i.d. (normal, Laplace, ...): the leaves receive disjoint slices of one i.i.d. draw, so
+    they are independent of each other and of every other update (the key is split per dtype
+    group and fresh per call). One large draw instead of one per leaf compiles about 4× faster
+    and runs faster on CPU for models with many leaves (benchmarks/, issue 9). Do not use it
+    for vector samplers with dependent coordinates (e.g. a uniform direction times a norm).
+    """
+    leaves, treedef = jax.tree.flatten(tree)
+    dtypes = [np.dtype(float_dtype_of(leaf)) for leaf in leaves]
+    groups = sorted(set(dtypes), key=str)
+    keys = jax.random.split(key, max(len(groups), 1))
+    noise: list[Any] = [None] * len(leaves)
+    for group_key, dtype in zip(keys, groups, strict=False):
+        members = [i for i, d in enumerate(dtypes) if d == dtype]
+        sizes = [int(np.prod(jnp.shape(leaves[i]), dtype=np.int64)) for i in members]
+        flat = sampler(group_key, (sum(sizes),), dtype)
+        offsets = np.cumsum([0, *sizes])
+        for i, start, stop in zip(members, offsets[:-1], offsets[1:], strict=True):
+            noise[i] = flat[int(start) : int(stop)].reshape(jnp.shape(leaves[i]))
+    return jax.tree.unflatten(treedef, noise)
+
+
+def tree_add_iid_noise(key: jax.Array, tree: Any, sampler: Sampler, scale: Any) -> Any:
+    """``tree + scale * noise`` with :func:`tree_iid_noise_like` noise (i.i.d. samplers only)."""
+    noise = tree_iid_noise_like(key, tree, sampler)
 
     def add(leaf: Any, z: jax.Array) -> jax.Array:
         leaf = jnp.asarray(leaf, dtype=z.dtype)
