@@ -44,15 +44,19 @@ def tree_noise_like(key: jax.Array, tree: Any, sampler: Sampler) -> Any:
     return jax.tree.unflatten(treedef, noise)
 
 
-def tree_add_noise(key: jax.Array, tree: Any, sampler: Sampler, scale: Any) -> Any:
-    """Return ``tree + scale * noise`` leaf by leaf (leaves are promoted to a float dtype)."""
-    noise = tree_noise_like(key, tree, sampler)
+def _add_scaled(tree: Any, noise: Any, scale: Any) -> Any:
+    """``tree + scale * noise`` leaf by leaf, in the noise's (floating) dtype."""
 
     def add(leaf: Any, z: jax.Array) -> jax.Array:
         leaf = jnp.asarray(leaf, dtype=z.dtype)
         return leaf + jnp.asarray(scale, dtype=z.dtype) * z
 
     return jax.tree.map(add, tree, noise)
+
+
+def tree_add_noise(key: jax.Array, tree: Any, sampler: Sampler, scale: Any) -> Any:
+    """Return ``tree + scale * noise`` leaf by leaf (leaves are promoted to a float dtype)."""
+    return _add_scaled(tree, tree_noise_like(key, tree, sampler), scale)
 
 
 def tree_iid_noise_like(key: jax.Array, tree: Any, sampler: Sampler) -> Any:
@@ -82,10 +86,4 @@ def tree_iid_noise_like(key: jax.Array, tree: Any, sampler: Sampler) -> Any:
 
 def tree_add_iid_noise(key: jax.Array, tree: Any, sampler: Sampler, scale: Any) -> Any:
     """``tree + scale * noise`` with :func:`tree_iid_noise_like` noise (i.i.d. samplers only)."""
-    noise = tree_iid_noise_like(key, tree, sampler)
-
-    def add(leaf: Any, z: jax.Array) -> jax.Array:
-        leaf = jnp.asarray(leaf, dtype=z.dtype)
-        return leaf + jnp.asarray(scale, dtype=z.dtype) * z
-
-    return jax.tree.map(add, tree, noise)
+    return _add_scaled(tree, tree_iid_noise_like(key, tree, sampler), scale)
