@@ -85,8 +85,8 @@ def output_sc_sharp(mu: float, radius: float = 1.0) -> Measure:
     return measure
 
 
-def output_sc_logistic(mu: float) -> Measure:
-    """Output perturbation, μ-SC, on logistic regression (smooth: expected −2, bound −1)."""
+def _sc_logistic(method: str, mu: float) -> Measure:
+    """A private solver ``method`` of dpjax.erm, μ-SC, on the logistic instance A."""
 
     def measure(s: Setting, rng: np.random.Generator, keys: jax.Array) -> Cell:
         loss = erm_loss("logistic")
@@ -95,7 +95,7 @@ def output_sc_logistic(mu: float) -> Measure:
         def one(rng, k):
             inst = instances.logistic_instance(rng, s.n, s.d, mu=mu)
             W, info, solver_cert = private_release(
-                "output_perturbation",
+                method,
                 k,
                 inst.X,
                 inst.y,
@@ -111,6 +111,11 @@ def output_sc_logistic(mu: float) -> Measure:
         return _per_dataset(keys, rng, one, diameter=lambda: 2.0 * max(norms))
 
     return measure
+
+
+def output_sc_logistic(mu: float) -> Measure:
+    """Output perturbation, μ-SC, on logistic regression (smooth: expected −2, bound −1)."""
+    return _sc_logistic("output_perturbation", mu)
 
 
 def output_convex_tuned(radius: float) -> Measure:
@@ -155,30 +160,7 @@ def output_convex_tuned(radius: float) -> Measure:
 
 def objective_sc_logistic(mu: float) -> Measure:
     """Objective perturbation (KST12 Gaussian tilt), μ-SC, logistic: expected −2 (bound −2)."""
-
-    def measure(s: Setting, rng: np.random.Generator, keys: jax.Array) -> Cell:
-        loss = erm_loss("logistic")
-        norms: list[float] = []
-
-        def one(rng, k):
-            inst = instances.logistic_instance(rng, s.n, s.d, mu=mu)
-            W, info, solver_cert = private_release(
-                "objective_perturbation",
-                k,
-                inst.X,
-                inst.y,
-                loss=loss,
-                mu=mu,
-                epsilon=s.epsilon,
-                delta=s.delta,
-            )
-            ex = instances.logistic_excess(W, inst.X, inst.y, inst.w_star, mu)
-            norms.append(float(np.linalg.norm(inst.w_star)))
-            return ex, info.excess_risk_bound, inst.zero_excess, inst.certificate, solver_cert
-
-        return _per_dataset(keys, rng, one, diameter=lambda: 2.0 * max(norms))
-
-    return measure
+    return _sc_logistic("objective_perturbation", mu)
 
 
 def bst_imbalance(n: int, d: int, epsilon: float, delta: float, fraction: float) -> int:
