@@ -158,7 +158,45 @@ class PoissonSampler:
         )
 
 
-class ShuffledBatchSampler:
+class _FixedSizeBatches:
+    """Shared parts of the fixed-size samplers: validation, normaliser, event, repr."""
+
+    _SAMPLING = ""  # FixedBatchGaussianEvent.sampling of the subclass
+
+    def __init__(self, *, dataset_size: int, batch_size: int):
+        self.dataset_size = _validate.positive_int("dataset_size", dataset_size)
+        self.batch_size = _validate.positive_int("batch_size", batch_size)
+        if self.batch_size > self.dataset_size:
+            _validate.fail("batch_size", batch_size, f"at most dataset_size={dataset_size}")
+
+    @property
+    def expected_batch_size(self) -> float:
+        """b (deterministic here): the normaliser for :func:`dpjax.normalize_by`."""
+        return float(self.batch_size)
+
+    def event(
+        self,
+        *,
+        noise_multiplier: float,
+        steps: int,
+        relation: NeighbouringRelation | str = REPLACE_ONE,
+    ) -> FixedBatchGaussianEvent:
+        """The event of ``steps`` DP-SGD steps on these batches with noise σ·C on the sum."""
+        return FixedBatchGaussianEvent(
+            noise_multiplier=noise_multiplier,
+            batch_size=self.batch_size,
+            dataset_size=self.dataset_size,
+            count=steps,
+            relation=as_relation(relation),
+            sampling=self._SAMPLING,
+        )
+
+    def __repr__(self) -> str:
+        name = type(self).__name__
+        return f"{name}(dataset_size={self.dataset_size}, batch_size={self.batch_size})"
+
+
+class ShuffledBatchSampler(_FixedSizeBatches):
     r"""Fixed-size batches from a fresh random permutation per epoch (sampling w/o replacement).
 
     Each epoch is a permutation of the n indices cut into ⌊n/b⌋ batches of exactly b (the last
@@ -183,21 +221,12 @@ class ShuffledBatchSampler:
         (2, 4)
     """
 
-    def __init__(self, *, dataset_size: int, batch_size: int):
-        self.dataset_size = _validate.positive_int("dataset_size", dataset_size)
-        self.batch_size = _validate.positive_int("batch_size", batch_size)
-        if self.batch_size > self.dataset_size:
-            _validate.fail("batch_size", batch_size, f"at most dataset_size={dataset_size}")
+    _SAMPLING = "shuffle"
 
     @property
     def batches_per_epoch(self) -> int:
         """⌊n / b⌋."""
         return self.dataset_size // self.batch_size
-
-    @property
-    def expected_batch_size(self) -> float:
-        """b (deterministic here): the normaliser for :func:`dpjax.normalize_by`."""
-        return float(self.batch_size)
 
     def epoch(self, key: jax.Array) -> jax.Array:
         """One epoch of batches: int32 (batches_per_epoch, batch_size) indices (jit-able)."""
@@ -205,30 +234,8 @@ class ShuffledBatchSampler:
         used = self.batches_per_epoch * self.batch_size
         return perm[:used].reshape(self.batches_per_epoch, self.batch_size).astype(jnp.int32)
 
-    def event(
-        self,
-        *,
-        noise_multiplier: float,
-        steps: int,
-        relation: NeighbouringRelation | str = REPLACE_ONE,
-    ) -> FixedBatchGaussianEvent:
-        """The event of ``steps`` DP-SGD steps on these batches with noise σ·C on the sum."""
-        return FixedBatchGaussianEvent(
-            noise_multiplier=noise_multiplier,
-            batch_size=self.batch_size,
-            dataset_size=self.dataset_size,
-            count=steps,
-            relation=as_relation(relation),
-            sampling="shuffle",
-        )
 
-    def __repr__(self) -> str:
-        return (
-            f"ShuffledBatchSampler(dataset_size={self.dataset_size}, batch_size={self.batch_size})"
-        )
-
-
-class UniformBatchSampler:
+class UniformBatchSampler(_FixedSizeBatches):
     r"""A fresh uniformly random subset of exactly b examples at every step.
 
     Formal guarantees:
@@ -247,40 +254,9 @@ class UniformBatchSampler:
         (4,)
     """
 
-    def __init__(self, *, dataset_size: int, batch_size: int):
-        self.dataset_size = _validate.positive_int("dataset_size", dataset_size)
-        self.batch_size = _validate.positive_int("batch_size", batch_size)
-        if self.batch_size > self.dataset_size:
-            _validate.fail("batch_size", batch_size, f"at most dataset_size={dataset_size}")
-
-    @property
-    def expected_batch_size(self) -> float:
-        """b: the normaliser for :func:`dpjax.normalize_by`."""
-        return float(self.batch_size)
+    _SAMPLING = "independent"
 
     def sample(self, key: jax.Array) -> jax.Array:
         """int32 (batch_size,) distinct indices, uniformly random (jit-able)."""
         idx = jax.random.choice(key, self.dataset_size, (self.batch_size,), replace=False)
         return idx.astype(jnp.int32)
-
-    def event(
-        self,
-        *,
-        noise_multiplier: float,
-        steps: int,
-        relation: NeighbouringRelation | str = REPLACE_ONE,
-    ) -> FixedBatchGaussianEvent:
-        """The event of ``steps`` DP-SGD steps on these batches with noise σ·C on the sum."""
-        return FixedBatchGaussianEvent(
-            noise_multiplier=noise_multiplier,
-            batch_size=self.batch_size,
-            dataset_size=self.dataset_size,
-            count=steps,
-            relation=as_relation(relation),
-            sampling="independent",
-        )
-
-    def __repr__(self) -> str:
-        return (
-            f"UniformBatchSampler(dataset_size={self.dataset_size}, batch_size={self.batch_size})"
-        )
