@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable
 
 import numpy as np
+from scipy import stats
 
 
 def ks_statistic(samples, cdf: Callable[[np.ndarray], np.ndarray]) -> float:
@@ -45,3 +46,18 @@ def assert_distribution(samples, cdf, *, wrong_cdfs=(), alpha: float = 1e-4) -> 
 def mean_tolerance(std: float, n: int, z: float = 5.0) -> float:
     """z standard errors of a sample mean."""
     return z * std / math.sqrt(n)
+
+
+def assert_frequencies(counts, probs, *, wrong_probs=(), alpha=1e-4):
+    """Pearson chi-square: counts follow probs, and are distinguishable from wrong_probs."""
+    counts = np.asarray(counts, dtype=np.float64)
+    n = counts.sum()
+    crit = stats.chi2.ppf(1.0 - alpha, df=counts.size - 1)
+
+    def statistic(p):
+        expected = n * np.asarray(p, dtype=np.float64)
+        return float(np.sum((counts - expected) ** 2 / expected))
+
+    assert statistic(probs) <= crit, f"chi2 {statistic(probs):.4g} > {crit:.4g}"
+    for wrong in wrong_probs:
+        assert statistic(wrong) > crit, "chi-square has no power against a wrong distribution"

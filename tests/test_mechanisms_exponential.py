@@ -7,24 +7,10 @@ import pytest
 from scipy import integrate, stats
 
 from dpjax import mechanisms as M
+from tests.helpers import assert_frequencies
 
 N = 100_000
 SCORES = np.array([15.0, 20.0, 25.0, 18.0, 22.0])
-
-
-def assert_frequencies(counts, probs, *, wrong_probs=(), alpha=1e-4):
-    """Pearson chi-square: counts follow probs, and are distinguishable from wrong_probs."""
-    counts = np.asarray(counts, dtype=np.float64)
-    n = counts.sum()
-    crit = stats.chi2.ppf(1.0 - alpha, df=counts.size - 1)
-
-    def statistic(p):
-        expected = n * np.asarray(p, dtype=np.float64)
-        return float(np.sum((counts - expected) ** 2 / expected))
-
-    assert statistic(probs) <= crit, f"chi2 {statistic(probs):.4g} > {crit:.4g}"
-    for wrong in wrong_probs:
-        assert statistic(wrong) > crit, "chi-square has no power against a wrong distribution"
 
 
 def softmax_reference(scores, temperature):

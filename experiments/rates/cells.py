@@ -50,6 +50,22 @@ def _per_dataset(
     )
 
 
+def _sharp_output_release(rng, k, s: Setting, loss, mu: float, radius: float):
+    """One sharp-L1 data set and its output-perturbation releases over the keys ``k``."""
+    inst = instances.sharp_l1_instance(rng, s.n, s.d, mu=mu, radius=radius)
+    W, info, solver_cert = private_release(
+        "output_perturbation",
+        k,
+        inst.X,
+        inst.y,
+        loss=loss,
+        mu=mu,
+        epsilon=s.epsilon,
+        delta=s.delta,
+    )
+    return inst, W, info, solver_cert
+
+
 def output_sc_sharp(mu: float, radius: float = 1.0) -> Measure:
     """Output perturbation, μ-SC, on the sharp interpolating L1 instance (expected slope −1).
 
@@ -62,17 +78,7 @@ def output_sc_sharp(mu: float, radius: float = 1.0) -> Measure:
         sigmas: list[float] = []
 
         def one(rng, k):
-            inst = instances.sharp_l1_instance(rng, s.n, s.d, mu=mu, radius=radius)
-            W, info, solver_cert = private_release(
-                "output_perturbation",
-                k,
-                inst.X,
-                inst.y,
-                loss=loss,
-                mu=mu,
-                epsilon=s.epsilon,
-                delta=s.delta,
-            )
+            inst, W, info, solver_cert = _sharp_output_release(rng, k, s, loss, mu, radius)
             ex = instances.sharp_l1_excess(W, inst.X, inst.y, inst.w_star, mu)
             sigmas.append(info.noise_scale)
             return ex, info.excess_risk_bound, inst.zero_excess, inst.certificate, solver_cert
@@ -135,17 +141,7 @@ def output_convex_tuned(radius: float) -> Measure:
         sigmas: list[float] = []
 
         def one(rng, k):
-            inst = instances.sharp_l1_instance(rng, s.n, s.d, mu=mu, radius=radius)
-            W, info, solver_cert = private_release(
-                "output_perturbation",
-                k,
-                inst.X,
-                inst.y,
-                loss=loss,
-                mu=mu,
-                epsilon=s.epsilon,
-                delta=s.delta,
-            )
+            inst, W, info, solver_cert = _sharp_output_release(rng, k, s, loss, mu, radius)
             ex = instances.sharp_l1_risk_excess(W, inst.X, inst.w_star)
             bound = info.excess_risk_bound + 0.5 * mu * radius**2
             sigmas.append(info.noise_scale)
