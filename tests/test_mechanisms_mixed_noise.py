@@ -28,7 +28,8 @@ def test_threshold_is_theorem_10():
 
 
 def test_theorem_10_sigma_is_not_eps_delta_dp():
-    # 004 Theorem 10 claims N(0, 2(Δ/ε)²) is (ε, δ)-DP once Δ ≤ √π δε/2. The exact δ at ε
+    # The lecture's Theorem 10 (mixed noise) claims N(0, 2(Δ/ε)²) is (ε, δ)-DP once
+    # Δ ≤ √π δε/2. The exact δ at ε
     # depends on σ/Δ = √2/ε only, so the threshold cannot help: at ε = 1 it is ≈ 0.0396.
     eps, delta = 1.0, 1e-5
     ref = exact_gaussian_delta(math.sqrt(2.0) / eps, eps)

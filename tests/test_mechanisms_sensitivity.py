@@ -52,7 +52,7 @@ def test_sensitivity_is_tight_by_brute_force(stat, relation, n):
 
 def test_closed_forms_and_lecture_values():
     lam, m = 2.0, 50
-    # 004 Example 8: mean Λ/m, median Λ, variance at most Λ²/m (replace-one)
+    # Lecture on advances in DP, Example 8: mean Λ/m, median Λ, variance at most Λ²/m (replace-one)
     assert M.mean_sensitivity(n=m, upper=lam, relation="replace_one") == pytest.approx(lam / m)
     assert M.median_sensitivity(upper=lam, relation="replace_one") == lam
     var = M.variance_sensitivity(n=m, upper=lam, relation="replace_one")

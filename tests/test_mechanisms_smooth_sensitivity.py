@@ -14,7 +14,10 @@ N = 100_000
 
 
 def smooth_sensitivity_reference(x, upper, beta):
-    """Equation (4) of 004 with plain loops (x_(i) = 0 for i <= 0, Λ for i > n)."""
+    """Equation (4) of the lecture on smooth sensitivity (median), with plain loops.
+
+    x_(i) = 0 for i <= 0 and Λ for i > n.
+    """
     x = np.sort(np.asarray(x, dtype=np.float64))
     n = x.size
     m = (n + 1) // 2
@@ -143,7 +146,9 @@ def test_heavy_tailed_sampler_matches_numerical_cdf(key, gamma):
 
 def test_noise_parameters_follow_the_notes():
     eps, delta, gamma = 0.8, 1e-6, 3.0
-    heavy = M.smooth_noise_parameters(epsilon=eps, noise="heavy_tailed", gamma=gamma)
+    heavy = M.smooth_noise_parameters(
+        epsilon=eps, noise="heavy_tailed", gamma=gamma, recipe="lecture"
+    )
     assert heavy.beta == pytest.approx(eps / (2 * (gamma + 1)))
     assert heavy.multiplier == pytest.approx(2 * (gamma + 1) / eps)
     lap = M.smooth_noise_parameters(epsilon=eps, delta=delta, noise="laplace")

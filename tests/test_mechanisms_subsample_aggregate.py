@@ -150,3 +150,69 @@ def test_bad_inputs_raise(key, kwargs):
 def test_empty_values_raise(key):
     with pytest.raises(ValueError, match="must be"):
         M.clipped_mean(key, jnp.zeros((0,)), lower=0.0, upper=1.0, epsilon=1.0)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_exact_log_ratio_with_a_non_finite_record(key, bad):
+    # Fails on the original code for NaN: the release is NaN on D and finite on D′ (δ = 1).
+    # Laplace(m, b) vs Laplace(m′, b): sup_v |ln p − ln p′| = |m − m′|/b exactly, and with the
+    # same key the two releases differ by exactly m − m′ (same partition, same noise).
+    rng = np.random.default_rng(5)
+    k, lo, hi, eps = 10, 0.0, 1.0, 1.0
+    b = (hi - lo) / k / eps
+    for trial in range(10):
+        data = rng.uniform(-0.5, 1.5, size=205)
+        other = data.copy()
+        other[rng.integers(205)] = bad
+        kk = jax.random.fold_in(key, trial)
+        outs = [
+            float(
+                M.subsample_and_aggregate(
+                    kk, jnp.asarray(d), jnp.mean, num_blocks=k, lower=lo, upper=hi, epsilon=eps
+                )
+            )
+            for d in (data, other)
+        ]
+        assert np.all(np.isfinite(outs))
+        assert abs(outs[0] - outs[1]) / b <= eps * (1 + 1e-9)
+
+
+def test_degenerate_block_estimates_are_mapped_not_refused(key):
+    # An estimator may return NaN on a block; the estimate becomes the midpoint (no error).
+    data = jnp.array([0.0, 0.0, 1.0, 1.0, 2.0, 2.0])
+
+    def estimator(block):  # NaN on the block of zeros (e.g. a degenerate fit), else the mean
+        return jnp.where(block[0] == 0.0, jnp.nan, jnp.mean(block))
+
+    def run(est, kk):
+        return M.subsample_and_aggregate(
+            kk, data, est, num_blocks=3, lower=0.0, upper=1.0, epsilon=1.0, shuffle=False
+        )
+
+    def public(block):  # the same estimates with the NaN replaced by the midpoint 0.5
+        return jnp.where(block[0] == 0.0, 0.5, jnp.mean(block))
+
+    assert np.isfinite(float(run(estimator, key)))
+    assert float(run(estimator, key)) == float(run(public, key))
+
+
+@jax.jit
+def _clipped_means(keys, values):
+    return jax.vmap(lambda kk: M.clipped_mean(kk, values, lower=-1.0, upper=3.0, epsilon=0.5))(keys)
+
+
+@pytest.mark.parametrize("bad, public", [(np.nan, 1.0), (np.inf, 3.0), (-np.inf, -1.0)])
+def test_clipped_mean_non_finite_row_under_jit(key, bad, public):
+    # Fails on the original code for NaN: NaN row → NaN release.
+    rows = np.array([[0.5, 2.0], [bad, 0.0], [2.5, bad]])
+    mapped = np.where(np.isnan(rows) | np.isinf(rows), public, rows)
+    keys = jax.random.split(key, 200)
+    got = np.asarray(_clipped_means(keys, jnp.asarray(rows)))
+    assert np.all(np.isfinite(got))
+    np.testing.assert_array_equal(got, np.asarray(_clipped_means(keys, jnp.asarray(mapped))))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_clipped_mean_refuses_concrete_non_finite_rows(key, bad):
+    with pytest.raises(ValueError, match="values must be finite"):
+        M.clipped_mean(key, jnp.array([0.2, bad]), lower=0.0, upper=1.0, epsilon=1.0)

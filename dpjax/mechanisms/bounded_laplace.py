@@ -1,13 +1,18 @@
-"""The bounded Laplace mechanism on [l, u] (004_f02b245d52dd0fec.txt Definition 24, Theorem 26).
+"""The bounded Laplace mechanism on [l, u] (lecture on advances in DP, Definition 24, Theorem 26).
 
 The output has density ∝ exp(−|v − q|/b) on [l, u], q = f(D) ∈ [l, u]: the Laplace density
 *restricted* to the domain (not clamped), with the data-dependent normaliser
 
     C_q = 1 − ½(exp(−(q − l)/b) + exp(−(u − q)/b)).
 
-Because C_q depends on the data, b = Δ/ε is not enough; Theorem 26 (Holohan, Antonatos,
-Braghin & Mac Aonghusa 2018, "The Bounded Laplace Mechanism in Differential Privacy", Journal
-of Privacy and Confidentiality; the ΔC condition) gives the condition solved here on the host.
+Because C_q depends on the data, b = Δ/ε is not enough; the lecture's Theorem 26 (Holohan,
+Antonatos, Braghin & Mac Aonghusa 2018, "The Bounded Laplace Mechanism in Differential
+Privacy", Journal of Privacy and Confidentiality; the ΔC condition) gives the condition solved
+here on the host.
+
+Non-finite values follow the rule of ``dpjax.mechanisms.sensitivity.clip_into_range``: under
+``jit`` a NaN coordinate of f(D) is released as if it were (l + u)/2 and ±inf as u / l; an eager
+call with a concrete non-finite value raises ``ValueError``.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import jax.numpy as jnp
 
 from dpjax import _validate
 from dpjax._noise import tree_noise_like
+from dpjax.mechanisms.sensitivity import clip_into_range, refuse_non_finite
 
 __all__ = [
     "bounded_laplace",
@@ -45,7 +51,7 @@ def _check_sensitivity(sensitivity: float, width: float) -> float:
 
 
 def bounded_laplace_delta_c(*, b: float, sensitivity: float, lower: float, upper: float) -> float:
-    r"""ΔC = C_{l+Δ}/C_l of Theorem 26 (004): the largest ratio of normalisers of neighbours.
+    r"""ΔC = C_{l+Δ}/C_l of Theorem 26: the largest ratio of normalisers of neighbours.
 
     .. math:: \Delta C(b) = \frac{2 - e^{-\Delta/b} - e^{-(u-l-\Delta)/b}}{1 - e^{-(u-l)/b}}
 
@@ -96,8 +102,8 @@ def bounded_laplace_scale(
 
     Formal guarantees:
         With this b the mechanism is ε'-DP for ε' = Δ/b + ln ΔC(b) ≤ ε − ln(1 − δ), hence
-        (ε, 1 − e^{ε−ε'}) ⊆ (ε, δ)-DP (004_f02b245d52dd0fec.txt, Theorem 26; Holohan et al.
-        2018, the ΔC condition). b ≥ Δ/(ε − ln(1 − δ)) always, since ΔC ≥ 1.
+        (ε, 1 − e^{ε−ε'}) ⊆ (ε, δ)-DP (lecture on advances in DP, Theorem 26 (bounded Laplace);
+        Holohan et al. 2018, the ΔC condition). b ≥ Δ/(ε − ln(1 − δ)) always, since ΔC ≥ 1.
 
     Example:
         >>> b = bounded_laplace_scale(sensitivity=1.0, epsilon=1.0, lower=0.0, upper=10.0)
@@ -126,8 +132,11 @@ def bounded_laplace_scale(
 
 
 def _truncated_laplace(q: jax.Array, u01: jax.Array, b: float, lo: float, hi: float) -> jax.Array:
-    """Inverse CDF of Lap(q, b) restricted to [lo, hi], driven by a uniform u01 ∈ [0, 1)."""
-    q = jnp.clip(q, lo, hi)
+    """Inverse CDF of Lap(q, b) restricted to [lo, hi], driven by a uniform u01 ∈ [0, 1).
+
+    q is first mapped into [lo, hi] by the non-finite rule (NaN ↦ midpoint, clip).
+    """
+    q = clip_into_range(q, lower=lo, upper=hi).astype(u01.dtype)
     # Mass of the restricted density left and right of q (unnormalised, total C_q).
     mass_left = -0.5 * jnp.expm1(-(q - lo) / b)
     mass_right = -0.5 * jnp.expm1(-(hi - q) / b)
@@ -157,9 +166,11 @@ def bounded_laplace(
 
     Args:
         key: a JAX PRNG key, used once.
-        value: f(D), scalar/array/pytree; every coordinate must lie in [lower, upper] (values
-            outside are clipped into it first, which is a deterministic function of the data
-            and keeps the sensitivity ≤ Δ).
+        value: f(D), scalar/array/pytree. Finite values outside [lower, upper] are clipped
+            into it (a fixed 1-Lipschitz map, so the sensitivity stays ≤ Δ). Non-finite values:
+            an eager call with a concrete NaN or ±inf raises ``ValueError``; under ``jit`` a
+            NaN coordinate is replaced by (lower + upper)/2 and ±inf by upper / lower (see
+            ``dpjax.mechanisms.sensitivity.clip_into_range``).
         sensitivity: Δ of each coordinate under the caller's neighbouring relation, in
             (0, u − l]. For k coordinates released together, compose (k releases).
         epsilon: ε > 0 (per coordinate).
@@ -172,9 +183,13 @@ def bounded_laplace(
 
     Formal guarantees:
         Each coordinate is (ε, δ)-DP under the relation Δ holds for, with b from
-        ``bounded_laplace_scale`` (004_f02b245d52dd0fec.txt Definition 24, Theorem 26;
-        Holohan et al. 2018). Unlike the Laplace mechanism, the guarantee is per coordinate:
-        a vector release composes over its coordinates.
+        ``bounded_laplace_scale`` (lecture on advances in DP, Definition 24 and Theorem 26
+        (bounded Laplace); Holohan et al. 2018). Unlike the Laplace mechanism, the guarantee is
+        per coordinate: a vector release composes over its coordinates. Δ is a bound on
+        |g(D) − g(D′)| for the mapped statistic g = clip_into_range ∘ f; for a finite f this is
+        implied by f's sensitivity. If f itself can be NaN on D and finite on a neighbour D′,
+        the released law on D is that of q = (l + u)/2, so Δ must cover |(l + u)/2 − f(D′)|
+        (at most (u − l)/2); the release is never NaN.
 
     Example:
         >>> import jax
@@ -187,9 +202,10 @@ def bounded_laplace(
         sensitivity=sensitivity, epsilon=epsilon, lower=lower, upper=upper, delta=delta
     )
     lo, hi = float(lower), float(upper)
+    refuse_non_finite("value", value)
     uniforms = tree_noise_like(key, value, jax.random.uniform)
 
     def release(q: Any, u01: jax.Array) -> jax.Array:
-        return _truncated_laplace(jnp.asarray(q, dtype=u01.dtype), u01, b, lo, hi)
+        return _truncated_laplace(jnp.asarray(q), u01, b, lo, hi)
 
     return jax.tree.map(release, value, uniforms)

@@ -1,4 +1,4 @@
-"""The mixed-noise mechanism (004_f02b245d52dd0fec.txt, Definition 9 and Theorem 10).
+"""The mixed-noise mechanism (lecture on advances in DP, Definition 9 and Theorem 10).
 
 Definition 9 adds Gaussian noise when the sensitivity Δ is at most a threshold t₀ and Laplace
 noise Lap(Δ/ε) otherwise; Theorem 10 takes t₀ = √π δε/2 and σ²_MNM = 2(Δ/ε)².
@@ -42,7 +42,7 @@ class MixedNoiseScale(NamedTuple):
 
 
 def mixed_noise_threshold(*, epsilon: float, delta: float) -> float:
-    """The threshold t₀ = √π δε/2 of Theorem 10 of 004 (Gaussian branch when Δ ≤ t₀).
+    """The threshold t₀ = √π δε/2 of the lecture's Theorem 10 (Gaussian branch when Δ ≤ t₀).
 
     Example:
         >>> round(mixed_noise_threshold(epsilon=1.0, delta=0.1), 6)
@@ -56,8 +56,9 @@ def mixed_noise_threshold(*, epsilon: float, delta: float) -> float:
 def mixed_noise_lecture_delta(*, epsilon: float) -> float:
     """Exact δ at ε of the Gaussian branch with Theorem 10's σ = √2Δ/ε (independent of Δ).
 
-    Theorem 10 of 004 claims (ε, δ)-DP for every δ once Δ ≤ √π δε/2; this exact profile shows
-    the branch is (ε, δ)-DP only for δ ≥ this value (e.g. ≈ 0.0396 at ε = 1).
+    The lecture on advances in DP (Theorem 10, mixed-noise mechanism) claims (ε, δ)-DP for
+    every δ once Δ ≤ √π δε/2; this exact profile shows the branch is (ε, δ)-DP only for
+    δ ≥ this value (e.g. ≈ 0.0396 at ε = 1).
 
     Formal guarantees:
         Balle & Wang 2018, Theorem 8, through ``gaussian_delta`` (σ/Δ = √2/ε).
@@ -76,17 +77,18 @@ def mixed_noise_scale(
             they coincide for a scalar query) under the caller's neighbouring relation.
         epsilon: ε > 0.
         delta: δ in (0, 1).
-        threshold: t₀; default ``mixed_noise_threshold(epsilon, delta)`` (Theorem 10 of 004).
-            Must not depend on the data (it is compared with the public Δ).
+        threshold: t₀; default ``mixed_noise_threshold(epsilon, delta)`` (the lecture's
+            Theorem 10). Must not depend on the data (it is compared with the public Δ).
 
     Returns:
         ``MixedNoiseScale("gaussian", σ)`` with σ = ``analytic_gaussian_sigma(Δ, ε, δ)`` if
         Δ ≤ t₀, else ``MixedNoiseScale("laplace", Δ/ε)``.
 
     Formal guarantees:
-        Each branch is (ε, δ)-DP on its own (Laplace: ε-DP, 001; Gaussian: Balle & Wang 2018,
-        Thm 8) and the branch is a function of public Δ only, so the mechanism is (ε, δ)-DP.
-        This deviates from 004 Theorem 10's σ², which is not DP (module docstring).
+        Each branch is (ε, δ)-DP on its own (Laplace: ε-DP, lecture on privacy background;
+        Gaussian: Balle & Wang 2018, Thm 8) and the branch is a function of public Δ only, so
+        the mechanism is (ε, δ)-DP. This deviates from the lecture's Theorem 10 σ², which is
+        not DP (module docstring).
     """
     _validate.positive("sensitivity", sensitivity)
     t0 = mixed_noise_threshold(epsilon=epsilon, delta=delta)
@@ -107,7 +109,7 @@ def mixed_noise(
     delta: float,
     threshold: float | None = None,
 ) -> Any:
-    """Mixed-noise mechanism: Gaussian noise if Δ ≤ t₀, else Laplace noise (004 Def. 9).
+    """Mixed-noise mechanism: Gaussian noise if Δ ≤ t₀, else Laplace noise (lecture Def. 9).
 
     Args:
         key: a JAX PRNG key, used once.
@@ -116,7 +118,7 @@ def mixed_noise(
             branch, ℓ2 for the Gaussian branch; pass the larger if they differ).
         epsilon: ε > 0.
         delta: δ in (0, 1).
-        threshold: t₀ (default √π δε/2, Theorem 10 of 004).
+        threshold: t₀ (default √π δε/2, the lecture's Theorem 10).
 
     Returns:
         The noisy answer, with the structure of ``value``.

@@ -7,17 +7,89 @@ Data are scalars in [lower, upper]; w = upper − lower. ``n`` is public:
   every neighbouring pair the guarantee covers (the larger one then has ≥ n + 1 records).
 
 Every bound below is tight (attained by a pair of neighbours, shown in each docstring).
-004_f02b245d52dd0fec.txt (Example 8) quotes Λ/m for the mean, Λ²/m for the variance and Λ for
-the median under replace-one: the mean and median agree; Λ²/m for the variance is a valid but
-loose bound (the exact value is (m − 1)Λ²/m²).
+The lecture on advances in DP (Example 8, sensitivities of mean, variance and median) quotes Λ/m
+for the mean, Λ²/m for the variance and Λ for the median under replace-one: the mean and median
+agree; Λ²/m for the variance is a valid but loose bound (the exact value is (m − 1)Λ²/m²).
+
+**The non-finite rule** (``clip_into_range``; used by every dpjax mechanism that clips to a
+public range [lower, upper]: ``clipped_mean``, ``subsample_and_aggregate``, ``bounded_laplace``,
+``smooth_median``). Each entry x is mapped, before the sensitivity-bounded step, to
+
+* (lower + upper)/2 if x is NaN,
+* min(max(x, lower), upper) otherwise (so +inf ↦ upper and −inf ↦ lower).
+
+The map is data independent and runs under ``jit``, so a NaN record is just another record in
+the range and every sensitivity stated for data in [lower, upper] holds for *every* input.
+The midpoint is the public value closest, in the worst case, to every value in the range (at
+distance ≤ (upper − lower)/2), which halves the worst-case bias a NaN record adds compared with
+an end of the range. Separately, ``refuse_non_finite`` raises ``ValueError`` eagerly when a
+concrete input holds NaN or ±inf (a usage check for the data holder, before any release); each
+mechanism says which of the two applies to which argument.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
 from dpjax import _validate
 from dpjax.relation import REPLACE_ONE, NeighbouringRelation, as_relation
 
-__all__ = ["mean_sensitivity", "variance_sensitivity", "median_sensitivity"]
+__all__ = [
+    "clip_into_range",
+    "refuse_non_finite",
+    "mean_sensitivity",
+    "variance_sensitivity",
+    "median_sensitivity",
+]
+
+
+def clip_into_range(values: Any, *, lower: float, upper: float) -> jax.Array:
+    """The non-finite rule: NaN ↦ (lower + upper)/2, then clip to [lower, upper] (±inf included).
+
+    Args:
+        values: an array (or scalar); integer inputs are promoted to the default float dtype.
+        lower: public lower end of the range (finite).
+        upper: public upper end (finite, > lower).
+
+    Returns:
+        An array of the same shape with every entry in [lower, upper]; jit- and vmap-safe.
+
+    Formal guarantees:
+        The map is a fixed function of one entry, independent of the data set, so replacing one
+        record changes at most one mapped entry, and that entry stays in [lower, upper]: any
+        sensitivity proved for data in the range holds for arbitrary (NaN, ±inf) inputs.
+        On finite values it is the clip, which is 1-Lipschitz.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> x = jnp.array([jnp.nan, jnp.inf, -jnp.inf, 0.25, 7.0])
+        >>> clip_into_range(x, lower=0.0, upper=1.0).tolist()
+        [0.5, 1.0, 0.0, 0.25, 1.0]
+    """
+    lo, hi = float(lower), float(upper)
+    _width(lo, hi)
+    x = jnp.asarray(values)
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        x = x.astype(jnp.result_type(float))
+    return jnp.clip(jnp.where(jnp.isnan(x), 0.5 * (lo + hi), x), lo, hi)
+
+
+def refuse_non_finite(name: str, values: Any) -> None:
+    """Raise ``ValueError`` if a concrete ``values`` (array or pytree) holds NaN or ±inf.
+
+    A no-op for traced values (under ``jit`` the data are not known; ``clip_into_range`` then
+    applies). The error is a usage check for whoever holds the data, raised before any release.
+    """
+    for leaf in jax.tree.leaves(values):
+        if not _validate.is_concrete(leaf):
+            continue
+        x = jnp.asarray(leaf)
+        if jnp.issubdtype(x.dtype, jnp.inexact) and not bool(jnp.all(jnp.isfinite(x))):
+            bad = int(jnp.size(x) - jnp.sum(jnp.isfinite(x)))
+            _validate.fail(name, f"{bad} non-finite entries", "finite (no NaN or ±inf)")
 
 
 def _width(lower: float, upper: float) -> float:
@@ -51,8 +123,9 @@ def mean_sensitivity(
         Δ (ℓ1 = ℓ2 for a scalar query).
 
     Formal guarantees:
-        000_a9865af81d0677e1.txt (mean estimation, replace-one: 2c/n for ‖x‖ ≤ c, i.e. w/n for
-        w = 2c) and 004_f02b245d52dd0fec.txt Example 8 (Λ/m); add/remove derived above.
+        The lecture on properties of DP and output perturbation (mean estimation, replace-one:
+        2c/n for ‖x‖ ≤ c, i.e. w/n for w = 2c) and the lecture on advances in DP, Example 8
+        (Λ/m); add/remove derived above.
 
     Example:
         >>> mean_sensitivity(n=100, upper=1.0, relation="replace_one")
@@ -93,7 +166,8 @@ def variance_sensitivity(
         Δ of the population variance.
 
     Formal guarantees:
-        Derived in this docstring; 004_f02b245d52dd0fec.txt Example 8 states the looser Λ²/m.
+        Derived in this docstring; the lecture on advances in DP (Example 8) states the looser
+        Λ²/m.
 
     Example:
         >>> variance_sensitivity(n=2, upper=1.0, relation="replace_one")
@@ -116,13 +190,15 @@ def median_sensitivity(
 
     An upper bound for any definition of the median; attained for the lower median
     x_(⌈n/2⌉) (the one ``smooth_median`` releases) by x_1 = … = x_m = lower,
-    x_{m+1} = … = x_n = upper and its neighbour with one more ``lower`` (replace-one, 004
-    Example 12), or by m − 1 copies of ``lower`` and m of ``upper`` plus one added ``lower``
-    (add/remove): the median jumps from one end of the range to the other. This global bound
-    destroys utility; see ``dpjax.mechanisms.smooth_median`` for the smooth-sensitivity alternative.
+    x_{m+1} = … = x_n = upper and its neighbour with one more ``lower`` (replace-one; lecture
+    on advances in DP, Example 12), or by m − 1 copies of ``lower`` and m of ``upper`` plus one
+    added ``lower`` (add/remove): the median jumps from one end of the range to the other. This
+    global bound destroys utility; see ``dpjax.mechanisms.smooth_median`` for the
+    smooth-sensitivity alternative.
 
     Formal guarantees:
-        004_f02b245d52dd0fec.txt, Examples 8, 12 and 20 (Δf = Λ for data in [0, Λ]).
+        Lecture on advances in DP, Examples 8, 12 and 20 (local vs smooth sensitivity of the
+        median; Δf = Λ for data in [0, Λ]).
     """
     as_relation(relation)
     return _width(lower, upper)

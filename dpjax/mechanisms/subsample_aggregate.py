@@ -1,9 +1,14 @@
-"""Subsample-and-aggregate (003_eb46ba05ef56608d.txt; Nissim, Raskhodnikova & Smith 2007).
+"""Subsample-and-aggregate (lecture on ML under DP, theory: subsample-and-aggregate; Nissim,
+Raskhodnikova & Smith 2007).
 
 Split the n records into k disjoint blocks, run any (non-private) estimator on each block,
 and release a DP clipped mean of the k block estimates. Changing one record changes one block,
-hence at most one of the k estimates, each clipped to [l, u]: the mean of the k clipped
+hence at most one of the k estimates, each mapped into [l, u]: the mean of the k mapped
 estimates has sensitivity (u − l)/k per coordinate.
+
+Every value is mapped into [l, u] by the non-finite rule of
+``dpjax.mechanisms.sensitivity.clip_into_range`` (NaN ↦ (l + u)/2, ±inf and out-of-range values
+clipped) before the mean, so the sensitivity holds for every input, NaN and ±inf included.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import jax.numpy as jnp
 from dpjax import _validate
 from dpjax.mechanisms.gaussian import gaussian
 from dpjax.mechanisms.laplace import laplace
+from dpjax.mechanisms.sensitivity import clip_into_range, refuse_non_finite
 
 __all__ = ["clipped_mean", "clipped_mean_sensitivity", "subsample_and_aggregate"]
 
@@ -30,7 +36,7 @@ def clipped_mean_sensitivity(
 
     Replacing one vector moves each coordinate of the mean by at most (u − l)/k, so
     Δ₁ = dim·(u − l)/k (``norm="l1"``) and Δ₂ = √dim·(u − l)/k (``norm="l2"``), under
-    ``REPLACE_ONE`` at the level of the k values.
+    ``REPLACE_ONE`` at the level of the k values (k public: it is not a data-dependent count).
     """
     k = _validate.positive_int("num_values", num_values)
     d = _validate.positive_int("dim", dim)
@@ -57,11 +63,14 @@ def clipped_mean(
     delta: float = 0.0,
     noise: str = "laplace",
 ) -> jax.Array:
-    """DP mean of k values (rows), each clipped coordinate-wise to [lower, upper].
+    """DP mean of k values (rows), each mapped coordinate-wise into [lower, upper].
 
     Args:
         key: a JAX PRNG key, used once.
-        values: array of shape (k, ...): one row per contributor (e.g. per block).
+        values: array of shape (k, ...): one row per contributor (e.g. per block). Finite
+            values outside [lower, upper] are clipped. Non-finite values: an eager call with a
+            concrete NaN or ±inf raises ``ValueError``; under ``jit`` NaN ↦ (lower + upper)/2
+            and ±inf ↦ upper / lower (``dpjax.mechanisms.sensitivity.clip_into_range``).
         lower: l.
         upper: u > l.
         epsilon: ε > 0.
@@ -70,12 +79,16 @@ def clipped_mean(
             calibration, ℓ2 sensitivity).
 
     Returns:
-        The noisy mean, shape ``values.shape[1:]``. Divided by the public k, never by a
-        data-dependent count.
+        The noisy mean, shape ``values.shape[1:]``. Divided by k, the static number of rows
+        (public under ``REPLACE_ONE``), never by a data-dependent count.
 
     Formal guarantees:
-        ε-DP (Laplace, 001) or (ε, δ)-DP (Gaussian, Balle & Wang 2018) under ``REPLACE_ONE``
-        of one row, with the sensitivity of ``clipped_mean_sensitivity``.
+        ε-DP (Laplace; lecture on privacy background, the Laplace mechanism) or (ε, δ)-DP
+        (Gaussian, Balle & Wang 2018) under ``REPLACE_ONE`` of one row, with the sensitivity of
+        ``clipped_mean_sensitivity``, for every input: the non-finite rule maps every row into
+        the box before the mean, so a NaN or ±inf row is just another row in the box. Not stated
+        for ``ADD_OR_REMOVE_ONE``: k is the realised number of rows, which that relation
+        changes; pad to a public k (rows of a fixed in-range value) to use it there.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -84,15 +97,28 @@ def clipped_mean(
         >>> y.shape
         ()
     """
-    _validate.one_of("noise", noise, _NOISES)
     values = jnp.asarray(values)
+    refuse_non_finite("values", values)
+    return _noisy_clipped_mean(key, values, lower, upper, epsilon, delta, noise)
+
+
+def _noisy_clipped_mean(
+    key: jax.Array,
+    values: jax.Array,
+    lower: float,
+    upper: float,
+    epsilon: float,
+    delta: float,
+    noise: str,
+) -> jax.Array:
+    """Mean over the leading axis of ``clip_into_range(values)`` plus calibrated noise."""
+    _validate.one_of("noise", noise, _NOISES)
     if values.ndim == 0 or values.shape[0] == 0:
         _validate.fail("values", values.shape, "an array with a non-empty leading axis")
     k = values.shape[0]
     dim = max(int(jnp.size(values) // k), 1)
-    if not jnp.issubdtype(values.dtype, jnp.floating):
-        values = values.astype(jnp.result_type(float))
-    mean = jnp.mean(jnp.clip(values, float(lower), float(upper)), axis=0)
+    _width(lower, upper)
+    mean = jnp.mean(clip_into_range(values, lower=lower, upper=upper), axis=0)
     if noise == "laplace":
         if delta != 0.0:
             _validate.fail("delta", delta, "0 for noise='laplace' (pure ε-DP)")
@@ -115,17 +141,20 @@ def subsample_and_aggregate(
     noise: str = "laplace",
     shuffle: bool = True,
 ) -> jax.Array:
-    """Subsample-and-aggregate with a DP clipped mean as aggregator (003).
+    """Subsample-and-aggregate with a DP clipped mean as aggregator.
 
     Args:
         key: a JAX PRNG key; split into one key for the partition and one for the noise.
         data: records along the leading axis: an array of shape (n, ...) or a pytree of such
             arrays with the same n.
         estimator: any jax-traceable function from one block (same structure, leading axis
-            n // k) to an array of fixed shape; it need not be private.
+            n // k) to an array of fixed shape; it need not be private, and it may return NaN
+            or ±inf (e.g. on a degenerate block or on NaN records): block estimates are never
+            refused, they are mapped into [lower, upper] by the non-finite rule (NaN ↦
+            (lower + upper)/2, ±inf ↦ upper / lower), eagerly and under ``jit`` alike.
         num_blocks: k, the number of disjoint blocks (1 ≤ k ≤ n). The last n mod k records
             (after shuffling) are dropped so that all blocks have n // k records.
-        lower: l: each block estimate is clipped coordinate-wise to [l, u].
+        lower: l: each block estimate is mapped coordinate-wise into [l, u].
         upper: u > l.
         epsilon: ε > 0.
         delta: δ (0 for Laplace; in (0, 1) for Gaussian).
@@ -138,10 +167,12 @@ def subsample_and_aggregate(
 
     Formal guarantees:
         Under ``REPLACE_ONE`` (n public) one record lies in exactly one block, so one block
-        estimate changes; the clipped mean then has sensitivity (u − l)/k per coordinate and the
-        release is ε-DP (Laplace) or (ε, δ)-DP (Gaussian) (003_eb46ba05ef56608d.txt,
-        "Subsample & Aggregate"; Nissim, Raskhodnikova & Smith 2007, Section 4). Not stated
-        for ``ADD_OR_REMOVE_ONE``: a changed n moves the block boundaries.
+        estimate changes; the mapped estimates lie in [l, u] whatever the records and the
+        estimator return (NaN and ±inf included), so their mean has sensitivity (u − l)/k per
+        coordinate and the release is ε-DP (Laplace) or (ε, δ)-DP (Gaussian) (lecture on ML
+        under DP, theory, subsample-and-aggregate; Nissim, Raskhodnikova & Smith 2007,
+        Section 4). The divisor is the public k, and n // k is the static block size. Not
+        stated for ``ADD_OR_REMOVE_ONE``: a changed n moves the block boundaries.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -167,7 +198,5 @@ def subsample_and_aggregate(
         lambda leaf: jnp.asarray(leaf)[order[: k * size]].reshape((k, size) + jnp.shape(leaf)[1:]),
         data,
     )
-    estimates = jax.vmap(estimator)(blocks)
-    return clipped_mean(
-        noise_key, estimates, lower=lower, upper=upper, epsilon=epsilon, delta=delta, noise=noise
-    )
+    estimates = jnp.asarray(jax.vmap(estimator)(blocks))
+    return _noisy_clipped_mean(noise_key, estimates, lower, upper, epsilon, delta, noise)
