@@ -281,3 +281,22 @@ def test_approximate_recipes_meet_delta_on_neighbours(noise, law):
         div = integrate.quad(integrand, mx - span, mx + span, points=[mx, my], limit=400)[0]
         worst = max(worst, div)
     assert worst <= delta
+
+
+def test_default_cauchy_release_has_the_tight_scale(key):
+    # γ = 2: ε(α, β) = √(α² + β²), so the tight recipe is α = β = ε/√2: noise (√2/ε)·S_{ε/√2}·Z.
+    rng = np.random.default_rng(9)
+    data = rng.beta(2, 2, size=31)
+    eps = 1.0
+    beta = eps / math.sqrt(2.0)
+    scale = math.sqrt(2.0) / eps * smooth_sensitivity_reference(data, 1.0, beta)
+    keys = jax.random.split(key, 50_000)
+    release = jax.jit(
+        jax.vmap(lambda k: M.smooth_median(k, jnp.asarray(data), upper=1.0, epsilon=eps, gamma=2.0))
+    )(keys)
+    noise_draws = np.asarray(release) - np.sort(data)[15]
+
+    def cdf(s):
+        return lambda x: stats.cauchy.cdf(x, scale=s)
+
+    assert_distribution(noise_draws, cdf(scale), wrong_cdfs=[cdf(1.5 * scale), cdf(scale / 1.5)])
