@@ -264,7 +264,7 @@ def exponential_mechanism_law(
 
     This is the law of :func:`dpjax.mechanisms.exponential_mechanism` in exact arithmetic
     (Gumbel-max identity); float Gumbel noise has a bounded range, so the realised law
-    differs from it for candidates whose probability is below ~e^-19 (float32) / e^-40
+    differs from it for candidates whose probability is below ~e^-20 (float32) / e^-42
     (float64).
     """
     factor = 1.0 if monotonic else 2.0
