@@ -18,6 +18,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from dpjax import _validate
 
@@ -33,13 +34,12 @@ def refuse_nonfinite(name: str, tree: Any) -> None:
     for leaf in jax.tree.leaves(tree):
         if not _validate.is_concrete(leaf) or not _is_inexact(leaf):
             continue
-        bad = ~jnp.isfinite(jnp.asarray(leaf))
-        count = int(jnp.sum(bad))
-        if count:
-            first = jnp.asarray(leaf).ravel()[int(jnp.argmax(bad.ravel()))]
+        values = np.asarray(leaf).ravel()  # numpy: also correct while an outer jit traces
+        bad = ~np.isfinite(values)
+        if np.any(bad):
             _validate.fail(
                 name,
-                f"an array with {count} non-finite entries (e.g. {float(first)})",
+                f"an array with {int(bad.sum())} non-finite entries (e.g. {values[bad][0]})",
                 "finite in every entry (NaN/inf have unbounded sensitivity)",
             )
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from dpjax import _validate
 from dpjax._noise import tree_noise_like
@@ -154,24 +155,31 @@ def _check_category_dtype(leaf: Any, k: int) -> None:
         _validate.fail("value", f"dtype {dtype}", f"an integer dtype that holds {k - 1}")
 
 
-def _in_domain(truth: jax.Array, k: int) -> jax.Array:
-    """Mask of entries that are integers in {0, …, k − 1} (False for NaN and ±inf)."""
-    if truth.dtype == jnp.bool_:
-        return jnp.ones(truth.shape, bool)
+def _in_domain(truth: Any, k: int, xp: Any = jnp) -> Any:
+    """Mask of entries that are integers in {0, …, k − 1} (False for NaN and ±inf).
+
+    ``xp`` is ``jnp`` (traced values) or ``numpy`` (the eager check of a concrete value).
+    """
+    if truth.dtype == xp.bool_:
+        return xp.ones(truth.shape, bool)
     ok = (truth >= 0) & (truth <= k - 1)
-    if jnp.issubdtype(truth.dtype, jnp.inexact):
-        ok = ok & (truth == jnp.floor(truth))
+    if xp.issubdtype(truth.dtype, xp.inexact):
+        ok = ok & (truth == xp.floor(truth))
     return ok
 
 
 def _categories(name: str, leaf: Any, k: int) -> jax.Array:
     """The domain rule: ValueError for concrete out-of-domain entries, else map them to 0."""
     _check_category_dtype(leaf, k)
+    if _validate.is_concrete(leaf):  # numpy: also correct while an outer jit traces
+        values = np.asarray(leaf).ravel()
+        ok = _in_domain(values, k, np)
+        if not np.all(ok):
+            _validate.fail(
+                name, f"an array containing {values[~ok][0]!r}", f"integers in [0, {k - 1}]"
+            )
     truth = jnp.asarray(leaf)
     ok = _in_domain(truth, k)
-    if _validate.is_concrete(leaf) and not bool(jnp.all(ok)):
-        first = truth.ravel()[int(jnp.argmin(ok.ravel()))]
-        _validate.fail(name, f"an array containing {first!r}", f"integers in [0, {k - 1}]")
     return jnp.where(ok, truth, jnp.zeros((), truth.dtype)).astype(jnp.int32)
 
 
