@@ -4,8 +4,9 @@ A NaN or ±inf input has no bounded sensitivity, and a release that is NaN on D 
 D′ (or that ignores the noise, like ``inf + noise``) distinguishes them with probability 1.
 Every mechanism that calls these helpers applies one data-independent rule:
 
-* **concrete input** (eager call, not traced by ``jit``/``vmap``): a non-finite entry is a
-  caller bug and raises ``ValueError`` naming the argument;
+* **concrete input** (a value known when the mechanism is called: an eager call, or a
+  constant closed over inside ``jit``/``vmap``, which then raises at trace time): a
+  non-finite entry is a caller bug and raises ``ValueError`` naming the argument;
 * **traced input** (inside ``jit``/``vmap``, where values are unknown): non-finite entries are
   mapped to a fixed value *before* the sensitivity-bounded step — 0 for additive noise
   (:func:`zero_nonfinite`), the lowest finite score for score vectors

@@ -9,6 +9,9 @@ tests check ε_true ≤ ε_claimed(1 + 1e-9) over extreme, tied, non-finite and 
 import importlib
 import itertools
 import math
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -430,3 +433,32 @@ def test_selection_exact_profile_over_adversarial_pairs(d):
                 q = exact.exponential_mechanism_law(u2, monotonic=True, **kw)
                 exact.assert_within_claim(p, q, epsilon=eps)
         assert worst_em > 0.5 * eps and worst_rnm > 0.5 * eps  # the pairs are hard ones
+
+
+def test_non_finite_rules_hold_with_x64_off():
+    # float32 defaults (x64 off): every mechanism maps non-finite / out-of-range input under
+    # jit and never releases it.
+    code = """
+import jax, jax.numpy as jnp, numpy as np
+from dpjax import mechanisms as M
+key = jax.random.key(0)
+v = jnp.array([5, -1, 1, 0], jnp.int32)
+rr = jax.jit(lambda k, v: M.randomized_response(k, v, epsilon=17.0, num_categories=2))(key, v)
+assert rr.dtype == jnp.int32 and set(np.asarray(rr).tolist()) <= {0, 1}, rr
+x = jnp.array([jnp.nan, jnp.inf, -jnp.inf, 0.3])
+dl = jax.jit(lambda k, v: M.discrete_laplace(k, v, sensitivity=1.0, epsilon=1.0, bound=4.0,
+                                              granularity=2.0**-4))(key, x)
+assert dl.dtype == jnp.float32 and np.all(np.abs(np.asarray(dl)) <= 4.0), dl
+s = jnp.array([0.0, jnp.nan, 100.0])
+for fn in (M.exponential_mechanism, M.report_noisy_max):
+    many = jax.vmap(lambda k, s: fn(k, s, sensitivity=1.0, epsilon=1.0), in_axes=(0, None))
+    picks = jax.jit(many)(jax.random.split(key, 200), s)
+    assert np.all(np.asarray(picks) == 2), picks
+for y in (jax.jit(lambda k, v: M.laplace(k, v, sensitivity=1.0, epsilon=1.0))(key, x),
+          jax.jit(lambda k, v: M.gaussian(k, v, sensitivity=1.0, epsilon=1.0, delta=1e-5))(key, x)):
+    assert y.dtype == jnp.float32 and np.all(np.isfinite(np.asarray(y))), y
+print("ok")
+"""
+    env = dict(os.environ, JAX_ENABLE_X64="0", JAX_PLATFORMS="cpu")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
