@@ -117,6 +117,8 @@ def randomized_response_other_weight(*, epsilon: float, num_categories: int = 2)
         The realised law has ε_real = ln((2³² − (k − 1)m)/m) with 0 ≤ ε_real ≤ ε: m ≥
         2³²/(e^ε + k − 1) gives the upper bound, k·m ≤ 2³² the lower one. ε_real < ε only by
         the resolution of 32 bits (relative ~(e^ε + k)/2³²); ε_real is never infinite (m ≥ 1).
+        For ε ≳ 22.2, m = 1 and ε_real = ln(2³² − k + 1) ≈ 22.18: the reports are a little
+        noisier than asked, never less private.
 
     Example:
         >>> randomized_response_other_weight(epsilon=math.log(3.0))  # 2^32 / 4, exactly

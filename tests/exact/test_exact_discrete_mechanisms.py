@@ -68,6 +68,22 @@ def test_profile_functions_on_hand_computed_laws():
         exact.pure_epsilon([0.5, 0.4], [0.5, 0.5])
 
 
+def test_law_from_cdf_bins_a_continuous_release():
+    # Laplace(b = 1) releases of f = 0 and f = 1 (eps = 1): binned profiles are lower bounds
+    # that reach the true eps; a half-scale (eps = 2) release is caught.
+    edges = np.linspace(-8.0, 9.0, 1701)  # cells >> CDF rounding (see law_from_cdf)
+    p = exact.law_from_cdf(stats.laplace(0.0, 1.0).cdf, edges)
+    q = exact.law_from_cdf(stats.laplace(1.0, 1.0).cdf, edges)
+    assert p.sum() == pytest.approx(1.0, abs=1e-12)
+    exact.assert_within_claim(p, q, epsilon=1.0)
+    assert exact.pure_epsilon(p, q) > 0.999
+    half = exact.law_from_cdf(stats.laplace(1.0, 0.5).cdf, edges)
+    with pytest.raises(AssertionError):
+        exact.assert_within_claim(
+            exact.law_from_cdf(stats.laplace(0.0, 0.5).cdf, edges), half, epsilon=1.0
+        )
+
+
 def test_uniform_threshold_realisation_matches_jax_uniform(key):
     # JAX's float32 uniform takes 2^23 equally likely values j 2^-23: P[U < t] = ceil(t 2^23)/2^23
     u = np.asarray(jax.random.uniform(key, (2_000_000,), jnp.float32))
