@@ -10,8 +10,9 @@ outcome set, the mechanism is (ε, δ)-DP on that pair iff the hockey-stick dive
 
 is at most δ, and purely ε-DP iff :math:`\max_o |\ln(P_o/Q_o)| \le \varepsilon` (with
 ln(p/0) = +∞). Running this over adversarial neighbour pairs (extreme, tied, non-finite and
-out-of-range records) is the strongest test a DP library can have: it checks the guarantee
-itself, not a noisy estimate of it (soundness notes, "exact privacy profile" test shape).
+out-of-range records) checks the guarantee itself rather than a noisy estimate of it
+("exact privacy profile" test shape of the soundness notes; Mironov 2012 and Casacuberta et
+al. 2022 for why the law *as the code realises it* is what must be checked).
 
 Two kinds of functions:
 
@@ -19,11 +20,13 @@ Two kinds of functions:
   :func:`hockey_stick_delta`, :func:`delta_at`, :func:`assert_within_claim`,
   :func:`product_law` (independent coordinates), :func:`law_from_cdf` (binned continuous
   outputs: a lower bound on the profile);
-* **laws** of dpjax mechanisms as the code realises them (numpy, float64, written from the
-  documented algorithm, not by calling the mechanism): :func:`uniform_below_probability`,
-  :func:`randomized_response_law`, :func:`coin_randomized_response_law`,
-  :func:`discrete_laplace_law`, :func:`exponential_mechanism_law`,
-  :func:`report_noisy_max_law`.
+* **laws** of dpjax mechanisms (numpy, float64, written from the documented algorithm, not
+  by running the mechanism; tests tie them to the code by sampling and by probing the
+  sampler's randomness): :func:`uniform_below_probability`, :func:`randomized_response_law`
+  (exactly the realised law: integer threshold), :func:`coin_randomized_response_law`,
+  :func:`discrete_laplace_law` (rounding and clamping included),
+  :func:`exponential_mechanism_law`, :func:`report_noisy_max_law` (real-arithmetic noise;
+  each docstring says where the float sampler departs from it).
 
 Probabilities are float64; a profile computed from them is exact up to float64 rounding
 (relative ~1e-15), hence the default tolerance ``rtol = 1e-9`` of :func:`assert_within_claim`.
@@ -250,6 +253,8 @@ def discrete_laplace_law(
     Follows the documented algorithm: NaN → 0; k_f = clamp(round_half_even(x/g), −h, h)
     with h = ⌊B/g⌋; k_y = clamp(k_f + K, −h, h) with K i.i.d. discrete Laplace,
     P[K = k] = (1 − r)/(1 + r)·r^{|k|}; the tails P[K ≥ n] = r^n/(1 + r) fold onto ±h.
+    The mechanism draws K with float logarithms and uniforms, so its realised probabilities
+    differ from these by float rounding (relative ~1e-7 in float32); the support is exact.
 
     Args:
         value: f(D), a scalar or a small 1-D vector (d coordinates; the law has (2h + 1)^d
@@ -315,7 +320,9 @@ def report_noisy_max_law(scores: Any, *, sensitivity: float, epsilon: float) -> 
         \qquad p_j = e^{(u_j - u^*)/s},
 
     a polynomial of degree d − 1 in t, integrated exactly by Gauss–Legendre quadrature with
-    ⌈d/2⌉ + 1 nodes (positive integrand, no cancellation).
+    ⌊d/2⌋ + 2 nodes (positive integrand, no cancellation). As for the exponential mechanism,
+    float exponential noise has a bounded range, so the realised law drops candidates whose
+    ideal probability is below ~e^-16 (float32).
     """
     u = _sanitised_scores(scores)
     s = 2.0 * float(sensitivity) / float(epsilon)

@@ -76,8 +76,8 @@ def laplace(key: jax.Array, value: Any, *, sensitivity: float, epsilon: float) -
         >>> y.shape
         ()
     """
-    scale = laplace_scale(sensitivity=sensitivity, epsilon=epsilon)
     value = zero_nonfinite("value", value)
+    scale = laplace_scale(sensitivity=sensitivity, epsilon=epsilon)
     return tree_add_noise(key, value, jax.random.laplace, scale)
 
 
