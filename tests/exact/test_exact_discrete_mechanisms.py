@@ -451,6 +451,7 @@ def test_selection_exact_profile_over_adversarial_pairs(d):
         assert worst_em > 0.5 * eps and worst_rnm > 0.5 * eps  # the pairs are hard ones
 
 
+@pytest.mark.slow  # a fresh interpreter compiling six mechanisms: ~10 s on 2 shared cores
 def test_non_finite_rules_hold_with_x64_off():
     # float32 defaults (x64 off): every mechanism maps non-finite / out-of-range input under
     # jit and never releases it.
