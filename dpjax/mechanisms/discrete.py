@@ -109,6 +109,19 @@ def _integer_noise(key, shape, *, r: float, cap: int, levels: int, dtype) -> jax
     return jnp.where(u0 < p0, jnp.zeros_like(magnitude), sign * magnitude)
 
 
+def _noise_dtype() -> Any:
+    """float64 whenever JAX has it (whatever the value's dtype), else float32.
+
+    The integer noise is only as accurate as the uniforms behind it: a cell {G = m} of the
+    geometric draw holds ≈ a·e^{−ma}·2^nmant grid points of the uniform, so its realised
+    probability is off by a relative ~2^{−(nmant−8)}/a. Measured exactly (every float32
+    uniform enumerated), ε = 0.1, Δ₁ = 1, g = 2⁻¹⁰ in float32 realises ε ≥ 0.51, and ε = 1
+    realises ε ≥ 1.03; in float64 the same error is ~2⁻⁴⁴/a ≈ 6e-10 relative at a = 1e-4.
+    The outputs are grid points, exact in the value's own dtype either way.
+    """
+    return jnp.float64 if jax.config.read("jax_enable_x64") else jnp.float32
+
+
 def _check_resolution(a: float, dtype: Any) -> None:
     """Every integer must be reachable: the Exp(1) draws' spacing (≤ 2^-(nmant−8)) < a/2."""
     spacing = 2.0 ** -(jnp.finfo(dtype).nmant - 8)
@@ -158,8 +171,12 @@ def discrete_laplace(
         §2). The non-finite rule maps every input into [−B, B] before the rounding. The output
         support gℤ ∩ [−B, B] is the same for every input (every point is reachable), so the
         floating-point attack of Mironov (CCS 2012) does not apply. Caveat: the geometric
-        draw uses float logarithms (not the exact CKS20 sampler), so probabilities carry
-        float rounding error (relative ~1e-7 in float32); the support is exact.
+        draw uses float uniforms and logarithms (not the exact CKS20 sampler), so the
+        realised probabilities carry a relative error ~2^{−(nmant−8)}/(εg/Δ_g): negligible
+        with x64 enabled (the noise is then always drawn in float64, ~1e-9 relative even at
+        εg/Δ_g = 1e-4), but NOT with x64 disabled (float32 noise): there ε = 0.1, Δ₁ = 1,
+        g = 2⁻¹⁰ realises a pure ε ≥ 0.51, ε = 1 one ≥ 1.03, and g = 2⁻⁶, ε = 1 one ≥ 1.001
+        (exact enumeration of the float32 uniforms). Enable x64 for releases.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -184,9 +201,11 @@ def discrete_laplace(
     r = discrete_laplace_ratio(
         sensitivity=sensitivity, epsilon=epsilon, granularity=g, num_coordinates=max(x.size, 1)
     )
-    _check_resolution(-math.log(r), dtype)
+    noise_dtype = _noise_dtype()
+    _check_resolution(-math.log(r), noise_dtype)
     x = jnp.where(jnp.isnan(x), jnp.zeros((), dtype), x)  # ±inf: clamped to ±B below
     k_f = jnp.clip(jnp.round(x / g), -half, half).astype(jnp.int32)
-    noise = _integer_noise(key, jnp.shape(x), r=r, cap=cap, levels=_levels_for(cap, r), dtype=dtype)
+    levels = _levels_for(cap, r)
+    noise = _integer_noise(key, jnp.shape(x), r=r, cap=cap, levels=levels, dtype=noise_dtype)
     k_y = jnp.clip(k_f + noise, -half, half)
     return k_y.astype(dtype) * jnp.asarray(g, dtype)

@@ -479,3 +479,15 @@ print("ok")
     env = dict(os.environ, JAX_ENABLE_X64="0", JAX_PLATFORMS="cpu")
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_discrete_laplace_noise_is_drawn_in_float64_when_available(key):
+    # float32 uniforms realise the geometric cells with a relative error ~2^-15/a (eps = 0.1,
+    # g = 2^-10 realised eps >= 0.51); with x64 on, the noise of a float32 value is drawn in
+    # float64, so a resolution float32 refuses (a = 0.1/4097 < 2^-14) is accepted.
+    kw = dict(sensitivity=1.0, epsilon=0.1, bound=1.0, granularity=2.0**-12)
+    assert discrete._noise_dtype() == jnp.float64
+    y = M.discrete_laplace(key, jnp.zeros(1, jnp.float32), **kw)
+    assert y.dtype == jnp.float32 and float(y[0] * 2**12) == round(float(y[0] * 2**12))
+    with pytest.raises(ValueError, match="granularity"):
+        discrete._check_resolution(0.1 / 4097, jnp.float32)
