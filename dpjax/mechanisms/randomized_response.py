@@ -126,7 +126,7 @@ def randomized_response_other_weight(*, epsilon: float, num_categories: int = 2)
     """
     _validate.epsilon(epsilon)
     k = _num_categories(num_categories)
-    if float(epsilon) > 40.0:  # e^ε > 2^32 · k: one word per other category
+    if float(epsilon) > 40.0:  # 2^32/(e^ε + k − 1) < 1: one word per other category
         m = 1
     else:
         with decimal.localcontext() as ctx:
@@ -178,7 +178,7 @@ def _categories(name: str, leaf: Any, k: int) -> jax.Array:
         ok = _in_domain(values, k, np)
         if not np.all(ok):
             _validate.fail(
-                name, f"an array containing {values[~ok][0]!r}", f"integers in [0, {k - 1}]"
+                name, f"an array containing {values[~ok][0].item()!r}", f"integers in [0, {k - 1}]"
             )
     truth = jnp.asarray(leaf)
     ok = _in_domain(truth, k)
