@@ -141,3 +141,38 @@ def test_jit_and_vmap_match_eager(key):
 def test_float32_input_keeps_dtype(key):
     y = M.laplace(key, jnp.zeros(3, dtype=jnp.float32), sensitivity=1.0, epsilon=1.0)
     assert y.dtype == jnp.float32
+
+
+def _additive(name):
+    if name == "laplace":
+        return lambda k, v: M.laplace(k, v, sensitivity=1.0, epsilon=1.0)
+    return lambda k, v: M.gaussian(k, v, sensitivity=1.0, epsilon=1.0, delta=1e-5)
+
+
+@pytest.mark.parametrize("name", ["laplace", "gaussian"])
+def test_concrete_non_finite_value_is_refused(key, name):
+    # issue 13 finding 2: laplace(value=inf) released inf with no noise at all
+    f = _additive(name)
+    for bad in (
+        jnp.inf,
+        jnp.array([0.0, jnp.nan]),
+        {"a": jnp.zeros(2), "b": jnp.array([-jnp.inf], jnp.float32)},
+    ):
+        with pytest.raises(ValueError, match="value must be finite"):
+            f(key, bad)
+    assert f(key, jnp.arange(3)).shape == (3,)  # integer input: nothing to check
+
+
+@pytest.mark.parametrize("name", ["laplace", "gaussian"])
+def test_traced_non_finite_value_is_zeroed_before_the_noise(key, name):
+    # Same key (grey-box): the release on (inf, nan, -inf, 2) is the release on (0, 0, 0, 2),
+    # so every coordinate is finite and carries its noise.
+    f = jax.jit(_additive(name))
+    got = np.asarray(f(key, jnp.array([jnp.inf, jnp.nan, -jnp.inf, 2.0])))
+    ref = np.asarray(f(key, jnp.array([0.0, 0.0, 0.0, 2.0])))
+    np.testing.assert_array_equal(got, ref)
+    assert np.all(np.isfinite(got))
+    batched = jax.jit(jax.vmap(_additive(name), in_axes=(0, None)))(
+        jax.random.split(key, 3), jnp.array([jnp.nan, 1.0], jnp.float32)
+    )
+    assert batched.dtype == jnp.float32 and np.all(np.isfinite(np.asarray(batched)))

@@ -3,13 +3,15 @@
 * :mod:`dpjax.auditing.estimators` – ε lower bounds from scores (direct Clopper–Pearson,
   Gaussian-DP, one-run);
 * :mod:`dpjax.auditing.harness` – runs a mechanism on D and D′ with independent keys (vmapped);
-* :mod:`dpjax.auditing.porosity` – Mironov's floating-point test: outputs on D impossible on D′.
+* :mod:`dpjax.auditing.porosity` – Mironov's floating-point test: outputs on D impossible on D′;
+* :mod:`dpjax.auditing.exact` – exact privacy profiles (pure ε, δ(ε)) of mechanisms whose
+  output law is finite and computable, over adversarial neighbour pairs.
 
 Audits are evidence, not proofs: a correct mechanism must give ε_LB ≤ claimed ε, a broken one
 is caught when ε_LB > claimed ε (literature.md §3).
 """
 
-from dpjax.auditing import porosity
+from dpjax.auditing import exact, porosity
 from dpjax.auditing.estimators import (
     EpsilonLowerBound,
     clopper_pearson_lower,
@@ -36,6 +38,7 @@ __all__ = [
     "clopper_pearson_upper",
     "direct_epsilon_lower_bound",
     "epsilon_from_rates",
+    "exact",
     "gdp_delta",
     "gdp_epsilon",
     "gdp_epsilon_lower_bound",

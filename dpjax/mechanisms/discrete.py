@@ -8,11 +8,14 @@ D (about 90% of float32 outputs, literature.md §4.3; measured by
 from every input, so the output *support* does not depend on the data:
 
 1. k_f = clamp(round(f(D)/g), −B/g, B/g)  (integer);
-2. K ~ discrete Laplace, P[K = k] ∝ r^{|k|}, r = exp(−ε g/Δ_g), Δ_g = g(⌊Δ/g⌋ + 1);
+2. K ~ discrete Laplace, P[K = k] ∝ r^{|k|}, r = exp(−ε g/Δ_g), Δ_g = g(⌊Δ₁/g⌋ + d) for a
+   value with d coordinates;
 3. output g · clamp(k_f + K, −B/g, B/g)  (integer arithmetic, then one exact multiplication).
 
-Rounding to the grid can grow the sensitivity by at most g, hence Δ_g. Clamping the input is
-1-Lipschitz and clamping the output is post-processing.
+Rounding to the grid can grow the ℓ1 distance by up to g *per coordinate*, hence Δ_g (the
+proof is in :func:`grid_sensitivity`). Clamping the input is 1-Lipschitz and clamping the
+output is post-processing. Non-finite input: ``ValueError`` when concrete; under ``jit`` NaN →
+0 and ±inf → ±B (the clamp), before the rounding, so the output is always on the grid.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import jax.numpy as jnp
 
 from dpjax import _validate
 from dpjax._noise import float_dtype_of
+from dpjax.mechanisms._nonfinite import refuse_nonfinite
 
 __all__ = ["discrete_laplace", "grid_sensitivity", "discrete_laplace_ratio"]
 
@@ -40,17 +44,43 @@ def _check_granularity(granularity: float) -> float:
     return float(granularity)
 
 
-def grid_sensitivity(sensitivity: float, granularity: float) -> float:
-    """Δ_g = g(⌊Δ/g⌋ + 1): the sensitivity of f rounded to the grid gℤ (a multiple of g)."""
+def grid_sensitivity(sensitivity: float, granularity: float, num_coordinates: int = 1) -> float:
+    r"""Δ_g = g(⌊Δ₁/g⌋ + d): the ℓ1 sensitivity of f rounded to the grid gℤ, d coordinates.
+
+    Args:
+        sensitivity: ℓ1 sensitivity Δ₁ of f (all coordinates together).
+        granularity: g, a power of two.
+        num_coordinates: d, the number of coordinates of f (1 for a scalar).
+
+    Returns:
+        Δ_g, a multiple of g.
+
+    Formal guarantees:
+        Let s_i = f_i(D)/g, t_i = f_i(D′)/g and k_i, k′_i their roundings to ℤ (any
+        round-to-nearest, ties included, after the 1-Lipschitz clamp to [−B, B]). Since
+        |round(s) − s| ≤ 1/2, |k_i − k′_i| ≤ |s_i − t_i| + 1, so
+        ‖k − k′‖₁ ≤ Δ₁/g + d, and as ‖k − k′‖₁ is an integer, ‖k − k′‖₁ ≤ ⌊Δ₁/g⌋ + d = Δ_g/g.
+        The bound is attained: g = 1, Δ₁ = 0.4, f(D) = (0.4, 0.4), f(D′) = (0.6, 0.6) round to
+        (0, 0) and (1, 1), ‖k − k′‖₁ = 2 = ⌊0.4⌋ + 2. (Rounding a d-vector and charging only
+        one extra step, Δ_g = g(⌊Δ₁/g⌋ + 1), was issue 13 finding 4: true ε up to 2× the claim
+        there.) To keep the inflation small choose g ≤ Δ₁/d: then Δ_g ≤ 2Δ₁.
+
+    Example:
+        >>> grid_sensitivity(0.4, 1.0, num_coordinates=2)
+        2.0
+    """
     _validate.positive("sensitivity", sensitivity)
     g = _check_granularity(granularity)
-    return g * (math.floor(float(sensitivity) / g) + 1.0)
+    d = _validate.positive_int("num_coordinates", num_coordinates)
+    return g * (math.floor(float(sensitivity) / g) + float(d))
 
 
-def discrete_laplace_ratio(*, sensitivity: float, epsilon: float, granularity: float) -> float:
-    """r = exp(−ε g/Δ_g): P[K = k] ∝ r^{|k|} for the integer noise K."""
+def discrete_laplace_ratio(
+    *, sensitivity: float, epsilon: float, granularity: float, num_coordinates: int = 1
+) -> float:
+    """r = exp(−ε g/Δ_g): P[K = k] ∝ r^{|k|} for the integer noise K of each coordinate."""
     _validate.epsilon(epsilon)
-    delta_g = grid_sensitivity(sensitivity, granularity)
+    delta_g = grid_sensitivity(sensitivity, granularity, num_coordinates)
     return math.exp(-float(epsilon) * float(granularity) / delta_g)
 
 
@@ -77,6 +107,19 @@ def _integer_noise(key, shape, *, r: float, cap: int, levels: int, dtype) -> jax
     magnitude = jnp.minimum(1.0 + g, float(cap)).astype(jnp.int32)
     sign = jnp.where(u0 >= (1.0 + p0) / 2.0, 1, -1).astype(jnp.int32)
     return jnp.where(u0 < p0, jnp.zeros_like(magnitude), sign * magnitude)
+
+
+def _noise_dtype() -> Any:
+    """float64 whenever JAX has it (whatever the value's dtype), else float32.
+
+    The integer noise is only as accurate as the uniforms behind it: a cell {G = m} of the
+    geometric draw holds ≈ a·e^{−ma}·2^nmant grid points of the uniform, so its realised
+    probability is off by a relative ~2^{−(nmant−8)}/a. Measured exactly (every float32
+    uniform enumerated), ε = 0.1, Δ₁ = 1, g = 2⁻¹⁰ in float32 realises ε ≥ 0.51, and ε = 1
+    realises ε ≥ 1.03; in float64 the same error is ~2⁻⁴⁴/a ≈ 6e-10 relative at a = 1e-4.
+    The outputs are grid points, exact in the value's own dtype either way.
+    """
+    return jnp.float64 if jax.config.read("jax_enable_x64") else jnp.float32
 
 
 def _check_resolution(a: float, dtype: Any) -> None:
@@ -107,8 +150,11 @@ def discrete_laplace(
 
     Args:
         key: a JAX PRNG key, used once.
-        value: f(D): a scalar or array (clamped to [−B, B] and rounded to the grid).
-        sensitivity: ℓ1 sensitivity Δ₁ of f under the caller's neighbouring relation.
+        value: f(D): a scalar or array with d entries (clamped to [−B, B] and rounded to the
+            grid). Non-finite entries: ``ValueError`` when concrete; under ``jit`` NaN → 0 and
+            ±inf → ±B.
+        sensitivity: ℓ1 sensitivity Δ₁ of f (all d entries together) under the caller's
+            neighbouring relation.
         epsilon: ε > 0.
         bound: B > 0, the public range of f (outputs lie in [−B, B]); B/g ≤ 2^22.
         granularity: g, a power of two (default 2^-10).
@@ -117,14 +163,20 @@ def discrete_laplace(
         An array of ``value``'s float dtype whose entries are multiples of g in [−B, B].
 
     Formal guarantees:
-        (ε, 0)-DP under the relation for which Δ₁ holds, in exact arithmetic: rounding to gℤ
-        gives integer sensitivity Δ_g/g and the discrete Laplace with r = e^{−εg/Δ_g} has
-        likelihood ratio ≤ r^{−Δ_g/g} = e^ε (geometric mechanism, Ghosh, Roughgarden,
-        Sundararajan 2009; discrete Laplace of Canonne, Kamath, Steinke 2020 §2). The output
+        (ε, 0)-DP under the relation for which Δ₁ holds, in exact arithmetic, for every input:
+        rounding the d entries to gℤ gives integer ℓ1 sensitivity Δ_g/g = ⌊Δ₁/g⌋ + d
+        (``grid_sensitivity``), and i.i.d. discrete Laplace noise with r = e^{−εg/Δ_g} on
+        every entry has likelihood ratio ≤ r^{−‖k − k′‖₁} ≤ e^ε (geometric mechanism, Ghosh,
+        Roughgarden, Sundararajan 2009; discrete Laplace of Canonne, Kamath, Steinke 2020
+        §2). The non-finite rule maps every input into [−B, B] before the rounding. The output
         support gℤ ∩ [−B, B] is the same for every input (every point is reachable), so the
         floating-point attack of Mironov (CCS 2012) does not apply. Caveat: the geometric
-        draw uses float logarithms (not the exact CKS20 sampler), so probabilities carry
-        float rounding error (relative ~1e-7 in float32); the support is exact.
+        draw uses float uniforms and logarithms (not the exact CKS20 sampler), so the
+        realised probabilities carry a relative error ~2^{−(nmant−8)}/(εg/Δ_g): negligible
+        with x64 enabled (the noise is then always drawn in float64, ~1e-9 relative even at
+        εg/Δ_g = 1e-4), but NOT with x64 disabled (float32 noise): there ε = 0.1, Δ₁ = 1,
+        g = 2⁻¹⁰ realises a pure ε ≥ 0.51, ε = 1 one ≥ 1.03, and g = 2⁻⁶, ε = 1 one ≥ 1.001
+        (exact enumeration of the float32 uniforms). Enable x64 for releases.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -134,7 +186,8 @@ def discrete_laplace(
         True
     """
     g = _check_granularity(granularity)
-    r = discrete_laplace_ratio(sensitivity=sensitivity, epsilon=epsilon, granularity=g)
+    _validate.positive("sensitivity", sensitivity)
+    _validate.epsilon(epsilon)
     _validate.positive("bound", bound)
     half = math.floor(float(bound) / g)
     if not 1 <= half <= 2**22:
@@ -143,9 +196,16 @@ def discrete_laplace(
         )
     cap = 2 * half + 1
     dtype = float_dtype_of(value)
-    _check_resolution(-math.log(r), dtype)
+    refuse_nonfinite("value", value)
     x = jnp.asarray(value, dtype)
+    r = discrete_laplace_ratio(
+        sensitivity=sensitivity, epsilon=epsilon, granularity=g, num_coordinates=max(x.size, 1)
+    )
+    noise_dtype = _noise_dtype()
+    _check_resolution(-math.log(r), noise_dtype)
+    x = jnp.where(jnp.isnan(x), jnp.zeros((), dtype), x)  # ±inf: clamped to ±B below
     k_f = jnp.clip(jnp.round(x / g), -half, half).astype(jnp.int32)
-    noise = _integer_noise(key, jnp.shape(x), r=r, cap=cap, levels=_levels_for(cap, r), dtype=dtype)
+    levels = _levels_for(cap, r)
+    noise = _integer_noise(key, jnp.shape(x), r=r, cap=cap, levels=levels, dtype=noise_dtype)
     k_y = jnp.clip(k_f + noise, -half, half)
     return k_y.astype(dtype) * jnp.asarray(g, dtype)

@@ -1,9 +1,17 @@
-"""The exponential mechanism and report-noisy-max over a finite candidate set (004, 003).
+"""The exponential mechanism and report-noisy-max over a finite candidate set.
 
 Both select an index from a vector of scores u(D, q) whose sensitivity
-Δ = max_q max_{D~D'} |u(D, q) − u(D', q)| is taken under the caller's neighbouring relation.
+Δ = max_q max_{D~D'} |u(D, q) − u(D', q)| is taken under the caller's neighbouring relation
+(lecture on advances in DP, "the exponential mechanism" and "report noisy-max"; lecture on ML
+under DP, "the exponential mechanism for ML").
 The exponential mechanism is sampled with the Gumbel-max trick:
 argmax_q (εu_q/(2Δ) + G_q), G_q iid standard Gumbel, has law softmax(εu/(2Δ)).
+
+Non-finite scores: a score with bounded sensitivity cannot be NaN or ±inf, so a concrete
+(eager) score array with such an entry raises ``ValueError``. Under ``jit``/``vmap`` every row
+is first mapped by a fixed rule — NaN → the row's lowest finite score, ±inf → clipped to the
+row's finite range, a row without finite score → all zeros — which is the identity on finite
+rows; an argmax over NaN or +inf (a data-dependent, deterministic pick) never happens.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import jax.numpy as jnp
 
 from dpjax import _validate
 from dpjax._noise import tree_add_noise
+from dpjax.mechanisms._nonfinite import refuse_nonfinite, sanitise_scores
 
 __all__ = [
     "exponential_mechanism",
@@ -60,7 +69,8 @@ def _check_scores(scores: jax.Array) -> jax.Array:
         _validate.fail("scores", scores.shape, "an array with a non-empty last axis (candidates)")
     if not jnp.issubdtype(scores.dtype, jnp.floating):
         scores = scores.astype(jnp.result_type(float))
-    return scores
+    refuse_nonfinite("scores", scores)
+    return sanitise_scores(scores)
 
 
 def exponential_mechanism(
@@ -76,7 +86,8 @@ def exponential_mechanism(
     Args:
         key: a JAX PRNG key, used once.
         scores: u(D, ·), shape (..., d); candidates along the last axis (d ≥ 1). Leading
-            axes are independent selections.
+            axes are independent selections. Non-finite entries: ``ValueError`` when
+            concrete, the module's fixed rule under ``jit``.
         sensitivity: score sensitivity Δ > 0 (the same Δ for every candidate).
         epsilon: ε > 0.
         monotonic: see ``exponential_mechanism_scale``.
@@ -85,10 +96,15 @@ def exponential_mechanism(
         Integer index array of shape ``scores.shape[:-1]``.
 
     Formal guarantees:
-        ε-DP under the relation Δ holds for (004_f02b245d52dd0fec.txt, Theorem 27;
-        McSherry & Talwar 2007, Thm 6; 003_eb46ba05ef56608d.txt). Utility: Lemma 28 of 004,
-        see ``exponential_mechanism_utility_bound``. The Gumbel-max identity
-        P[argmax_q(u_q/T + G_q) = q] = softmax(u/T)_q is exact (Gumbel 1954; Yellott 1977).
+        ε-DP under the relation Δ holds for (lecture on advances in DP, Theorem 27
+        (exponential mechanism); McSherry & Talwar 2007, Thm 6), for every input: the
+        non-finite rule is applied before the scores are used. Utility: Lemma 28 of the same
+        lecture, see ``exponential_mechanism_utility_bound``. The Gumbel-max identity
+        P[argmax_q(u_q/T + G_q) = q] = softmax(u/T)_q is exact (Gumbel 1954; Yellott 1977) in
+        real arithmetic; JAX's float Gumbel draws have a bounded range (≈ [−4.5, 15.9] in
+        float32, [−6.6, 36.0] in float64), so a candidate whose score is more than T times
+        that width (20.4 resp. 42.6) below the best is never selected, although its ideal
+        probability is positive (below e^{−20} resp. e^{−42}).
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -109,7 +125,10 @@ def exponential_mechanism(
 def exponential_mechanism_probabilities(
     scores: jax.Array, *, sensitivity: float, epsilon: float, monotonic: bool = False
 ) -> jax.Array:
-    """The selection probabilities softmax(εu/(2Δ)) of ``exponential_mechanism``."""
+    """The selection probabilities softmax(εũ/(2Δ)) of ``exponential_mechanism``.
+
+    ũ is ``scores`` after the non-finite rule (a concrete non-finite score raises).
+    """
     scale = exponential_mechanism_scale(
         sensitivity=sensitivity, epsilon=epsilon, monotonic=monotonic
     )
@@ -119,7 +138,7 @@ def exponential_mechanism_probabilities(
 def exponential_mechanism_utility_bound(
     *, sensitivity: float, epsilon: float, num_candidates: int, t: float
 ) -> float:
-    r"""Lemma 28 of 004: P[u(Q) < u* − 2Δ(ln d + t)/ε] ≤ e^{−t}; returns 2Δ(ln d + t)/ε.
+    r"""Utility lemma: P[u(Q) < u* − 2Δ(ln d + t)/ε] ≤ e^{−t}; returns 2Δ(ln d + t)/ε.
 
     Args:
         sensitivity: score sensitivity Δ.
@@ -131,8 +150,8 @@ def exponential_mechanism_utility_bound(
         The utility gap ψ_t = 2Δ(ln d + t)/ε.
 
     Formal guarantees:
-        004_f02b245d52dd0fec.txt, Lemma 28 (finite candidate set of size d); McSherry & Talwar
-        2007; Dwork & Roth 2014, Thm 3.11.
+        Lecture on advances in DP, Lemma 28 (finite candidate set of size d); McSherry &
+        Talwar 2007; Dwork & Roth 2014, Thm 3.11.
     """
     _validate.positive("sensitivity", sensitivity)
     _validate.epsilon(epsilon)
@@ -146,13 +165,13 @@ def exponential_mechanism_expected_gap_bound(
 ) -> float:
     r"""Bound on the expected utility loss: :math:`u^* - E[u(Q)] \le 2\Delta\ln d/\varepsilon`.
 
-    This is the expectation statement of Lemma 28 of 004 (which holds for every t ≥ 0, so also
+    This is the expectation statement of the utility lemma (which holds for every t ≥ 0, so also
     at t = 0). Proof: the exponential mechanism p maximises (ε/(2Δ))E_p[u] + H(p) (Gibbs
     variational principle), so (ε/(2Δ))(u* − E_p[u]) ≤ H(p) − H(δ_{q*}) ≤ ln d.
 
     Formal guarantees:
-        004_f02b245d52dd0fec.txt, Lemma 28; Gibbs variational principle (e.g. Dwork & Roth 2014,
-        Thm 3.11 gives the tail form).
+        Lecture on advances in DP, Lemma 28; Gibbs variational principle (e.g. Dwork & Roth
+        2014, Thm 3.11 gives the tail form).
     """
     _validate.positive("sensitivity", sensitivity)
     _validate.epsilon(epsilon)
@@ -161,7 +180,7 @@ def exponential_mechanism_expected_gap_bound(
 
 
 def report_noisy_max_scale(*, sensitivity: float, epsilon: float) -> float:
-    """Scale 2Δ/ε (rate ε/(2Δ)) of the exponential noise of report-noisy-max (004).
+    """Scale 2Δ/ε (rate ε/(2Δ)) of the exponential noise of report-noisy-max.
 
     Example:
         >>> report_noisy_max_scale(sensitivity=1.0, epsilon=2.0)
@@ -175,11 +194,12 @@ def report_noisy_max_scale(*, sensitivity: float, epsilon: float) -> float:
 def report_noisy_max(
     key: jax.Array, scores: jax.Array, *, sensitivity: float, epsilon: float
 ) -> jax.Array:
-    """Return argmax_q (u_q + Z_q) with Z_q iid exponential of rate ε/(2Δ) (004).
+    """Return argmax_q (u_q + Z_q) with Z_q iid exponential of rate ε/(2Δ).
 
     Args:
         key: a JAX PRNG key, used once.
-        scores: u(D, ·), shape (..., d), candidates along the last axis.
+        scores: u(D, ·), shape (..., d), candidates along the last axis. Non-finite entries:
+            ``ValueError`` when concrete, the module's fixed rule under ``jit``.
         sensitivity: score sensitivity Δ > 0 under the caller's neighbouring relation.
         epsilon: ε > 0.
 
@@ -187,10 +207,12 @@ def report_noisy_max(
         Integer index array of shape ``scores.shape[:-1]``.
 
     Formal guarantees:
-        ε-DP (004_f02b245d52dd0fec.txt, "Report noisy-max"; Ding, Kifer, Wang et al. 2021,
-        "The permute-and-flip mechanism is identical to report-noisy-max with exponential
-        noise", which also shows it is never worse in expected utility than the exponential
-        mechanism). Only the index is released, never the noisy maximum itself.
+        ε-DP for every input, the non-finite rule applied first (lecture on advances in DP,
+        "report noisy-max"; Ding, Kifer, Wang et al. 2021, "The permute-and-flip mechanism is
+        identical to report-noisy-max with exponential noise", which also shows it is never
+        worse in expected utility than the exponential mechanism). Its law is that of
+        permute-and-flip, not softmax (``dpjax.auditing.exact.report_noisy_max_law``). Only
+        the index is released, never the noisy maximum itself.
 
     Example:
         >>> import jax, jax.numpy as jnp

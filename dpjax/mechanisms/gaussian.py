@@ -1,4 +1,5 @@
-"""The Gaussian mechanism: classical (000, 003) and analytic (Balle & Wang 2018) calibration."""
+"""The Gaussian mechanism: classical (lectures on properties of DP and on ML under DP) and
+analytic (Balle & Wang 2018) calibration."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from scipy import special
 
 from dpjax import _validate
 from dpjax._noise import tree_add_noise
+from dpjax.mechanisms._nonfinite import zero_nonfinite
 
 __all__ = [
     "gaussian",
@@ -157,7 +159,9 @@ def gaussian(
 
     Args:
         key: a JAX PRNG key, used once.
-        value: f(D): a scalar, an array or a pytree of arrays.
+        value: f(D): a scalar, an array or a pytree of arrays. Non-finite entries (unbounded
+            sensitivity) raise ``ValueError`` when concrete and are replaced by 0 before the
+            noise under ``jit``/``vmap``.
         sensitivity: ℓ2 sensitivity Δ₂ of f (over the whole pytree) under the caller's
             neighbouring relation.
         epsilon: ε > 0.
@@ -168,8 +172,9 @@ def gaussian(
         The noisy answer, with the structure of ``value``.
 
     Formal guarantees:
-        (ε, δ)-DP under the relation Δ₂ holds for (Gaussian mechanism, 000_a9865af81d0677e1.txt;
-        Balle & Wang 2018, Theorem 8 for the analytic calibration).
+        (ε, δ)-DP under the relation Δ₂ holds for (lecture on properties of DP, the Gaussian
+        mechanism; Balle & Wang 2018, Theorem 8 for the analytic calibration). The non-finite
+        rule makes every released coordinate finite-plus-noise: never inf/NaN without noise.
 
     Security:
         JAX's threefry PRNG and float noise are fine for research and audits; releases of real
@@ -181,6 +186,7 @@ def gaussian(
         >>> y.shape
         (3,)
     """
+    value = zero_nonfinite("value", value)
     sigma = gaussian_sigma(
         sensitivity=sensitivity, epsilon=epsilon, delta=delta, calibration=calibration
     )

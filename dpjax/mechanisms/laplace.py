@@ -1,4 +1,5 @@
-"""The Laplace mechanism (001_22975d579ade9c52.txt) and its utility statements."""
+"""The Laplace mechanism (lecture on privacy background, "the Laplace mechanism") and its
+utility statements."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import jax
 
 from dpjax import _validate
 from dpjax._noise import tree_add_noise
+from dpjax.mechanisms._nonfinite import zero_nonfinite
 
 __all__ = [
     "laplace",
@@ -30,7 +32,7 @@ def laplace_scale(*, sensitivity: float, epsilon: float) -> float:
 
     Formal guarantees:
         Adding Lap(b) noise with b = Δ₁/ε to each coordinate of f(D) is (ε, 0)-DP under the
-        relation Δ₁ was computed for (Laplace mechanism, 001_22975d579ade9c52.txt;
+        relation Δ₁ was computed for (lecture on privacy background, the Laplace mechanism;
         Dwork & Roth 2014, Thm 3.6).
 
     Example:
@@ -48,6 +50,8 @@ def laplace(key: jax.Array, value: Any, *, sensitivity: float, epsilon: float) -
     Args:
         key: a JAX PRNG key, used once.
         value: the exact query answer f(D): a scalar, an array or a pytree of arrays.
+            Non-finite entries (unbounded sensitivity) raise ``ValueError`` when concrete and
+            are replaced by 0 before the noise under ``jit``/``vmap``.
         sensitivity: ℓ1 sensitivity Δ₁ of f over all coordinates (of the whole pytree),
             under the neighbouring relation the caller protects.
         epsilon: privacy parameter ε > 0.
@@ -56,9 +60,11 @@ def laplace(key: jax.Array, value: Any, *, sensitivity: float, epsilon: float) -
         A pytree with the structure of ``value`` (floating dtype): the noisy answer.
 
     Formal guarantees:
-        (ε, 0)-DP under the relation for which Δ₁ holds (001_22975d579ade9c52.txt, the Laplace
-        mechanism; Dwork & Roth 2014, Thm 3.6). Utility: E‖M(D) − f(D)‖₁ = kΔ₁/ε and
-        P[‖M(D) − f(D)‖_∞ ≥ (Δ₁/ε) ln(k/β)] ≤ β for k coordinates (001).
+        (ε, 0)-DP under the relation for which Δ₁ holds (lecture on privacy background, the
+        Laplace mechanism; Dwork & Roth 2014, Thm 3.6). The non-finite rule makes every
+        released coordinate finite-plus-noise: never inf/NaN without noise. Utility:
+        E‖M(D) − f(D)‖₁ = kΔ₁/ε and P[‖M(D) − f(D)‖_∞ ≥ (Δ₁/ε) ln(k/β)] ≤ β for k
+        coordinates (same lecture).
 
     Security:
         Floating-point Laplace noise is porous (Mironov 2012): fine for research and audits,
@@ -70,12 +76,13 @@ def laplace(key: jax.Array, value: Any, *, sensitivity: float, epsilon: float) -
         >>> y.shape
         ()
     """
+    value = zero_nonfinite("value", value)
     scale = laplace_scale(sensitivity=sensitivity, epsilon=epsilon)
     return tree_add_noise(key, value, jax.random.laplace, scale)
 
 
 def laplace_expected_l1_error(*, k: int, sensitivity: float, epsilon: float) -> float:
-    """Expected ℓ1 error of the Laplace mechanism on k coordinates: kΔ₁/ε (001)."""
+    """Expected ℓ1 error of the Laplace mechanism on k coordinates: kΔ₁/ε."""
     k = _validate.positive_int("k", k)
     return k * laplace_scale(sensitivity=sensitivity, epsilon=epsilon)
 
@@ -83,7 +90,8 @@ def laplace_expected_l1_error(*, k: int, sensitivity: float, epsilon: float) -> 
 def laplace_linf_tail_bound(*, k: int, sensitivity: float, epsilon: float, beta: float) -> float:
     r"""ℓ∞ error exceeded with probability at most β: :math:`(\Delta_1/\varepsilon)\ln(k/\beta)`.
 
-    From the union bound over k coordinates, P[|Lap(b)| ≥ t] = e^{−t/b} (001).
+    From the union bound over k coordinates, P[|Lap(b)| ≥ t] = e^{−t/b} (lecture on privacy
+    background, utility of the Laplace mechanism).
     """
     k = _validate.positive_int("k", k)
     _validate.in_range("beta", beta, 0.0, 1.0, low_inclusive=False)

@@ -1,32 +1,52 @@
-"""Randomized response (001_22975d579ade9c52.txt; Warner 1965): the coin protocol and k-ary RR.
+"""Randomized response (Warner 1965): the coin protocol and k-ary RR, sampled exactly.
 
 Each respondent randomizes their own answer before it leaves their hands (local DP), so the
 vector of reports is ε-DP under ``REPLACE_ONE`` (changing one person's answer changes only
-their own report) and the frequency estimates are post-processing of it.
+their own report) and the frequency estimates are post-processing of it (lecture on privacy
+background, "Example: Randomized Response").
+
+Sampling is integer-exact: each report is decided by one uniform 32-bit word compared with an
+integer threshold, so its law is a known rational law whose ε is at most the claimed ε (float
+uniforms compared with p would realise ⌈p·2²³⌉/2²³ in float32: P[lie] = 0 at ε = 17).
+
+Domain rule: categories must be integers in {0, …, k − 1}. A concrete (eager) input outside
+the domain — out of range, non-integer, NaN, ±inf — raises ``ValueError``; under ``jit`` /
+``vmap`` such an entry is replaced by the public category 0 *before* the randomisation, so
+every report is still a k-RR report of some in-domain category and the ε-DP guarantee holds
+for every input.
 """
 
 from __future__ import annotations
 
+import decimal
 import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from dpjax import _validate
 from dpjax._noise import tree_noise_like
 
 __all__ = [
     "COIN_EPSILON",
+    "RANDOM_WORDS",
     "coin_randomized_response",
     "randomized_response",
     "randomized_response_keep_probability",
     "randomized_response_epsilon",
     "randomized_response_frequencies",
+    "randomized_response_other_weight",
 ]
 
 COIN_EPSILON = math.log(3.0)
-"""ε of the coin protocol of 001: P[truthful report] = 3/4, and (3/4)/(1/4) = 3."""
+"""ε of the coin protocol: P[truthful report] = 3/4, and (3/4)/(1/4) = 3."""
+
+RANDOM_WORDS = 2**32
+"""Number of equally likely random words behind each report (one uint32 draw)."""
+
+_MAX_CATEGORIES = 2**30  # truth + 1 + offset must stay inside int32
 
 
 def randomized_response_keep_probability(*, epsilon: float, num_categories: int = 2) -> float:
@@ -46,7 +66,8 @@ def randomized_response_keep_probability(*, epsilon: float, num_categories: int 
 
     Formal guarantees:
         p/q = e^ε, so each report is ε-locally-DP (Warner 1965; Kairouz, Oh & Viswanath 2014
-        "k-RR"; 001_22975d579ade9c52.txt for k = 2).
+        "k-RR"; lecture on privacy background, randomized response, for k = 2). The sampler
+        realises this law to within 2⁻³² per category (``randomized_response_other_weight``).
 
     Example:
         >>> round(randomized_response_keep_probability(epsilon=math.log(3.0)), 12)
@@ -72,39 +93,138 @@ def randomized_response_epsilon(*, keep_probability: float, num_categories: int 
     return math.log(p * (k - 1) / (1.0 - p))
 
 
+def randomized_response_other_weight(*, epsilon: float, num_categories: int = 2) -> int:
+    r"""m: how many of the 2³² random words map to each *other* category (integer-exact k-RR).
+
+    .. math:: m = \left\lceil \frac{2^{32}}{e^\varepsilon + k - 1} \right\rceil,
+        \qquad P[\text{report} = j \ne \text{truth}] = \frac{m}{2^{32}},
+        \qquad P[\text{truth}] = \frac{2^{32} - (k-1)m}{2^{32}}.
+
+    Computed with 60-digit decimal arithmetic, so m is the exact ceiling.
+
+    Args:
+        epsilon: the claimed ε > 0.
+        num_categories: k ≥ 2.
+
+    Returns:
+        The integer m ≥ 1.
+
+    Raises:
+        ValueError: if ε is so small (≲ k²/2³²) that even m = ⌊2³²/k⌋ gives a ratio above
+            e^ε, or if k > 2³⁰.
+
+    Formal guarantees:
+        The realised law has ε_real = ln((2³² − (k − 1)m)/m) with 0 ≤ ε_real ≤ ε: m ≥
+        2³²/(e^ε + k − 1) gives the upper bound, k·m ≤ 2³² the lower one. ε_real < ε only by
+        the resolution of 32 bits (relative ~(e^ε + k)/2³²); ε_real is never infinite (m ≥ 1).
+        For ε ≳ 22.2, m = 1 and ε_real = ln(2³² − k + 1) ≈ 22.18: the reports are a little
+        noisier than asked, never less private.
+
+    Example:
+        >>> randomized_response_other_weight(epsilon=math.log(3.0))  # 2^32 / 4, exactly
+        1073741824
+    """
+    _validate.epsilon(epsilon)
+    k = _num_categories(num_categories)
+    if float(epsilon) > 40.0:  # 2^32/(e^ε + k − 1) < 1: one word per other category
+        m = 1
+    else:
+        with decimal.localcontext() as ctx:
+            ctx.prec = 60
+            ratio = decimal.Decimal(float(epsilon)).exp()
+            exact = decimal.Decimal(RANDOM_WORDS) / (ratio + (k - 1))
+            m = max(1, int(exact.to_integral_value(rounding=decimal.ROUND_CEILING)))
+    if k * m > RANDOM_WORDS:
+        _validate.fail(
+            "epsilon",
+            epsilon,
+            f"large enough to be realised with 32-bit randomness for k = {k} "
+            "(the truth must stay at least as likely as each other category)",
+        )
+    return m
+
+
+def _random_words(key: jax.Array, value: Any) -> Any:
+    """One uniform uint32 word per entry of every leaf (one fresh subkey per leaf)."""
+    return tree_noise_like(key, value, lambda k, shape, _: jax.random.bits(k, shape, jnp.uint32))
+
+
+def _check_category_dtype(leaf: Any, k: int) -> None:
+    dtype = jnp.result_type(leaf)
+    if dtype == jnp.bool_ and k > 2:
+        _validate.fail("value", f"a bool array with num_categories={k}", "integers (bool: k = 2)")
+    if jnp.issubdtype(dtype, jnp.integer) and jnp.iinfo(dtype).max < k - 1:
+        _validate.fail("value", f"dtype {dtype}", f"an integer dtype that holds {k - 1}")
+
+
+def _in_domain(truth: Any, k: int, xp: Any = jnp) -> Any:
+    """Mask of entries that are integers in {0, …, k − 1} (False for NaN and ±inf).
+
+    ``xp`` is ``jnp`` (traced values) or ``numpy`` (the eager check of a concrete value).
+    """
+    if truth.dtype == xp.bool_:
+        return xp.ones(truth.shape, bool)
+    ok = (truth >= 0) & (truth <= k - 1)
+    if xp.issubdtype(truth.dtype, xp.inexact):
+        ok = ok & (truth == xp.floor(truth))
+    return ok
+
+
+def _categories(name: str, leaf: Any, k: int) -> jax.Array:
+    """The domain rule: ValueError for concrete out-of-domain entries, else map them to 0."""
+    _check_category_dtype(leaf, k)
+    if _validate.is_concrete(leaf):  # numpy: also correct while an outer jit traces
+        values = np.asarray(leaf).ravel()
+        ok = _in_domain(values, k, np)
+        if not np.all(ok):
+            _validate.fail(
+                name, f"an array containing {values[~ok][0].item()!r}", f"integers in [0, {k - 1}]"
+            )
+    truth = jnp.asarray(leaf)
+    ok = _in_domain(truth, k)
+    return jnp.where(ok, truth, jnp.zeros((), truth.dtype)).astype(jnp.int32)
+
+
+def _respond(category: jax.Array, words: jax.Array, *, other_weight: int, k: int) -> jax.Array:
+    """k-RR from one uint32 word: lie iff w < (k − 1)m, to truth + 1 + (w mod (k − 1))."""
+    lie = words < jnp.uint32((k - 1) * other_weight)
+    offset = (words % jnp.uint32(k - 1)).astype(jnp.int32)
+    return jnp.where(lie, (category + 1 + offset) % k, category)
+
+
 def coin_randomized_response(key: jax.Array, value: Any) -> Any:
-    """The coin protocol of 001: flip a coin; heads → answer truthfully; tails → flip again.
+    """The coin protocol: flip a coin; heads → answer truthfully; tails → flip again.
 
     Args:
         key: a JAX PRNG key, used once.
         value: true binary answers (bool or integers in {0, 1}), one per respondent; an array
-            or a pytree of arrays.
+            or a pytree of arrays. Out-of-domain entries: ``ValueError`` when concrete, the
+            public answer 0 under ``jit`` (see the module docstring).
 
     Returns:
         The reports, with the structure and dtype of ``value``.
 
     Formal guarantees:
-        Each report equals the truth with probability 1/2 + 1/4 = 3/4, so it is
-        ε = ln 3 ≈ 1.0986 locally DP (``COIN_EPSILON``; 001_22975d579ade9c52.txt,
-        "Example: Randomized Response"); the report vector is ln 3-DP under ``REPLACE_ONE``.
-        Its reports have the law of ``randomized_response(epsilon=COIN_EPSILON)``.
+        The two coins are two bits of one uniform 32-bit word, so each report equals the truth
+        with probability exactly 1/2 + 1/4 = 3/4: ε = ln 3 ≈ 1.0986 locally DP
+        (``COIN_EPSILON``; lecture on privacy background, "Example: Randomized Response"); the
+        report vector is ln 3-DP under ``REPLACE_ONE``, for every input. Its reports have the
+        law of ``randomized_response(epsilon=COIN_EPSILON)``.
 
     Example:
         >>> import jax, jax.numpy as jnp
         >>> coin_randomized_response(jax.random.key(0), jnp.array([True, False])).shape
         (2,)
     """
-    first_key, second_key = jax.random.split(key)
-    first = tree_noise_like(first_key, value, jax.random.uniform)
-    second = tree_noise_like(second_key, value, jax.random.uniform)
+    words = _random_words(key, value)
 
-    def respond(truth: Any, u1: jax.Array, u2: jax.Array) -> jax.Array:
-        truth = jnp.asarray(truth)
-        heads = u1 < 0.5
-        random_answer = (u2 < 0.5).astype(truth.dtype)
-        return jnp.where(heads, truth, random_answer)
+    def respond(truth: Any, w: jax.Array) -> jax.Array:
+        answer = _categories("value", truth, 2)
+        heads = (w & jnp.uint32(1)) == jnp.uint32(1)
+        second = ((w >> jnp.uint32(1)) & jnp.uint32(1)).astype(jnp.int32)
+        return jnp.where(heads, answer, second).astype(jnp.asarray(truth).dtype)
 
-    return jax.tree.map(respond, value, first, second)
+    return jax.tree.map(respond, value, words)
 
 
 def randomized_response(
@@ -115,18 +235,24 @@ def randomized_response(
     Args:
         key: a JAX PRNG key, used once.
         value: true categories, integers in {0, …, k − 1} (bool allowed for k = 2), one per
-            respondent: an array or a pytree of arrays. Values outside the range are not
-            checked under ``jit``; the output is then meaningless (but still ε-DP).
+            respondent: an array or a pytree of arrays. Out-of-domain entries (out of range,
+            non-integer, NaN, ±inf) raise ``ValueError`` when concrete and are replaced by the
+            public category 0 under ``jit`` (module docstring).
         epsilon: privacy parameter ε > 0 of each report.
-        num_categories: k ≥ 2.
+        num_categories: k ≥ 2 (at most 2³⁰).
 
     Returns:
         Reports with the structure and dtype of ``value``.
 
     Formal guarantees:
-        P[report = true] = e^ε/(e^ε + k − 1) and P[report = j] = 1/(e^ε + k − 1) for every other
-        j, so each report is ε-locally-DP and the report vector is ε-DP under ``REPLACE_ONE``
-        (Warner 1965; 001_22975d579ade9c52.txt for k = 2; Kairouz, Oh & Viswanath 2014 for k-RR).
+        Each report is drawn from one uniform 32-bit word w: it is a lie iff w < (k − 1)m,
+        m = ``randomized_response_other_weight(epsilon, k)``, and then names the category
+        truth + 1 + (w mod (k − 1)) (mod k). So P[report = j] = m/2³² for every j ≠ truth and
+        P[report = truth] = 1 − (k − 1)m/2³², whose ratio is ≤ e^ε: each report is
+        ε-locally-DP (exactly, not only in real arithmetic) and the report vector is ε-DP under
+        ``REPLACE_ONE``, for every input (Warner 1965; lecture on privacy background for
+        k = 2; Kairouz, Oh & Viswanath 2014 for k-RR). The realised law differs from the
+        ideal p = e^ε/(e^ε + k − 1) by less than 2⁻³² per category.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -136,19 +262,15 @@ def randomized_response(
         (3,)
     """
     k = _num_categories(num_categories)
-    p = randomized_response_keep_probability(epsilon=epsilon, num_categories=k)
-    uniforms = tree_noise_like(key, value, jax.random.uniform)
+    m = randomized_response_other_weight(epsilon=epsilon, num_categories=k)
+    words = _random_words(key, value)
 
-    def respond(truth: Any, u: jax.Array) -> jax.Array:
-        truth = jnp.asarray(truth)
-        as_int = truth.astype(jnp.int32)
-        # One uniform drives both choices: given u ≥ p, (u − p)/(1 − p) is uniform on [0, 1),
-        # and its floor times (k − 1) picks one of the k − 1 other categories uniformly.
-        offset = jnp.floor((u - p) / (1.0 - p) * (k - 1)).astype(jnp.int32)
-        other = (as_int + 1 + jnp.clip(offset, 0, k - 2)) % k
-        return jnp.where(u < p, as_int, other).astype(truth.dtype)
+    def respond(truth: Any, w: jax.Array) -> jax.Array:
+        category = _categories("value", truth, k)
+        report = _respond(category, w, other_weight=m, k=k)
+        return report.astype(jnp.asarray(truth).dtype)
 
-    return jax.tree.map(respond, value, uniforms)
+    return jax.tree.map(respond, value, words)
 
 
 def randomized_response_frequencies(
@@ -199,6 +321,6 @@ def randomized_response_frequencies(
 
 def _num_categories(num_categories: int) -> int:
     k = _validate.positive_int("num_categories", num_categories)
-    if k < 2:
-        _validate.fail("num_categories", num_categories, "an integer >= 2")
+    if not 2 <= k <= _MAX_CATEGORIES:
+        _validate.fail("num_categories", num_categories, f"an integer in [2, {_MAX_CATEGORIES}]")
     return k

@@ -1,0 +1,336 @@
+r"""Exact privacy profiles of mechanisms with a finite, computable output law.
+
+Empirical audits (:mod:`dpjax.auditing.estimators`) give lower bounds on ε and cannot see a
+δ-level leak. Where the output law of a mechanism can be written down exactly, its privacy can
+be *computed* instead: given the law P of M(D) and the law Q of M(D′) over the same finite
+outcome set, the mechanism is (ε, δ)-DP on that pair iff the hockey-stick divergence
+
+.. math:: \delta(\varepsilon) = \max\Big(\sum_o \max(0, P_o - e^\varepsilon Q_o),
+          \sum_o \max(0, Q_o - e^\varepsilon P_o)\Big)
+
+is at most δ, and purely ε-DP iff :math:`\max_o |\ln(P_o/Q_o)| \le \varepsilon` (with
+ln(p/0) = +∞). Running this over adversarial neighbour pairs (extreme, tied, non-finite and
+out-of-range records) checks the guarantee itself rather than a noisy estimate of it
+("exact privacy profile" test shape of the soundness notes; Mironov 2012 and Casacuberta et
+al. 2022 for why the law *as the code realises it* is what must be checked).
+
+Two kinds of functions:
+
+* **profiles** (any finite laws): :func:`max_log_ratio`, :func:`pure_epsilon`,
+  :func:`hockey_stick_delta`, :func:`delta_at`, :func:`assert_within_claim`,
+  :func:`product_law` (independent coordinates), :func:`law_from_cdf` (binned continuous
+  outputs: a lower bound on the profile);
+* **laws** of dpjax mechanisms (numpy, float64, written from the documented algorithm, not
+  by running the mechanism; tests tie them to the code by sampling and by probing the
+  sampler's randomness): :func:`uniform_below_probability`, :func:`randomized_response_law`
+  (exactly the realised law: integer threshold), :func:`coin_randomized_response_law`,
+  :func:`discrete_laplace_law` (rounding and clamping included),
+  :func:`exponential_mechanism_law`, :func:`report_noisy_max_law` (real-arithmetic noise;
+  each docstring says where the float sampler departs from it).
+
+Probabilities are float64; a profile computed from them is exact up to float64 rounding
+(relative ~1e-15), hence the default tolerance ``rtol = 1e-9`` of :func:`assert_within_claim`.
+
+Example:
+    Binary randomized response keeps the truth w.p. 3/4: its pure ε is ln 3, and at ε = ln 2
+    it needs δ = 3/4 − 2·1/4 = 1/4.
+
+    >>> import math
+    >>> P, Q = [0.75, 0.25], [0.25, 0.75]       # laws of the report for truth 0 and truth 1
+    >>> round(pure_epsilon(P, Q), 12) == round(math.log(3.0), 12)
+    True
+    >>> round(delta_at(P, Q, math.log(2.0)), 12)
+    0.25
+    >>> assert_within_claim(P, Q, epsilon=math.log(3.0))
+    >>> max_log_ratio([0.5, 0.5], [1.0, 0.0])     # an outcome impossible under D′
+    inf
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "max_log_ratio",
+    "pure_epsilon",
+    "hockey_stick_delta",
+    "delta_at",
+    "assert_within_claim",
+    "product_law",
+    "law_from_cdf",
+    "uniform_below_probability",
+    "randomized_response_law",
+    "coin_randomized_response_law",
+    "discrete_laplace_law",
+    "exponential_mechanism_law",
+    "report_noisy_max_law",
+]
+
+
+# ----------------------------------------------------------------------------- profiles
+
+
+def _laws(p: Any, q: Any) -> tuple[np.ndarray, np.ndarray]:
+    p = np.asarray(p, dtype=np.float64).ravel()
+    q = np.asarray(q, dtype=np.float64).ravel()
+    if p.shape != q.shape or p.size == 0:
+        raise ValueError(f"p and q must be laws on the same outcomes; got sizes {p.size}, {q.size}")
+    for name, law in (("p", p), ("q", q)):
+        if not (np.all(np.isfinite(law)) and np.all(law >= 0.0)):
+            raise ValueError(f"{name} must be finite and non-negative; got {law!r}")
+        if abs(law.sum() - 1.0) > 1e-9:
+            raise ValueError(f"{name} must sum to 1 (within 1e-9); got sum {law.sum()!r}")
+    return p, q
+
+
+def max_log_ratio(p: Any, q: Any) -> float:
+    """max over outcomes o with P_o > 0 of ln(P_o/Q_o): the pure ε of the direction D → D′.
+
+    Args:
+        p: law of M(D), probabilities over a finite outcome set (any shape, flattened).
+        q: law of M(D′) over the same outcomes, in the same order.
+
+    Returns:
+        The largest log-ratio; ``inf`` if some outcome has P_o > 0 = Q_o.
+    """
+    p, q = _laws(p, q)
+    seen = p > 0.0
+    if np.any(q[seen] == 0.0):
+        return math.inf
+    return float(np.max(np.log(p[seen]) - np.log(q[seen])))
+
+
+def pure_epsilon(p: Any, q: Any) -> float:
+    """The smallest ε for which the pair (P, Q) is ε-indistinguishable in both directions."""
+    return max(max_log_ratio(p, q), max_log_ratio(q, p))
+
+
+def hockey_stick_delta(p: Any, q: Any, epsilon: float) -> float:
+    """δ(ε) of the direction D → D′: Σ_o max(0, P_o − e^ε Q_o) (sup over events of P − e^ε Q)."""
+    p, q = _laws(p, q)
+    if not epsilon >= 0.0:
+        raise ValueError(f"epsilon must be in [0, inf]; got {epsilon!r}")
+    if math.isinf(epsilon):
+        return float(np.sum(p[q == 0.0]))
+    # e^ε Q in log space so that a large ε does not overflow.
+    with np.errstate(divide="ignore"):
+        scaled = np.exp(np.minimum(np.log(q) + epsilon, 745.0))
+    return float(np.sum(np.maximum(0.0, p - scaled)))
+
+
+def delta_at(p: Any, q: Any, epsilon: float) -> float:
+    """δ(ε) of the pair in both directions: the smallest δ for which it is (ε, δ)-DP."""
+    return max(hockey_stick_delta(p, q, epsilon), hockey_stick_delta(q, p, epsilon))
+
+
+def assert_within_claim(
+    p: Any, q: Any, *, epsilon: float, delta: float = 0.0, rtol: float = 1e-9
+) -> None:
+    """Raise ``AssertionError`` unless the pair (P, Q) satisfies the claimed (ε, δ).
+
+    For δ = 0 the check is ε_true = :func:`pure_epsilon` ≤ ε(1 + rtol); for δ > 0 it is
+    :func:`delta_at` (ε(1 + rtol)) ≤ δ. ``rtol`` absorbs float64 rounding of the laws only;
+    it is far below any real violation (finding 4 of issue 13 is a factor 2).
+
+    Args:
+        p: law of M(D).
+        q: law of M(D′), same outcomes.
+        epsilon: the claimed ε ≥ 0.
+        delta: the claimed δ ∈ [0, 1).
+        rtol: relative slack on ε.
+    """
+    if delta == 0.0:
+        eps_true = pure_epsilon(p, q)
+        assert eps_true <= epsilon * (1.0 + rtol), (
+            f"pure epsilon {eps_true!r} exceeds the claimed {epsilon!r}"
+        )
+        return
+    d = delta_at(p, q, epsilon * (1.0 + rtol))
+    assert d <= delta, f"delta({epsilon!r}) = {d!r} exceeds the claimed {delta!r}"
+
+
+def product_law(*laws: Any) -> np.ndarray:
+    """Joint law of independent coordinates: the outer product, shape (n₁, n₂, …)."""
+    out = np.ones((), dtype=np.float64)
+    for law in laws:
+        out = np.multiply.outer(out, np.asarray(law, dtype=np.float64))
+    return out
+
+
+def law_from_cdf(cdf: Any, edges: Any) -> np.ndarray:
+    """Masses of the cells (−∞, e₀], (e₀, e₁], …, (e_{n−1}, ∞) under a CDF.
+
+    For a mechanism with a continuous output (a 1-D Laplace/Gaussian release, bounded
+    Laplace), the profile of the binned laws is a *lower* bound on the true profile (binning
+    is post-processing), exact in the limit of fine bins and exact outright when the output
+    only takes values inside the cells' boundaries. Use it to catch violations, and a density
+    computation to prove their absence. The masses are differences of CDF values, each with
+    absolute error ~1e-16: keep every cell's mass well above that (ratios of tiny tail cells
+    are rounding noise).
+
+    Args:
+        cdf: vectorised CDF of the output, x ↦ P[M ≤ x].
+        edges: increasing cell boundaries (1-D).
+
+    Returns:
+        Array of len(edges) + 1 masses summing to 1.
+
+    Example:
+        >>> law_from_cdf(lambda x: np.clip(x, 0.0, 1.0), [0.25, 0.5]).tolist()  # uniform
+        [0.25, 0.25, 0.5]
+    """
+    edges = np.asarray(edges, dtype=np.float64)
+    inner = np.diff(np.asarray(cdf(edges), dtype=np.float64))
+    c = np.asarray(cdf(edges[[0, -1]]), dtype=np.float64)
+    return np.concatenate([[c[0]], np.maximum(inner, 0.0), [1.0 - c[1]]])
+
+
+# ----------------------------------------------------------------------------- laws
+
+
+def uniform_below_probability(threshold: float, dtype: Any) -> float:
+    """P[U < t] for ``jax.random.uniform(key, (), dtype)``, exactly.
+
+    JAX's uniform takes the values j·2^-m, j = 0 … 2^m − 1 (m = mantissa bits: 23 for
+    float32, 52 for float64) with equal probability, so a comparison ``u < t`` with a float
+    probability t realises ⌈t·2^m⌉/2^m, not t (soundness notes, "randomness plumbing").
+
+    Example:
+        >>> import numpy as np
+        >>> uniform_below_probability(1.0 - 3e-8, np.float32)  # rounds to "always"
+        1.0
+    """
+    m = int(np.finfo(np.dtype(dtype)).nmant)
+    grid = 2.0**m
+    return min(1.0, max(0.0, math.ceil(float(threshold) * grid) / grid))
+
+
+def randomized_response_law(
+    true_category: int, *, epsilon: float, num_categories: int = 2
+) -> np.ndarray:
+    """Law of one report of :func:`dpjax.mechanisms.randomized_response` as realised.
+
+    The mechanism draws one uniform 32-bit word w and lies iff w < (k − 1)·m, reporting
+    truth + 1 + (w mod (k − 1)) (mod k); m is
+    :func:`dpjax.mechanisms.randomized_response.randomized_response_other_weight`. So each
+    other category has probability exactly m/2^32 and the truth (2^32 − (k − 1)m)/2^32.
+
+    Args:
+        true_category: the respondent's category in {0, …, k − 1}.
+        epsilon: the ε passed to the mechanism.
+        num_categories: k.
+
+    Returns:
+        Array of shape (k,): P[report = j].
+    """
+    from dpjax.mechanisms.randomized_response import (
+        RANDOM_WORDS,
+        randomized_response_other_weight,
+    )
+
+    k = int(num_categories)
+    m = randomized_response_other_weight(epsilon=epsilon, num_categories=k)
+    law = np.full(k, m / RANDOM_WORDS, dtype=np.float64)
+    law[int(true_category)] = (RANDOM_WORDS - (k - 1) * m) / RANDOM_WORDS
+    return law
+
+
+def coin_randomized_response_law(truth: int) -> np.ndarray:
+    """Law of one report of the coin protocol: truth w.p. 1/2 + 1/4 (two fair random bits)."""
+    law = np.full(2, 0.25)
+    law[int(truth)] = 0.75
+    return law
+
+
+def discrete_laplace_law(
+    value: Any, *, ratio: float, bound: float, granularity: float
+) -> np.ndarray:
+    """Joint law of :func:`dpjax.mechanisms.discrete_laplace` on a small vector (exact).
+
+    Follows the documented algorithm: NaN → 0; k_f = clamp(round_half_even(x/g), −h, h)
+    with h = ⌊B/g⌋; k_y = clamp(k_f + K, −h, h) with K i.i.d. discrete Laplace,
+    P[K = k] = (1 − r)/(1 + r)·r^{|k|}; the tails P[K ≥ n] = r^n/(1 + r) fold onto ±h.
+    The mechanism draws K with float logarithms and uniforms, so its realised probabilities
+    differ from these by float rounding (relative ~1e-7 in float32); the support is exact.
+
+    Args:
+        value: f(D), a scalar or a small 1-D vector (d coordinates; the law has (2h + 1)^d
+            entries).
+        ratio: r, the noise ratio the mechanism uses (``discrete_laplace_ratio``).
+        bound: B.
+        granularity: g (a power of two).
+
+    Returns:
+        Array of shape (2h + 1,)*d: the probability of each output grid point
+        (coordinate i on axis i, grid −h … h).
+    """
+    x = np.atleast_1d(np.asarray(value, dtype=np.float64))
+    g = float(granularity)
+    h = math.floor(float(bound) / g)
+    r = float(ratio)
+    grid = np.arange(-h, h + 1)
+    laws = []
+    for xi in x:
+        xi = 0.0 if math.isnan(xi) else xi
+        k_f = int(np.clip(np.round(xi / g), -h, h))  # numpy rounds half to even, like JAX
+        law = (1.0 - r) / (1.0 + r) * r ** np.abs(grid - k_f).astype(np.float64)
+        law[0] += r ** (k_f + h + 1) / (1.0 + r)
+        law[-1] += r ** (h - k_f + 1) / (1.0 + r)
+        laws.append(law)
+    return product_law(*laws)
+
+
+def _sanitised_scores(scores: Any) -> np.ndarray:
+    """The documented non-finite rule for scores: NaN → lowest finite, ±inf → clipped."""
+    u = np.asarray(scores, dtype=np.float64).ravel()
+    finite = np.isfinite(u)
+    if not np.any(finite):
+        return np.zeros_like(u)
+    low, high = u[finite].min(), u[finite].max()
+    return np.where(np.isnan(u), low, np.clip(u, low, high))
+
+
+def exponential_mechanism_law(
+    scores: Any, *, sensitivity: float, epsilon: float, monotonic: bool = False
+) -> np.ndarray:
+    """softmax(ε ũ/(2Δ)) (Δ/ε if monotonic), ũ the scores after the non-finite rule.
+
+    This is the law of :func:`dpjax.mechanisms.exponential_mechanism` in exact arithmetic
+    (Gumbel-max identity); float Gumbel noise has a bounded range, so the realised law
+    differs from it for candidates whose probability is below ~e^-20 (float32) / e^-42
+    (float64).
+    """
+    factor = 1.0 if monotonic else 2.0
+    z = _sanitised_scores(scores) * float(epsilon) / (factor * float(sensitivity))
+    w = np.exp(z - z.max())
+    return w / w.sum()
+
+
+def report_noisy_max_law(scores: Any, *, sensitivity: float, epsilon: float) -> np.ndarray:
+    r"""Law of :func:`dpjax.mechanisms.report_noisy_max` (exponential noise of scale s = 2Δ/ε).
+
+    Report-noisy-max with exponential noise is the permute-and-flip mechanism (Ding, Kifer,
+    Wang et al. 2021; McKenna & Sheldon 2020) — *not* the exponential mechanism. Substituting
+    t = e^{−(x − u*)/s} in P[argmax = i] = ∫ f(x − u_i) Π_{j≠i} F(x − u_j) dx gives
+
+    .. math:: P[i] = p_i \int_0^1 \prod_{j \ne i} (1 - p_j t)\,dt,
+        \qquad p_j = e^{(u_j - u^*)/s},
+
+    a polynomial of degree d − 1 in t, integrated exactly by Gauss–Legendre quadrature with
+    ⌊d/2⌋ + 2 nodes (positive integrand, no cancellation). As for the exponential mechanism,
+    float exponential noise has a bounded range, so the realised law drops candidates whose
+    ideal probability is below ~e^-16 (float32).
+    """
+    u = _sanitised_scores(scores)
+    s = 2.0 * float(sensitivity) / float(epsilon)
+    p = np.exp((u - u.max()) / s)
+    nodes, weights = np.polynomial.legendre.leggauss(u.size // 2 + 2)
+    t = 0.5 * (nodes + 1.0)  # nodes on [0, 1]
+    factors = 1.0 - np.outer(p, t)  # (d, nodes)
+    law = np.empty(u.size)
+    for i in range(u.size):
+        law[i] = p[i] * 0.5 * np.sum(weights * np.prod(np.delete(factors, i, axis=0), axis=0))
+    return law
