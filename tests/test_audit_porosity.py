@@ -51,7 +51,10 @@ def test_discrete_laplace_is_not_porous(key):
     assert result.fraction == 0.0
     assert result.outputs == 2 * 8 * 64 + 1  # every grid point in [-B, B] is attainable
     support = porosity.discrete_laplace_support(f=1.0, **GRID)
-    y = mechanisms.discrete_laplace(key, jnp.zeros(N, jnp.float32), **GRID)
+    # N independent scalar releases (a length-N vector would be ONE release of d = N coordinates)
+    y = jax.vmap(lambda k: mechanisms.discrete_laplace(k, jnp.float32(0.0), **GRID))(
+        jax.random.split(key, N)
+    )
     assert np.isin(np.asarray(y), support).all()
 
 
@@ -64,7 +67,9 @@ def test_discrete_laplace_distribution_and_wrong_scale(key):
     g = GRID["granularity"]
     delta_g = g * (math.floor(1.0 / g) + 1)
     r = math.exp(-1.0 * g / delta_g)
-    y = mechanisms.discrete_laplace(key, jnp.zeros(N, jnp.float64), **GRID)
+    y = jax.vmap(lambda k: mechanisms.discrete_laplace(k, jnp.float64(0.0), **GRID))(
+        jax.random.split(key, N)
+    )
     k = np.round(np.asarray(y) / g).astype(np.int64)
     assert np.all(k * g == np.asarray(y))  # exactly on the grid
     edges = np.arange(-300, 301, 20)
