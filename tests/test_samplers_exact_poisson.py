@@ -20,11 +20,29 @@ import numpy as np
 import pytest
 
 import dpjax
-from dpjax.samplers import inclusion_threshold, realised_sampling_rate, words_below_threshold
+from dpjax import samplers
 
 ROOT = Path(__file__).resolve().parents[1]
 TWO64 = 1 << 64
 RATES = [0.5, 0.05, 0.3, 1e-3, 2.0**-12, 1e-6, 1e-8, 3e-17, 2.0**-64]
+
+
+def inclusion_threshold(q: float) -> int:
+    return samplers.inclusion_threshold(q)
+
+
+def realised_sampling_rate(q: float) -> float:
+    return samplers.realised_sampling_rate(q)
+
+
+def words_below_threshold(high, low, t):
+    return samplers.words_below_threshold(high, low, t)
+
+
+def exact_floor_threshold(q: float) -> int:
+    """⌊q·2⁶⁴⌋ in exact rational arithmetic (independent of the code under test)."""
+    scaled = Fraction(q) * TWO64
+    return scaled.numerator // scaled.denominator
 
 
 def float32_grid_rate(q: float) -> Fraction:
@@ -34,18 +52,17 @@ def float32_grid_rate(q: float) -> Fraction:
 
 @pytest.mark.parametrize("q", RATES)
 def test_threshold_is_floor_q_times_2_to_64_and_event_records_it(q):
-    t = inclusion_threshold(q)
-    assert t == (Fraction(q) * TWO64).numerator // (Fraction(q) * TWO64).denominator
+    t = exact_floor_threshold(q)
+    sampler = dpjax.PoissonSampler(dataset_size=100, sampling_rate=q)
+    recorded = sampler.event(noise_multiplier=1.0, steps=3).sampling_rate
+    assert Fraction(recorded) == Fraction(t, TWO64)  # the event records the realised rate
+    assert inclusion_threshold(q) == t
     rate = realised_sampling_rate(q)
     assert Fraction(rate) == Fraction(t, TWO64)  # exactly the realised probability
     assert rate <= q and q - rate < 2.0**-64
     if q >= 2.0**-12:
         assert rate == q  # q·2⁶⁴ is an integer there
-    sampler = dpjax.PoissonSampler(dataset_size=100, sampling_rate=q)
     assert sampler.sampling_rate == rate
-    assert Fraction(sampler.event(noise_multiplier=1.0, steps=3).sampling_rate) == Fraction(
-        t, TWO64
-    )
 
 
 def test_float32_grid_rates_are_far_from_the_realised_ones():
