@@ -11,6 +11,12 @@ Which method is tight where:
   to its discretisation: with ``pessimistic_estimate`` (always on here) the reported ε is an
   upper bound that converges to the exact ε as ``value_discretization_interval`` shrinks. The
   default 1e-4 is dp-accounting's; a coarser grid moved ε by 18% in a probe (issue 3).
+  Compositions of Gaussian releases only (Gaussian events, full-batch q = 1 DP-GD, fixed-size
+  batches) skip the grid: they are one Gaussian with μ = √(Σμᵢ²), answered by its exact
+  profile (:func:`gaussian_epsilon_upper`). Otherwise the grid size is estimated before it is
+  built (dp-accounting's own truncation bound on one step's PMF); a grid beyond
+  :data:`MAX_PLD_GRID_POINTS` is coarsened with a :class:`PLDGridCoarsenedWarning` (still an
+  upper bound) instead of raising ``MemoryError`` after minutes.
 * **RDP** (Rényi DP; Mironov 2017, Mironov et al. 2019) is never tighter than PLD: its
   RDP→(ε, δ) conversion loses a factor (median ratio RDP/PLD 1.11–1.14 for DP-SGD). Its ε is
   a minimum over a finite grid of orders α, and the conversion ε ≥ ln(1/δ)/(α − 1) means a
