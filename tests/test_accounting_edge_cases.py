@@ -143,20 +143,25 @@ def test_large_settings_answer_within_30_seconds():
     )
 
 
-def test_coarsened_pld_warns_and_stays_an_upper_bound():
-    event = dict(noise_multiplier=0.1, sampling_rate=0.5, steps=20)
+def test_coarsened_pld_warns_and_stays_an_upper_bound(monkeypatch):
+    # The coarsening mechanism, at a lowered limit (the real limits are checked above): the
+    # grid of 200 steps at 1e-4 does not fit 2^15 points, so the interval is coarsened.
+    monkeypatch.setattr(tight, "MAX_PLD_GRID_POINTS", 2**15)
+    event = dict(noise_multiplier=1.0, sampling_rate=0.05, steps=200)
     with pytest.warns(tight.PLDGridCoarsenedWarning, match="coarsened"):
-        eps = acc.dpsgd_epsilon(delta=1e-5, **event)
+        coarse = acc.dpsgd_epsilon(delta=1e-5, **event)
+    monkeypatch.undo()
+    fine = acc.dpsgd_epsilon(delta=1e-5, **event)
     # A valid upper bound is at least dp-accounting's OPTIMISTIC PLD (a lower estimate of the
-    # true ε) at a grid it can build; and at most RDP's bound plus the discretisation slack.
+    # true ε) at the fine grid, and only a little looser than the fine pessimistic one.
     optimistic = pld_lib.from_gaussian_mechanism(
-        standard_deviation=0.1,
-        sampling_prob=0.5,
-        value_discretization_interval=1e-3,
+        standard_deviation=1.0,
+        sampling_prob=0.05,
+        value_discretization_interval=1e-4,
         pessimistic_estimate=False,
-    ).self_compose(20)
-    assert eps >= optimistic.get_epsilon_for_delta(1e-5)
-    assert eps <= 1.1 * acc.dpsgd_epsilon(delta=1e-5, method="rdp", **event)
+        use_connect_dots=False,
+    ).self_compose(200)
+    assert optimistic.get_epsilon_for_delta(1e-5) <= fine <= coarse <= 1.1 * fine
 
 
 # --- coercion at the boundary ------------------------------------------------------------------
@@ -210,3 +215,25 @@ def test_fixed_batch_event_under_add_remove_is_refused_with_the_relation_named()
         acc.PrivacyAccountant([add_fixed])
     with pytest.raises(ValueError, match=r"event\.relation must be 'replace_one'"):
         acc.pld_epsilon([add_fixed], 1e-5)
+
+
+def test_closed_forms_return_python_floats_for_numpy_inputs():
+    # NumPy 2 keeps float32 in `np.float32 * float`: the result must not carry it.
+    eps, dlt = acc.amplification_by_subsampling(
+        epsilon=1.0, delta=np.float32(1e-5), sampling_rate=np.float32(0.01)
+    )
+    assert type(eps) is float and type(dlt) is float
+    assert dlt == float(np.float32(0.01)) * float(np.float32(1e-5))
+    assert type(acc.zcdp_epsilon_bun_steinke(rho=np.float32(0.01), delta=1e-5)) is float
+    step = acc.advanced_composition_step_epsilon(
+        target_epsilon=np.float32(0.5), steps=100, delta_prime=1e-5
+    )
+    assert type(step) is float
+
+
+def test_accountant_falls_back_when_the_pld_grid_cannot_be_built():
+    tiny = acc.PoissonSampledGaussianEvent(noise_multiplier=1e-4, sampling_rate=0.5)
+    accountant = acc.PrivacyAccountant([tiny])
+    with pytest.raises(tight.PLDGridTooLargeError):
+        accountant.epsilon(1e-5, method="pld")
+    assert accountant.epsilon(1e-5) == accountant.epsilon(1e-5, method="rdp")
