@@ -4,7 +4,8 @@ A DP-SGD accountant is only valid for the sampling it assumes (anchors §3, opac
 Poisson-subsampled Gaussian accountant needs Poisson sampling, fixed-size shuffled batches need
 an analysis of sampling without replacement. So each sampler here builds its own event:
 
-* :class:`PoissonSampler` — every example joins a batch independently with probability q;
+* :class:`PoissonSampler` — every example joins a batch independently with probability q
+  (decided on 64 random bits with integer arithmetic, so the realised rate is exact);
   batches are padded to a fixed shape (indices + mask) so one compiled step serves all sizes;
   ``event(...)`` is a :class:`~dpjax.accounting.events.PoissonSampledGaussianEvent`
   (add/remove-one). Normalise by the PUBLIC ``expected_batch_size`` = q·n.
@@ -20,6 +21,8 @@ Randomness comes only from the explicit ``key`` (JAX PRNG), so sampling is repro
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
 from typing import NamedTuple
 
 import jax
@@ -27,10 +30,19 @@ import jax.numpy as jnp
 from scipy import stats
 
 from dpjax import _validate
+from dpjax.accounting._params import public_float
 from dpjax.accounting.events import FixedBatchGaussianEvent, PoissonSampledGaussianEvent
 from dpjax.relation import ADD_OR_REMOVE_ONE, REPLACE_ONE, NeighbouringRelation, as_relation
 
-__all__ = ["PaddedBatch", "PoissonSampler", "ShuffledBatchSampler", "UniformBatchSampler"]
+__all__ = [
+    "PaddedBatch",
+    "PoissonSampler",
+    "ShuffledBatchSampler",
+    "UniformBatchSampler",
+    "inclusion_threshold",
+    "realised_sampling_rate",
+    "words_below_threshold",
+]
 
 DEFAULT_OVERFLOW_PROBABILITY = 1e-9
 
@@ -57,27 +69,85 @@ def _binomial_cap(n: int, q: float, tail: float) -> int:
     return max(1, min(n, m))
 
 
+#: Resolution of the inclusion decision: two 32-bit words, i.e. a 64-bit uniform integer.
+THRESHOLD_BITS = 64
+_WORD = 1 << 32
+
+
+def inclusion_threshold(sampling_rate: float) -> int:
+    """t = ⌊q·2⁶⁴⌋, computed exactly (``Fraction``); an example is included iff its 64-bit
+    random word W (two uint32 words, high first) satisfies W < t, so P[included] = t/2⁶⁴.
+
+    For q ≥ 2⁻¹² the product q·2⁶⁴ is an integer (a double has 53 significant bits) and t/2⁶⁴
+    = q exactly; below, t/2⁶⁴ ≤ q with t < 2⁵², so t/2⁶⁴ is still exactly a double.
+    ``sampling_rate = 1`` gives 2⁶⁴ (every example; handled without bits).
+
+    Example:
+        >>> inclusion_threshold(0.5) == 2**63
+        True
+    """
+    q = Fraction(float(sampling_rate))
+    if not 0 < q <= 1:
+        _validate.fail("sampling_rate", sampling_rate, "in (0, 1]")
+    return math.floor(q * (1 << THRESHOLD_BITS))
+
+
+def realised_sampling_rate(sampling_rate: float) -> float:
+    """t/2⁶⁴ with t = :func:`inclusion_threshold`: the inclusion probability the sampler
+    realises, exactly (it is a double), and ≤ ``sampling_rate``."""
+    t = inclusion_threshold(sampling_rate)
+    rate = t / (1 << THRESHOLD_BITS)  # correctly rounded int/int division; exact here
+    if Fraction(rate) != Fraction(t, 1 << THRESHOLD_BITS):  # pragma: no cover (see docstring)
+        raise AssertionError("t/2**64 is not a double")
+    return rate
+
+
+def words_below_threshold(high: jax.Array, low: jax.Array, threshold: int) -> jax.Array:
+    """Whether the 64-bit words (``high``·2³² + ``low``, uint32 arrays) are < ``threshold``.
+
+    Integer arithmetic only (lexicographic comparison of the uint32 pairs), so the decision is
+    exact with or without x64. ``threshold`` must lie in [1, 2⁶⁴).
+    """
+    if not 1 <= threshold < (1 << THRESHOLD_BITS):
+        _validate.fail("threshold", threshold, "in [1, 2**64)")
+    t_high = jnp.uint32(threshold // _WORD)
+    t_low = jnp.uint32(threshold % _WORD)
+    return (high < t_high) | ((high == t_high) & (low < t_low))
+
+
 class PoissonSampler:
     r"""Poisson sampling at rate q, padded to a deterministic ``max_batch_size``.
 
-    Each of the n examples is selected independently with probability q. The selected indices
-    are returned in a random order, padded with masked slots to ``max_batch_size``.
+    Each of the n examples is selected independently: its two uint32 random words, read as a
+    64-bit integer W, must satisfy W < ⌊q·2⁶⁴⌋ (integer arithmetic, exact with or without
+    x64; a float32 uniform compared with q would realise ⌈q·2²³⌉/2²³ instead). So the realised
+    rate is ``sampling_rate`` = ⌊q·2⁶⁴⌋/2⁶⁴ — q itself for q ≥ 2⁻¹², at most 2⁻⁶⁴ below q
+    otherwise — and that is the rate the event records. The selected indices are returned in a
+    random order (by independent random priorities), padded with masked slots to
+    ``max_batch_size``.
 
     Above the cap: if more than ``max_batch_size`` examples are selected (probability
-    ``overflow_probability`` per step), a uniformly random subset of ``max_batch_size`` of them
-    is kept and the rest are dropped. The default cap makes this ≤ 1e-9 per step.
+    ``overflow_probability`` per step), the ``max_batch_size`` of highest priority are kept — a
+    uniformly random subset (priorities are drawn independently of the selection) — and the
+    rest dropped. The default cap makes this ≤ 1e-9 per step. (Order and truncation rule do
+    not enter the privacy analysis; truncation is paid for by :meth:`delta_slack`.)
 
     Formal guarantees:
-        Without overflow this is exactly the Poisson subsampling assumed by the subsampled
-        Gaussian accountant (Abadi et al. 2016; 003_eb46ba05ef56608d.txt, amplification by
-        subsampling), under add/remove-one. The truncated sampler differs from it by at most
-        ``overflow_probability`` in total variation per step, so a run of T steps that the
-        event shows (ε, δ)-DP is (ε, δ + T·overflow_probability)-DP; report
-        :meth:`delta_slack` with ε.
+        Without overflow this is exactly the Poisson subsampling at rate ``sampling_rate``
+        assumed by the subsampled Gaussian accountant (Abadi et al. 2016; lecture on ML under
+        DP, amplification by subsampling), under add/remove-one, given uniform random bits.
+        With truncation: couple the truncated run M with the untruncated run M* on the same
+        randomness. They differ only if some step overflows, which has probability ≤ T·p̄ on
+        D and on its neighbour D′, with p̄ = P[Binomial(n + 1, q) > m] (n = ``dataset_size``,
+        m = ``max_batch_size``; n + 1 covers an add-one neighbour). If M* is (ε, δ)-DP, then
+        for every set S of outputs
+        P[M(D) ∈ S] ≤ P[M*(D) ∈ S] + Tp̄ ≤ e^ε P[M*(D′) ∈ S] + δ + Tp̄
+        ≤ e^ε (P[M(D′) ∈ S] + Tp̄) + δ + Tp̄, so M is (ε, δ + (1 + e^ε)·T·p̄)-DP: report
+        :meth:`delta_slack` ``(steps, epsilon)`` with the event's ε (the slack depends on ε).
 
     Args:
         dataset_size: n ≥ 1.
-        sampling_rate: q ∈ (0, 1].
+        sampling_rate: q ∈ [2⁻⁶⁴, 1] (the realised rate ⌊q·2⁶⁴⌋/2⁶⁴ is stored).
         max_batch_size: the padded length; default: smallest m with
             P[Binomial(n, q) > m] ≤ 1e-9.
 
@@ -89,13 +159,22 @@ class PoissonSampler:
         (True, 50.0)
         >>> sampler.event(noise_multiplier=1.0, steps=100).sampling_rate
         0.05
+        >>> PoissonSampler(dataset_size=10, sampling_rate=1e-6).sampling_rate == 1e-6
+        False
     """
 
     def __init__(
         self, *, dataset_size: int, sampling_rate: float, max_batch_size: int | None = None
     ):
         self.dataset_size = _validate.positive_int("dataset_size", dataset_size)
-        self.sampling_rate = float(_validate.probability(sampling_rate, "sampling_rate"))
+        requested = public_float("sampling_rate", sampling_rate)
+        _validate.in_range(
+            "sampling_rate", requested, 2.0**-THRESHOLD_BITS, 1.0, high_inclusive=True
+        )
+        #: The rate asked for; ``sampling_rate`` is the (≤) rate the sampler realises.
+        self.requested_sampling_rate = requested
+        self.sampling_rate = realised_sampling_rate(requested)
+        self.threshold = inclusion_threshold(requested)
         if max_batch_size is None:
             max_batch_size = _binomial_cap(
                 self.dataset_size, self.sampling_rate, DEFAULT_OVERFLOW_PROBABILITY
@@ -106,7 +185,7 @@ class PoissonSampler:
 
     @property
     def expected_batch_size(self) -> float:
-        """q·n: the PUBLIC normaliser for :func:`dpjax.normalize_by`."""
+        """q·n (realised q): the PUBLIC normaliser for :func:`dpjax.normalize_by`."""
         return self.sampling_rate * self.dataset_size
 
     @property
@@ -114,9 +193,33 @@ class PoissonSampler:
         """P[Binomial(n, q) > max_batch_size]: chance per step that examples are dropped."""
         return float(stats.binom.sf(self.max_batch_size, self.dataset_size, self.sampling_rate))
 
-    def delta_slack(self, steps: int) -> float:
-        """T · overflow_probability: add it to the δ of :meth:`event` (truncation)."""
-        return _validate.positive_int("steps", steps) * self.overflow_probability
+    @property
+    def neighbour_overflow_probability(self) -> float:
+        """p̄ = P[Binomial(n + 1, q) > max_batch_size] ≥ ``overflow_probability``: the overflow
+        chance per step on the data set or any add/remove/replace-one neighbour of it."""
+        n, m, q = self.dataset_size, self.max_batch_size, self.sampling_rate
+        return float(stats.binom.sf(m, n + 1, q))
+
+    def delta_slack(self, steps: int, epsilon: float) -> float:
+        """(1 + e^ε)·T·p̄: add it to the δ at which the event's ε holds (p̄ =
+        :attr:`neighbour_overflow_probability`).
+
+        Args:
+            steps: T, the number of sampled steps (a positive integer).
+            epsilon: the ε the event is reported at, in [0, inf).
+
+        Returns:
+            The δ slack of truncation (see the class's "Formal guarantees"); ``inf`` if e^ε
+            overflows.
+        """
+        steps = _validate.positive_int("steps", steps)
+        epsilon = public_float("epsilon", epsilon)
+        _validate.non_negative("epsilon", epsilon)
+        p = self.neighbour_overflow_probability
+        if p == 0.0:
+            return 0.0
+        factor = 1.0 + math.exp(epsilon) if epsilon < 709.0 else math.inf
+        return factor * steps * p
 
     def sample(self, key: jax.Array) -> PaddedBatch:
         """Draw one Poisson batch (jit-able; ``key`` used once).
@@ -127,14 +230,24 @@ class PoissonSampler:
         Returns:
             :class:`PaddedBatch` of length ``max_batch_size``.
         """
-        u = jax.random.uniform(key, (self.dataset_size,))
-        selected = u < self.sampling_rate
-        # Among selected examples u is uniform on [0, q): the smallest max_batch_size of them
-        # form a uniformly random subset (the truncation rule above the cap), in random order.
-        priority = jnp.where(selected, u, jnp.inf)
-        neg_top, indices = jax.lax.top_k(-priority, self.max_batch_size)
-        mask = jnp.isfinite(neg_top)
-        return PaddedBatch(jnp.where(mask, indices, 0).astype(jnp.int32), mask)
+        n = self.dataset_size
+        select_key, order_key = jax.random.split(key)
+        if self.threshold >= 1 << THRESHOLD_BITS:  # q = 1
+            selected = jnp.ones((n,), dtype=jnp.bool_)
+        else:
+            words = jax.random.bits(select_key, (2, n), dtype=jnp.uint32)
+            selected = words_below_threshold(words[0], words[1], self.threshold)
+        # Independent priorities (31 random bits, unrelated to the selection words): the
+        # max_batch_size selected examples of highest priority are a uniformly random subset of
+        # the selected (the truncation rule), in random order (ties, probability ≤ m²/2³²,
+        # fall back to index order).
+        priority = jax.lax.shift_right_logical(
+            jax.random.bits(order_key, (n,), dtype=jnp.uint32), jnp.uint32(1)
+        ).astype(jnp.int32)
+        top, indices = jax.lax.top_k(jnp.where(selected, priority, -1), self.max_batch_size)
+        mask = top >= 0
+        indices = jnp.where(mask, indices, 0)
+        return PaddedBatch(indices.astype(jnp.int32), mask)
 
     def event(
         self,
@@ -143,7 +256,8 @@ class PoissonSampler:
         steps: int,
         relation: NeighbouringRelation | str = ADD_OR_REMOVE_ONE,
     ) -> PoissonSampledGaussianEvent:
-        """The event of ``steps`` DP-SGD steps with this sampler and noise σ·C on the sum."""
+        """The event of ``steps`` DP-SGD steps with this sampler (at its realised rate) and
+        noise σ·C on the sum."""
         return PoissonSampledGaussianEvent(
             noise_multiplier=noise_multiplier,
             sampling_rate=self.sampling_rate,

@@ -146,7 +146,7 @@ def train(
         "test_accuracy": accuracy(model, params, x_te, y_te),
         "train_accuracy": accuracy(model, params, x_tr, y_tr),
         "epsilon": epsilon,
-        "delta": delta + sampler.delta_slack(steps),
+        "delta": delta + sampler.delta_slack(steps, epsilon),  # truncation slack depends on ε
         "event": event,
         "seconds": seconds,
         "dataset_size": n,

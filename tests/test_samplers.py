@@ -48,7 +48,11 @@ def test_poisson_default_cap_and_shape(key):
     m = sampler.max_batch_size
     assert binom_sf_exact(m, n, q) <= 1e-9 < binom_sf_exact(m - 1, n, q)
     assert sampler.overflow_probability == pytest.approx(binom_sf_exact(m, n, q), rel=1e-6)
-    assert sampler.delta_slack(1000) == pytest.approx(1000 * sampler.overflow_probability)
+    # Truncation slack (1 + e^ε)·T·p̄ with p̄ the overflow chance of an n + 1 record neighbour
+    # (the old T·p was not what the coupling argument supports).
+    p_bar = binom_sf_exact(m, n + 1, q)
+    assert p_bar >= binom_sf_exact(m, n, q)
+    assert sampler.delta_slack(1000, 2.0) == pytest.approx((1 + math.e**2) * 1000 * p_bar, rel=1e-6)
     batch = sampler.sample(key)
     assert batch.indices.shape == (m,) and batch.mask.shape == (m,)
     assert batch.indices.dtype == jnp.int32 and batch.mask.dtype == jnp.bool_

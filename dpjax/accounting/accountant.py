@@ -13,17 +13,19 @@ from collections.abc import Iterable, Sequence
 
 from dpjax import _validate
 from dpjax.accounting import events as ev
+from dpjax.accounting._params import public_float
 from dpjax.accounting.composition import advanced_composition_heterogeneous
 from dpjax.accounting.optimal import optimal_composition_epsilon
 from dpjax.accounting.tight import (
     DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
+    PLDGridTooLargeError,
     fixed_batch_uses,
     pld_epsilon,
     rdp_epsilon,
     to_dp_event,
 )
 from dpjax.accounting.zcdp import zcdp_epsilon_cks
-from dpjax.relation import REPLACE_ONE, NeighbouringRelation, as_relation
+from dpjax.relation import ADD_OR_REMOVE_ONE, REPLACE_ONE, NeighbouringRelation, as_relation
 
 __all__ = ["METHODS", "PrivacyAccountant"]
 
@@ -31,6 +33,16 @@ __all__ = ["METHODS", "PrivacyAccountant"]
 METHODS = ("pld", "rdp", "zcdp", "optimal", "advanced", "basic")
 
 _COMPOSITION_METHODS = ("optimal", "advanced", "basic")
+
+#: What to do with a fixed-size batch event stated under add/remove-one.
+FIXED_BATCH_RELATION_ADVICE = (
+    "'replace_one' for a FixedBatchGaussianEvent: fixed-size batches (shuffled or uniformly "
+    "drawn b of a public n) are analysed under replace-one only, and no analysis of them holds "
+    "under add/remove-one (the batch size would reveal n). Build the event with "
+    "relation='replace_one' (keep noise_multiplier = σ/C: the accountant charges the "
+    "replace-one sensitivity 2C itself), or sample with PoissonSampler for an add/remove-one "
+    "guarantee"
+)
 
 
 def _dp_profile(event: ev.PrivacyEvent) -> list[tuple[float, float, int]] | None:
@@ -72,9 +84,18 @@ class PrivacyAccountant:
       (replace-one; amplified by RDP only for independently drawn batches) events.
     * ``"zcdp"``: Gaussian events, full-batch (q = 1) DP-GD events, fixed-batch events (no
       amplification) and pure-DP events (ε²/2-zCDP), converted by Canonne–Kamath–Steinke 2020.
-    * ``"optimal"`` (Kairouz–Oh–Viswanath 2015), ``"advanced"`` (000, heterogeneous form),
-      ``"basic"`` (000/004): events with a fixed (ε, δ): generic (ε, δ), Laplace (Δ₁/b, 0),
-      Laplace DP-SGD (ε_h, 0) events; ``"optimal"`` needs all of them identical.
+    * ``"optimal"`` (Kairouz–Oh–Viswanath 2015), ``"advanced"`` (lecture on properties of DP,
+      advanced composition, heterogeneous form; Dwork, Rothblum, Vadhan 2010), ``"basic"``
+      (lectures on properties of DP and on advances in DP, sequential composition): events with
+      a fixed (ε, δ): generic (ε, δ), Laplace (Δ₁/b, 0), Laplace DP-SGD (ε_h, 0) events;
+      ``"optimal"`` needs all of them identical.
+
+    Gaussian-only records (Gaussian, full-batch DP-GD and fixed-batch events) are one Gaussian
+    release with μ = √(Σμᵢ²): ``"pld"`` answers them by the exact Gaussian profile (see
+    :func:`dpjax.accounting.tight.pld_epsilon`), so it is fast at any number of releases.
+
+    Fixed-size batch events (:class:`~dpjax.accounting.events.FixedBatchGaussianEvent`) are
+    refused under add/remove-one when recorded: their analyses hold under replace-one only.
 
     The (ε, δ) composition methods spend Σδᵢ of the requested δ on the events' own δᵢ; if
     nothing is left they return ``inf``.
@@ -109,7 +130,15 @@ class PrivacyAccountant:
     ):
         self._relation = None if relation is None else as_relation(relation)
         self._events: list[ev.PrivacyEvent] = []
-        self._vdi = value_discretization_interval
+        self._vdi = public_float("value_discretization_interval", value_discretization_interval)
+        _validate.in_range(
+            "value_discretization_interval",
+            self._vdi,
+            0.0,
+            1e-2,
+            low_inclusive=False,
+            high_inclusive=True,
+        )
         self._orders = orders
         for e in events:
             self.record(e)
@@ -144,11 +173,13 @@ class PrivacyAccountant:
         """Record one event; returns ``self``.
 
         Raises:
-            ValueError: if ``event`` is not a privacy event, or its relation differs from the
-                accountant's.
+            ValueError: if ``event`` is not a privacy event, its relation differs from the
+                accountant's, or it is a fixed-size batch event under add/remove-one.
         """
         if not isinstance(event, ev.PrivacyEvent):
             _validate.fail("event", event, "a dpjax.accounting.events.PrivacyEvent")
+        if isinstance(event, ev.FixedBatchGaussianEvent) and event.relation is ADD_OR_REMOVE_ONE:
+            _validate.fail("event.relation", event.relation.value, FIXED_BATCH_RELATION_ADVICE)
         if self._relation is None:
             self._relation = event.relation
         elif event.relation is not self._relation:
@@ -211,20 +242,35 @@ class PrivacyAccountant:
         Raises:
             ValueError: if ``method`` does not apply to a recorded event, or none applies.
         """
+        delta = public_float("delta", delta)
         _validate.delta(delta)
         if method is None:
             methods = self.applicable_methods()
             if not methods:
                 _validate.fail("method", None, "a method valid for every recorded event (none)")
-            return min(self._epsilon(delta, m) for m in methods)
+            return self._tightest(delta, methods)
         _validate.one_of("method", method, METHODS)
         why = self._why_not(method)
         if why is not None:
             raise ValueError(f"method={method!r} does not apply: {why}")
         return self._epsilon(delta, method)
 
+    def _tightest(self, delta: float, methods: tuple[str, ...]) -> float:
+        """min over ``methods`` (each a valid upper bound); a PLD whose grid cannot be built
+        is skipped when another method answers."""
+        results, too_large = [], None
+        for m in methods:
+            try:
+                results.append(self._epsilon(delta, m))
+            except PLDGridTooLargeError as err:
+                too_large = err
+        if not results:
+            raise too_large  # type: ignore[misc]
+        return min(results)
+
     def epsilons(self, delta: float) -> dict[str, float]:
         """ε(δ) by every applicable method, tightest-first keys."""
+        delta = public_float("delta", delta)
         _validate.delta(delta)
         return {m: self._epsilon(delta, m) for m in self.applicable_methods()}
 

@@ -11,6 +11,7 @@ import math
 from collections.abc import Sequence
 
 from dpjax import _validate
+from dpjax.accounting._params import public_float
 
 __all__ = [
     "basic_composition",
@@ -25,12 +26,12 @@ __all__ = [
 def _epsilons_deltas(
     epsilons: Sequence[float], deltas: Sequence[float] | None
 ) -> tuple[list[float], list[float]]:
-    eps = [float(_validate.epsilon(e, "epsilons[i]")) for e in epsilons]
+    eps = [_validate.epsilon(public_float("epsilons[i]", e), "epsilons[i]") for e in epsilons]
     if not eps:
         _validate.fail("epsilons", epsilons, "a non-empty sequence")
     if deltas is None:
         return eps, [0.0] * len(eps)
-    dels = [float(_validate.delta(d, "deltas[i]")) for d in deltas]
+    dels = [_validate.delta(public_float("deltas[i]", d), "deltas[i]") for d in deltas]
     if len(dels) != len(eps):
         _validate.fail("deltas", deltas, f"a sequence of the same length as epsilons ({len(eps)})")
     return eps, dels
@@ -42,9 +43,10 @@ def basic_composition(
     """Basic (sequential, adaptive) composition: (Σ εᵢ, Σ δᵢ).
 
     Formal guarantees:
-        Basic Adaptive Composition in 000_a9865af81d0677e1.txt and Lemma 6 (sequential
-        composition, pure DP) in 004_f02b245d52dd0fec.txt: running (εᵢ, δᵢ)-DP mechanisms on the
-        same data, possibly chosen adaptively, is (Σεᵢ, Σδᵢ)-DP under the relation of the inputs.
+        Basic Adaptive Composition in the lecture on properties of DP and Lemma 6
+        (sequential composition, pure DP) in the lecture on advances in DP: running
+        (εᵢ, δᵢ)-DP mechanisms on the same data, possibly chosen adaptively, is
+        (Σεᵢ, Σδᵢ)-DP under the relation of the inputs.
 
     Args:
         epsilons: per-mechanism ε, each in (0, inf).
@@ -67,8 +69,8 @@ def parallel_composition(
     """Parallel composition over disjoint parts of the data: (max εᵢ, max δᵢ).
 
     Formal guarantees:
-        Lemma 7 (parallel composition) in 004_f02b245d52dd0fec.txt: if Q⁽ⁱ⁾ is εᵢ-DP and runs on
-        the i-th block of a partition of the data into disjoint blocks, the joint release is
+        Lemma 7 (parallel composition) in the lecture on advances in DP: if Q⁽ⁱ⁾ is εᵢ-DP and
+        runs on the i-th block of a partition of the data into disjoint blocks, the joint release is
         maxᵢ εᵢ-DP. The (ε, δ) version (max δᵢ) follows the same way, since one record lies in
         exactly one block. The partition must not depend on the data (a fixed split by index,
         or by a public attribute of each record).
@@ -89,7 +91,8 @@ def parallel_composition(
 
 
 def _drift(epsilon: float) -> float:
-    """Per-step drift bound ε(e^ε − 1)/(e^ε + 1) = ε·tanh(ε/2) (000, "Bounding the drift")."""
+    """Per-step drift bound ε(e^ε − 1)/(e^ε + 1) = ε·tanh(ε/2) (lecture on properties of DP,
+    "Bounding the drift")."""
     return epsilon * math.tanh(epsilon / 2.0)
 
 
@@ -102,11 +105,11 @@ def advanced_composition(
         ε' = ε\\sqrt{2T\\ln(1/δ')} + Tε\\frac{e^ε - 1}{e^ε + 1}, \\qquad δ_{total} = Tδ + δ'.
 
     Formal guarantees:
-        Advanced Composition in 000_a9865af81d0677e1.txt, with the drift term
+        Advanced Composition in the lecture on properties of DP, with the drift term
         ε(e^ε − 1)/(e^ε + 1) that its proof ("Bounding the drift", Hoeffding + Chernoff) gives;
-        the first statement in 000 shows the looser drift Tε(e^ε − 1). Holds under the relation of
-        the (ε, δ) inputs (Dwork, Rothblum and Vadhan 2010). For large ε or small T it can exceed
-        basic composition's Tε; both bounds hold at once, so take the smaller
+        the lecture's first statement shows the looser drift Tε(e^ε − 1). Holds under the
+        relation of the (ε, δ) inputs (Dwork, Rothblum and Vadhan 2010). For large ε or small T
+        it can exceed basic composition's Tε; both bounds hold at once, so take the smaller
         (``min(ε', T·ε)``) if you only need a valid number.
 
     Args:
@@ -123,9 +126,12 @@ def advanced_composition(
         >>> round(eps, 4), dlt
         (5.2981, 1e-05)
     """
+    epsilon = public_float("epsilon", epsilon)
     _validate.epsilon(epsilon)
+    delta = public_float("delta", delta)
     _validate.delta(delta)
     steps = _validate.positive_int("steps", steps)
+    delta_prime = public_float("delta_prime", delta_prime)
     _validate.in_range("delta_prime", delta_prime, 0.0, 1.0, low_inclusive=False)
     return advanced_composition_heterogeneous(
         [float(epsilon)], [float(delta)], counts=[steps], delta_prime=delta_prime
@@ -146,8 +152,8 @@ def advanced_composition_heterogeneous(
         \\qquad δ_{total} = \\sum_i δ_i + δ'.
 
     Formal guarantees:
-        The proof of Advanced Composition in 000_a9865af81d0677e1.txt carries over step by step:
-        the drift lemma bounds each step's conditional mean by εᵢ(e^εᵢ − 1)/(e^εᵢ + 1), and
+        The proof of Advanced Composition in the lecture on properties of DP carries over step
+        by step: the drift lemma bounds each step's conditional mean by εᵢ(e^εᵢ − 1)/(e^εᵢ + 1), and
         Hoeffding's lemma with interval width 2εᵢ gives P(Σ(Lᵢ − μᵢ) > γ) ≤ exp(−γ²/(2Σεᵢ²)).
         With all εᵢ equal this is exactly :func:`advanced_composition`.
 
@@ -161,6 +167,7 @@ def advanced_composition_heterogeneous(
         ``(epsilon_total, delta_total)``.
     """
     eps, dels = _epsilons_deltas(epsilons, deltas)
+    delta_prime = public_float("delta_prime", delta_prime)
     _validate.in_range("delta_prime", delta_prime, 0.0, 1.0, low_inclusive=False)
     if counts is None:
         counts = [1] * len(eps)
@@ -180,8 +187,8 @@ def advanced_composition_step_epsilon(
     """Per-step ε that the corollary of advanced composition allows: ε'/√(8T ln(1/δ')).
 
     Formal guarantees:
-        Corollary after Advanced Composition in 000_a9865af81d0677e1.txt: T (ε, δ)-DP steps with
-        ε ≤ ε'/√(8T ln(1/δ')) compose to (ε', Tδ + δ')-DP, valid for 0 < ε' < 1 only.
+        Corollary after Advanced Composition in the lecture on properties of DP: T (ε, δ)-DP
+        steps with ε ≤ ε'/√(8T ln(1/δ')) compose to (ε', Tδ + δ')-DP, valid for 0 < ε' < 1 only.
 
     Args:
         target_epsilon: the total ε' in (0, 1).
@@ -199,8 +206,10 @@ def advanced_composition_step_epsilon(
         ...                                         delta_prime=1e-5), 6)
         0.00521
     """
+    target_epsilon = public_float("target_epsilon", target_epsilon)
     _validate.in_range("target_epsilon", target_epsilon, 0.0, 1.0, low_inclusive=False)
     steps = _validate.positive_int("steps", steps)
+    delta_prime = public_float("delta_prime", delta_prime)
     _validate.in_range("delta_prime", delta_prime, 0.0, 1.0, low_inclusive=False)
     return target_epsilon / math.sqrt(8.0 * steps * math.log(1.0 / delta_prime))
 
@@ -209,7 +218,7 @@ def group_privacy(*, epsilon: float, delta: float, group_size: int) -> tuple[flo
     """Group privacy: protection of a group of k records, (kε, δ(e^{kε} − 1)/(e^ε − 1)).
 
     Formal guarantees:
-        Group Privacy in 000_a9865af81d0677e1.txt: an (ε, δ)-DP mechanism satisfies, for data
+        Group Privacy in the lecture on properties of DP: an (ε, δ)-DP mechanism satisfies, for data
         sets differing in k entries (k steps of the mechanism's relation),
         P(M(D) ∈ Ω) ≤ e^{kε} P(M(D') ∈ Ω) + δ(e^{kε} − 1)/(e^ε − 1).
 
@@ -226,7 +235,9 @@ def group_privacy(*, epsilon: float, delta: float, group_size: int) -> tuple[flo
         >>> eps, round(dlt / 1e-6, 4)  # δ(e² − 1)/(e − 1) = δ(e + 1), in units of 1e-6
         (2.0, 3.7183)
     """
+    epsilon = public_float("epsilon", epsilon)
     _validate.epsilon(epsilon)
+    delta = public_float("delta", delta)
     _validate.delta(delta)
     k = _validate.positive_int("group_size", group_size)
     # (e^{kε} − 1)/(e^ε − 1) = Σ_{j<k} e^{jε}, computed with expm1 for small ε.

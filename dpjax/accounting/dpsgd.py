@@ -4,6 +4,11 @@ Evaluation and calibration share one code path: both call
 :func:`dpjax.accounting.tight.tight_epsilon` on the same event, and calibration returns the
 end of its bisection bracket that evaluates to ε ≤ target. So a calibrated noise multiplier
 always evaluates (with the same method and settings) to at most the target ε.
+
+Full-batch DP-GD (``sampling_rate = 1``) with ``method="pld"`` uses the exact Gaussian profile
+(T releases with σ are one release with σ/√T), which answers in milliseconds at any T. Privacy
+parameters are coerced to Python floats/ints at this boundary (NumPy scalars and 0-d arrays
+accepted; bool, str and JAX tracers refused by name).
 """
 
 from __future__ import annotations
@@ -13,8 +18,13 @@ import math
 from collections.abc import Sequence
 
 from dpjax import _validate
+from dpjax.accounting._params import public_float, public_int
 from dpjax.accounting.events import PoissonSampledGaussianEvent
-from dpjax.accounting.tight import DEFAULT_VALUE_DISCRETIZATION_INTERVAL, tight_epsilon
+from dpjax.accounting.tight import (
+    DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
+    PLDGridTooLargeError,
+    tight_epsilon,
+)
 from dpjax.relation import ADD_OR_REMOVE_ONE, NeighbouringRelation
 
 __all__ = ["dpsgd_epsilon", "calibrate_noise_multiplier", "max_steps"]
@@ -38,9 +48,13 @@ def dpsgd_epsilon(
     ``sampling_rate = 1`` is full-batch DP-GD (each step a Gaussian mechanism).
 
     Formal guarantees:
-        The Poisson-subsampled Gaussian mechanism composed T times (Abadi et al. 2016; DP-SGD
-        of 003_eb46ba05ef56608d.txt), accounted by dp-accounting's PLD (``method="pld"``, tight
-        up to discretisation) or RDP (``method="rdp"``, never tighter). ``relation``:
+        The Poisson-subsampled Gaussian mechanism composed T times (Abadi et al. 2016; lecture
+        on ML under DP, DP-SGD and amplification by subsampling), accounted by dp-accounting's
+        PLD (``method="pld"``, tight up to discretisation; Koskela et al. 2020, Doroshenko et
+        al. 2022) or RDP (``method="rdp"``, never tighter; Mironov 2017). At q = 1 ``"pld"`` is
+        the exact Gaussian profile (Balle & Wang 2018, Theorem 8) of one release with σ/√T.
+        Where the PLD grid would be too large the discretisation is coarsened with a warning
+        (still an upper bound; see :func:`dpjax.accounting.tight.pld_epsilon`). ``relation``:
 
         * ``ADD_OR_REMOVE_ONE`` (default, as in dp-accounting and Opacus): neighbours add or
           remove one record; one record moves the clipped sum by at most C.
@@ -68,6 +82,10 @@ def dpsgd_epsilon(
         >>> round(eps, 2)
         1.83
     """
+    noise_multiplier = public_float("noise_multiplier", noise_multiplier)
+    sampling_rate = public_float("sampling_rate", sampling_rate)
+    steps = public_int("steps", steps)
+    delta = public_float("delta", delta)
     _validate.positive("noise_multiplier", noise_multiplier)
     _validate.probability(sampling_rate, "sampling_rate")
     steps = _validate.positive_int("steps", steps)
@@ -102,7 +120,9 @@ def calibrate_noise_multiplier(
     """The smallest σ/C (to relative tolerance ``rtol``) with ``dpsgd_epsilon`` ≤ target.
 
     Bisection in log σ on :func:`dpsgd_epsilon` with the same arguments; the returned value is
-    the bracket end whose ε was evaluated ≤ ``target_epsilon``.
+    the bracket end whose ε was evaluated ≤ ``target_epsilon``. A σ whose PLD grid cannot be
+    built (:class:`~dpjax.accounting.tight.PLDGridTooLargeError`, only at tiny σ) counts as
+    "ε above target", which can only make the returned σ larger (never invalid).
 
     Formal guarantees:
         Those of :func:`dpsgd_epsilon` at the returned σ (ε ≤ ``target_epsilon`` by
@@ -128,6 +148,11 @@ def calibrate_noise_multiplier(
         >>> round(s, 1)
         11.8
     """
+    target_epsilon = public_float("target_epsilon", target_epsilon)
+    delta = public_float("delta", delta)
+    rtol = public_float("rtol", rtol)
+    sampling_rate = public_float("sampling_rate", sampling_rate)
+    steps = public_int("steps", steps)
     _validate.epsilon(target_epsilon, "target_epsilon")
     _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
     _validate.in_range("rtol", rtol, 0.0, 1.0, low_inclusive=False)
@@ -136,16 +161,19 @@ def calibrate_noise_multiplier(
 
     @functools.cache
     def eps(sigma: float) -> float:
-        return dpsgd_epsilon(
-            noise_multiplier=sigma,
-            sampling_rate=sampling_rate,
-            steps=steps,
-            delta=delta,
-            method=method,
-            relation=relation,
-            value_discretization_interval=value_discretization_interval,
-            orders=orders,
-        )
+        try:
+            return dpsgd_epsilon(
+                noise_multiplier=sigma,
+                sampling_rate=sampling_rate,
+                steps=steps,
+                delta=delta,
+                method=method,
+                relation=relation,
+                value_discretization_interval=value_discretization_interval,
+                orders=orders,
+            )
+        except PLDGridTooLargeError:
+            return math.inf
 
     # Start near the moments-accountant scale σ ≈ q√(2T ln(1/δ))/ε (Abadi et al. 2016,
     # Theorem 1), so that no evaluation runs at a needlessly small σ (slow, huge ε).
@@ -184,7 +212,9 @@ def max_steps(
 ) -> int:
     """The largest number of steps T with ``dpsgd_epsilon`` ≤ target at a given σ/C.
 
-    Doubling then integer bisection on :func:`dpsgd_epsilon` (ε increases in T).
+    Doubling then integer bisection on :func:`dpsgd_epsilon` (ε increases in T). A T whose PLD
+    grid cannot be built counts as "ε above target" (the result stays valid). At q = 1 the
+    exact Gaussian profile makes each evaluation take microseconds.
 
     Formal guarantees:
         Those of :func:`dpsgd_epsilon` at the returned T (ε ≤ ``target_epsilon`` was evaluated
@@ -207,13 +237,18 @@ def max_steps(
         >>> max_steps(noise_multiplier=4.0, target_epsilon=1.0, delta=1e-5, sampling_rate=1.0)
         1
     """
+    noise_multiplier = public_float("noise_multiplier", noise_multiplier)
+    target_epsilon = public_float("target_epsilon", target_epsilon)
+    delta = public_float("delta", delta)
+    sampling_rate = public_float("sampling_rate", sampling_rate)
     _validate.positive("noise_multiplier", noise_multiplier)
     _validate.epsilon(target_epsilon, "target_epsilon")
     _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
+    _validate.probability(sampling_rate, "sampling_rate")
 
     def ok(steps: int) -> bool:
-        return (
-            dpsgd_epsilon(
+        try:
+            eps = dpsgd_epsilon(
                 noise_multiplier=noise_multiplier,
                 sampling_rate=sampling_rate,
                 steps=steps,
@@ -223,8 +258,9 @@ def max_steps(
                 value_discretization_interval=value_discretization_interval,
                 orders=orders,
             )
-            <= target_epsilon
-        )
+        except PLDGridTooLargeError:
+            return False
+        return eps <= target_epsilon
 
     if not ok(1):
         return 0

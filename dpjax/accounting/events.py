@@ -12,6 +12,8 @@ Conventions (read these before building an event):
   contribution to the noised sum (its add/remove-one sensitivity). Under ``REPLACE_ONE`` the
   accountant accounts for the sensitivity 2C itself; do not pre-double.
 * ``count`` is the number of noisy releases (noise draws), never a number of micro-batches.
+* Numeric fields are stored as Python floats/ints (NumPy scalars and 0-d arrays are coerced;
+  bool, str and JAX tracers are refused by name): privacy parameters are public constants.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 
 from dpjax import _validate
+from dpjax.accounting._params import public_float, public_int
 from dpjax.relation import ADD_OR_REMOVE_ONE, REPLACE_ONE, NeighbouringRelation, as_relation
 
 __all__ = [
@@ -38,7 +41,16 @@ class PrivacyEvent:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "relation", as_relation(self.relation))  # type: ignore[attr-defined]
+        self._coerce_int("count")
         _validate.positive_int("count", self.count)  # type: ignore[attr-defined]
+
+    def _coerce_float(self, *names: str) -> None:
+        for name in names:
+            object.__setattr__(self, name, public_float(name, getattr(self, name)))
+
+    def _coerce_int(self, *names: str) -> None:
+        for name in names:
+            object.__setattr__(self, name, public_int(name, getattr(self, name)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +63,7 @@ class GaussianEvent(PrivacyEvent):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        self._coerce_float("noise_multiplier")
         _validate.positive("noise_multiplier", self.noise_multiplier)
 
 
@@ -64,6 +77,7 @@ class LaplaceEvent(PrivacyEvent):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        self._coerce_float("noise_multiplier")
         _validate.positive("noise_multiplier", self.noise_multiplier)
 
 
@@ -78,6 +92,7 @@ class EpsilonDeltaEvent(PrivacyEvent):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        self._coerce_float("epsilon", "delta")
         _validate.epsilon(self.epsilon)
         _validate.delta(self.delta)
 
@@ -96,6 +111,7 @@ class PoissonSampledGaussianEvent(PrivacyEvent):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        self._coerce_float("noise_multiplier", "sampling_rate")
         _validate.positive("noise_multiplier", self.noise_multiplier)
         _validate.probability(self.sampling_rate, "sampling_rate")
 
@@ -126,6 +142,8 @@ class FixedBatchGaussianEvent(PrivacyEvent):
     def __post_init__(self) -> None:
         super().__post_init__()
         _validate.one_of("sampling", self.sampling, ("shuffle", "independent"))
+        self._coerce_float("noise_multiplier")
+        self._coerce_int("batch_size", "dataset_size")
         _validate.positive("noise_multiplier", self.noise_multiplier)
         _validate.positive_int("batch_size", self.batch_size)
         _validate.positive_int("dataset_size", self.dataset_size)
@@ -137,7 +155,8 @@ class FixedBatchGaussianEvent(PrivacyEvent):
 
 @dataclasses.dataclass(frozen=True)
 class LaplaceDPSGDEvent(PrivacyEvent):
-    """The Laplace-noise DP-SGD of 004 (Theorems 36–37): per-step pure-DP budgets ε_h.
+    """The Laplace-noise DP-SGD of the lecture on advances in DP (Theorems 36–37): per-step
+    pure-DP budgets ε_h.
 
     ``epsilons`` holds the per-release ε_h; the run is (Σ ε_h, 0)-DP by basic composition.
     """
@@ -148,7 +167,9 @@ class LaplaceDPSGDEvent(PrivacyEvent):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        object.__setattr__(self, "epsilons", tuple(float(e) for e in self.epsilons))
+        object.__setattr__(
+            self, "epsilons", tuple(public_float("epsilons[i]", e) for e in self.epsilons)
+        )
         if not self.epsilons:
             _validate.fail("epsilons", self.epsilons, "a non-empty sequence")
         for e in self.epsilons:

@@ -15,6 +15,7 @@ import numpy as np
 from scipy import special
 
 from dpjax import _validate
+from dpjax.accounting._params import public_float
 
 __all__ = ["optimal_composition_delta", "optimal_composition_epsilon"]
 
@@ -39,7 +40,9 @@ def _log_delta_pure(epsilon: float, steps: int, epsilon_total: float) -> float:
 
 
 def _check(epsilon: float, delta: float, steps: int) -> int:
+    epsilon = public_float("epsilon", epsilon)
     _validate.epsilon(epsilon)
+    delta = public_float("delta", delta)
     _validate.delta(delta)
     return _validate.positive_int("steps", steps)
 
@@ -69,6 +72,7 @@ def optimal_composition_delta(
         δ_total in [0, 1].
     """
     steps = _check(epsilon, delta, steps)
+    epsilon_total = public_float("epsilon_total", epsilon_total)
     _validate.non_negative("epsilon_total", epsilon_total)
     delta_pure = math.exp(_log_delta_pure(float(epsilon), steps, float(epsilon_total)))
     # 1 − (1−δ)^T (1 − δ_pure), with log1p/expm1 for small δ.
@@ -86,7 +90,7 @@ def optimal_composition_epsilon(
 
     Formal guarantees:
         Kairouz, Oh and Viswanath (ICML 2015), Theorem 3.3; see :func:`optimal_composition_delta`.
-        Never larger than advanced composition (000_a9865af81d0677e1.txt) or basic composition
+        Never larger than advanced composition (lecture on properties of DP) or basic composition
         with the same total δ.
 
     Args:
@@ -104,7 +108,9 @@ def optimal_composition_epsilon(
         1.9811
     """
     steps = _check(epsilon, delta, steps)
+    delta_total = public_float("delta_total", delta_total)
     _validate.in_range("delta_total", delta_total, 0.0, 1.0, low_inclusive=False)
+    tol = public_float("tol", tol)
     _validate.positive("tol", tol)
     lo, hi = 0.0, steps * float(epsilon)
     if (

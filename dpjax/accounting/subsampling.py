@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from dpjax import _validate
+from dpjax.accounting._params import public_float
 from dpjax.relation import ADD_OR_REMOVE_ONE, REPLACE_ONE, NeighbouringRelation, as_relation
 
 __all__ = ["SAMPLING_RELATIONS", "amplification_by_subsampling"]
@@ -32,7 +33,7 @@ def amplification_by_subsampling(
     """(ε, δ) of an (ε, δ)-DP mechanism run on a random subsample: (ln(1 + p(e^ε − 1)), pδ).
 
     Formal guarantees:
-        Privacy amplification by subsampling in 003_eb46ba05ef56608d.txt ("DP SGD: Improved
+        Privacy amplification by subsampling in the lecture on ML under DP ("DP SGD: Improved
         Privacy Analysis"): M(S(x)) is (ln(1 + (e^ε − 1)p), pδ)-DP. The relation matters
         (Balle, Barthe and Gaboardi, "Privacy Amplification by Subsampling", NeurIPS 2018):
 
@@ -59,8 +60,11 @@ def amplification_by_subsampling(
         >>> round(eps, 6), round(dlt, 12)
         (0.017037, 1e-07)
     """
+    epsilon = public_float("epsilon", epsilon)
     _validate.epsilon(epsilon)
+    delta = public_float("delta", delta)
     _validate.delta(delta)
+    sampling_rate = public_float("sampling_rate", sampling_rate)
     _validate.probability(sampling_rate, "sampling_rate")
     _validate.one_of("sampling", sampling, tuple(SAMPLING_RELATIONS))
     holds_under = SAMPLING_RELATIONS[sampling]

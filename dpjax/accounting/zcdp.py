@@ -1,8 +1,8 @@
 """Zero-concentrated DP (zCDP): the Gaussian mechanism's ρ, composition, conversion to (ε, δ).
 
 ρ-zCDP means D_α(M(D) ‖ M(D')) ≤ ρα for every α > 1 and neighbours D, D' (Bun and Steinke
-2016). ρ adds up under composition; it does not amplify by subsampling (003), so DP-SGD with
-q < 1 needs RDP or PLD accounting instead.
+2016). ρ adds up under composition; it does not amplify by subsampling (lecture on ML under
+DP), so DP-SGD with q < 1 needs RDP or PLD accounting instead.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import numpy as np
 from scipy import optimize
 
 from dpjax import _validate
+from dpjax.accounting._params import public_float
 
 __all__ = [
     "gaussian_zcdp_rho",
@@ -29,8 +30,8 @@ def gaussian_zcdp_rho(*, sigma: float, sensitivity: float) -> float:
     """ρ = Δ²/(2σ²) of the Gaussian mechanism f(D) + N(0, σ²I).
 
     Formal guarantees:
-        Bun and Steinke (TCC 2016), Proposition 1.6; "Improved Analysis with Concentrated DP" in
-        003_eb46ba05ef56608d.txt. Δ is the ℓ2 sensitivity under the relation you claim.
+        Bun and Steinke (TCC 2016), Proposition 1.6; "Improved Analysis with Concentrated DP" in the
+        lecture on ML under DP. Δ is the ℓ2 sensitivity under the relation you claim.
 
     Args:
         sigma: noise standard deviation in (0, inf).
@@ -43,7 +44,9 @@ def gaussian_zcdp_rho(*, sigma: float, sensitivity: float) -> float:
         >>> gaussian_zcdp_rho(sigma=2.0, sensitivity=1.0)
         0.125
     """
+    sigma = public_float("sigma", sigma)
     _validate.positive("sigma", sigma)
+    sensitivity = public_float("sensitivity", sensitivity)
     _validate.positive("sensitivity", sensitivity)
     return float(sensitivity) ** 2 / (2.0 * float(sigma) ** 2)
 
@@ -53,7 +56,7 @@ def zcdp_compose(rhos: Sequence[float]) -> float:
 
     Formal guarantees:
         Bun and Steinke (TCC 2016), Lemma 2.3 (adaptive composition); "By composition of zCDP"
-        in 003_eb46ba05ef56608d.txt. Same relation as the inputs.
+        in the lecture on ML under DP. Same relation as the inputs.
 
     Args:
         rhos: per-mechanism ρᵢ, each in (0, inf).
@@ -67,17 +70,20 @@ def zcdp_compose(rhos: Sequence[float]) -> float:
     return math.fsum(vals)
 
 
-def _check(rho: float, delta: float) -> None:
+def _check(rho: float, delta: float) -> tuple[float, float]:
+    rho = public_float("rho", rho)
     _validate.positive("rho", rho)
+    delta = public_float("delta", delta)
     _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
+    return rho, delta
 
 
 def zcdp_epsilon_bun_steinke(*, rho: float, delta: float) -> float:
     """ε = ρ + 2√(ρ ln(1/δ)) of a ρ-zCDP mechanism at δ.
 
     Formal guarantees:
-        Bun and Steinke (TCC 2016), Proposition 1.3; the conversion used in
-        003_eb46ba05ef56608d.txt ("By zCDP-to-approx. DP conversion").
+        Bun and Steinke (TCC 2016), Proposition 1.3; the conversion used in the
+        lecture on ML under DP ("By zCDP-to-approx. DP conversion").
 
     Args:
         rho: ρ in (0, inf).
@@ -90,7 +96,7 @@ def zcdp_epsilon_bun_steinke(*, rho: float, delta: float) -> float:
         >>> round(zcdp_epsilon_bun_steinke(rho=0.01, delta=1e-5), 6)
         0.688614
     """
-    _check(rho, delta)
+    rho, delta = _check(rho, delta)
     return rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
 
 
@@ -121,7 +127,7 @@ def zcdp_epsilon_cks(*, rho: float, delta: float) -> float:
     Returns:
         ε ≥ 0.
     """
-    _check(rho, delta)
+    rho, delta = _check(rho, delta)
     log_inv_delta = math.log(1.0 / delta)
 
     def objective(log_am1: float) -> float:
@@ -149,7 +155,7 @@ def zcdp_epsilon(*, rho: float, delta: float, conversion: str = "cks") -> float:
     Args:
         rho: ρ in (0, inf).
         delta: δ in (0, 1).
-        conversion: ``"cks"`` (Canonne–Kamath–Steinke 2020) or ``"bun_steinke"`` (003).
+        conversion: ``"cks"`` (Canonne–Kamath–Steinke 2020) or ``"bun_steinke"`` (the lecture's).
 
     Returns:
         ε.
@@ -179,7 +185,9 @@ def zcdp_rho_for_epsilon(*, epsilon: float, delta: float, conversion: str = "cks
         >>> round(zcdp_rho_for_epsilon(epsilon=1.0, delta=1e-5, conversion="bun_steinke"), 6)
         0.02082
     """
+    epsilon = public_float("epsilon", epsilon)
     _validate.epsilon(epsilon)
+    delta = public_float("delta", delta)
     _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
     _validate.one_of("conversion", conversion, ("cks", "bun_steinke"))
     log_inv_delta = math.log(1.0 / delta)
