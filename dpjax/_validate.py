@@ -93,7 +93,10 @@ def _as_float(name: str, value: Any, valid: str) -> float:
     number = _number_like(value)
     if number is None:
         fail(name, value, valid)
-    result = float(number)
+    try:
+        result = float(number)
+    except OverflowError:  # an int beyond float64: refused, not silently made inf
+        fail(name, value, valid)
     if math.isnan(result):
         fail(name, value, valid)
     return result

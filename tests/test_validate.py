@@ -64,7 +64,7 @@ _REAL_CHECKS = [
 
 
 @pytest.mark.parametrize("check", _REAL_CHECKS)
-@pytest.mark.parametrize("bad", [True, False, np.bool_(True), "1", "0.5", b"1", [1.0], None])
+@pytest.mark.parametrize("bad", [True, False, np.bool_(True), "1", "0.5", b"1", [1.0], None, 1j])
 def test_bool_str_and_non_numbers_refused_by_name(check, bad):
     # epsilon=True and epsilon="1" used to be accepted (returned unchanged) as 1.0
     with pytest.raises(ValueError, match="^epsilon must be .*; got "):
@@ -105,6 +105,11 @@ def test_real_helpers_return_python_floats(value):
         if expected is not None:
             assert out == expected  # exact: float32 → float64 is exact
         assert out == pytest.approx(0.1, rel=1e-2)
+
+
+def test_int_beyond_float64_refused_not_overflowing():
+    with pytest.raises(ValueError, match="epsilon must be in \\(0, inf\\)"):
+        _validate.epsilon(10**400)
 
 
 def test_positive_int_coerces_numpy_and_0d_arrays():
