@@ -100,3 +100,13 @@ def test_gdp_audit_of_laplace_needs_the_assumption_and_is_labelled():
     assert r.exceed_count == 1  # the (false) assumption makes the heuristic exceed ε = 1
     d = auditing.audit(laplace_1dp, 0.0, 1.0, **run)  # the assumption-free estimator
     assert not d.is_heuristic and d.summary()["conditional_on"] is None and d.exceed_count == 0
+
+
+def test_mechanism_with_data_dependent_privacy_parameter_falls_back_to_concrete_data():
+    # the traced privacy parameter is refused inside the vmapped run (TracedParameterError);
+    # the harness then closes over the concrete data, as for any mechanism needing it
+    def eps_from_data(k, x):
+        return dpjax.mechanisms.laplace(k, 0.0, sensitivity=1.0, epsilon=x)
+
+    s = auditing.run_trials(eps_from_data, 2.0, key=jax.random.key(10), trials=64)
+    assert s.shape == (64,) and np.all(np.isfinite(s))
