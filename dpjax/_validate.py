@@ -5,8 +5,19 @@ Every check raises ``ValueError`` with one message shape::
     <name> must be <range>; got <value!r>
 
 so that a bad privacy parameter fails loudly and the same way everywhere, instead of
-silently producing a wrong guarantee. Checks are skipped for traced JAX values (inside
-``jax.jit`` a value is not known); privacy parameters should be static Python numbers.
+silently producing a wrong guarantee.
+
+Privacy parameters (ε, δ, σ, sensitivities, sampling rates, step counts, ...) are public
+constants, and every helper here coerces them at the boundary: each returns the value as a
+Python ``float`` (or ``int`` for :func:`positive_int`), so the caller's arithmetic never runs in
+a NumPy float32 or on a string. Accepted: Python ints and floats, NumPy scalars and concrete
+0-d arrays (NumPy or JAX) of an integer or floating dtype. Refused by name: bools, strings,
+other objects, arrays with more than one element, and JAX tracers (inside ``jax.jit`` a
+privacy parameter would not be known, so it could not be checked). A tracer raises
+:class:`TracedParameterError`, a ``TypeError``; every other refusal is a ``ValueError``.
+
+Data arrays that may legitimately be traced are not privacy parameters: test them with
+:func:`is_concrete` and check them only when they are concrete.
 """
 
 from __future__ import annotations
@@ -16,9 +27,14 @@ import numbers
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 __all__ = [
+    "TracedParameterError",
+    "PUBLIC_CONSTANTS",
     "is_concrete",
+    "real",
     "positive",
     "non_negative",
     "in_range",
@@ -30,9 +46,17 @@ __all__ = [
     "fail",
 ]
 
+PUBLIC_CONSTANTS = (
+    "privacy parameters are public constants: pass a Python number, not a traced value"
+)
+
+
+class TracedParameterError(TypeError):
+    """A privacy parameter was given as a JAX tracer (e.g. an argument of a jitted function)."""
+
 
 def is_concrete(value: Any) -> bool:
-    """Whether ``value`` is a concrete number (not a JAX tracer)."""
+    """Whether ``value`` is a concrete value (not a JAX tracer); for data, not parameters."""
     return not isinstance(value, jax.core.Tracer)
 
 
@@ -41,35 +65,63 @@ def fail(name: str, value: Any, valid: str) -> None:
     raise ValueError(f"{name} must be {valid}; got {value!r}")
 
 
+def _refuse_tracer(name: str, value: Any, valid: str) -> None:
+    if isinstance(value, jax.core.Tracer):
+        raise TracedParameterError(
+            f"{name} must be {valid}; got the traced value {value!r} ({PUBLIC_CONSTANTS}; "
+            "close over it or mark it static instead of passing it through jax.jit)"
+        )
+
+
+def _number_like(value: Any) -> Any | None:
+    """``value`` as a NumPy/Python scalar if it is a real number of a numeric type, else None."""
+    if isinstance(value, bool | np.bool_ | str | bytes):
+        return None
+    if isinstance(value, np.ndarray | jax.Array):
+        dtype = value.dtype
+        numeric = jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.floating)
+        if value.ndim != 0 or not numeric:
+            return None
+        return np.asarray(value)[()]
+    if isinstance(value, numbers.Real):
+        return value
+    return None
+
+
 def _as_float(name: str, value: Any, valid: str) -> float:
+    _refuse_tracer(name, value, valid)
+    number = _number_like(value)
+    if number is None:
+        fail(name, value, valid)
     try:
-        result = float(value)
-    except (TypeError, ValueError):
+        result = float(number)
+    except OverflowError:  # an int beyond float64: refused, not silently made inf
         fail(name, value, valid)
     if math.isnan(result):
         fail(name, value, valid)
     return result
 
 
-def positive(name: str, value: Any, *, allow_inf: bool = False) -> Any:
-    """Check ``0 < value`` (and finite unless ``allow_inf``); returns ``value``."""
+def real(name: str, value: Any, valid: str = "a real number") -> float:
+    """Coerce a public real number (±inf allowed, NaN refused) to a Python ``float``."""
+    return _as_float(name, value, valid)
+
+
+def positive(name: str, value: Any, *, allow_inf: bool = False) -> float:
+    """Check ``0 < value`` (and finite unless ``allow_inf``); returns it as a ``float``."""
     valid = "in (0, inf]" if allow_inf else "in (0, inf)"
-    if not is_concrete(value):
-        return value
     x = _as_float(name, value, valid)
     if not x > 0 or (math.isinf(x) and not allow_inf):
         fail(name, value, valid)
-    return value
+    return x
 
 
-def non_negative(name: str, value: Any) -> Any:
-    """Check ``0 <= value < inf``; returns ``value``."""
-    if not is_concrete(value):
-        return value
+def non_negative(name: str, value: Any) -> float:
+    """Check ``0 <= value < inf``; returns it as a ``float``."""
     x = _as_float(name, value, "in [0, inf)")
     if not 0 <= x < math.inf:
         fail(name, value, "in [0, inf)")
-    return value
+    return x
 
 
 def in_range(
@@ -80,50 +132,65 @@ def in_range(
     *,
     low_inclusive: bool = True,
     high_inclusive: bool = False,
-) -> Any:
-    """Check that ``value`` lies in the interval ``[low, high)`` (brackets configurable)."""
+) -> float:
+    """Check that ``value`` lies in ``[low, high)`` (brackets configurable); returns a float."""
     lb = "[" if low_inclusive else "("
     rb = "]" if high_inclusive else ")"
     valid = f"in {lb}{low}, {high}{rb}"
-    if not is_concrete(value):
-        return value
     x = _as_float(name, value, valid)
     ok_low = x >= low if low_inclusive else x > low
     ok_high = x <= high if high_inclusive else x < high
     if not (ok_low and ok_high):
         fail(name, value, valid)
-    return value
+    return x
 
 
-def epsilon(value: Any, name: str = "epsilon") -> Any:
-    """Privacy parameter ε: must lie in (0, inf)."""
+def epsilon(value: Any, name: str = "epsilon") -> float:
+    """Privacy parameter ε: must lie in (0, inf); returns it as a ``float``."""
     return positive(name, value)
 
 
-def delta(value: Any, name: str = "delta") -> Any:
-    """Privacy parameter δ: must lie in [0, 1)."""
+def delta(value: Any, name: str = "delta") -> float:
+    """Privacy parameter δ: must lie in [0, 1); returns it as a ``float``."""
     return in_range(name, value, 0.0, 1.0)
 
 
-def probability(value: Any, name: str, *, allow_zero: bool = False) -> Any:
-    """A probability / sampling rate in (0, 1] (or [0, 1] with ``allow_zero``)."""
+def probability(value: Any, name: str, *, allow_zero: bool = False) -> float:
+    """A probability / sampling rate in (0, 1] (or [0, 1] with ``allow_zero``), as a float."""
     return in_range(name, value, 0.0, 1.0, low_inclusive=allow_zero, high_inclusive=True)
 
 
 def positive_int(name: str, value: Any) -> int:
-    """A positive integer (bools are refused); returns it as ``int``."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, numbers.Integral | float)
-        or (isinstance(value, float) and not value.is_integer())
-        or value < 1
-    ):
-        fail(name, value, "a positive integer")
-    return int(value)
+    """A positive integer (bools and strings are refused); returns it as ``int``.
+
+    Integer-valued floats (``3.0``) are accepted, as are NumPy integer scalars and 0-d arrays.
+    """
+    valid = "a positive integer"
+    _refuse_tracer(name, value, valid)
+    number = _number_like(value)
+    if isinstance(number, numbers.Integral | np.integer):
+        result = int(number)
+    elif number is not None and math.isfinite(float(number)) and float(number).is_integer():
+        result = int(float(number))
+    else:
+        fail(name, value, valid)
+    if result < 1:
+        fail(name, value, valid)
+    return result
 
 
 def one_of(name: str, value: Any, choices: tuple[Any, ...]) -> Any:
-    """Check that ``value`` is one of ``choices``."""
-    if value not in choices:
-        fail(name, value, f"one of {choices!r}")
-    return value
+    """Check that ``value`` is one of ``choices``; returns the matching element of ``choices``."""
+    valid = f"one of {choices!r}"
+    _refuse_tracer(name, value, valid)
+    for choice in choices:
+        if value is choice:
+            return choice
+        if isinstance(value, bool) != isinstance(choice, bool):  # True is not the choice 1
+            continue
+        try:
+            if bool(value == choice):
+                return choice
+        except (TypeError, ValueError):  # e.g. an array compared elementwise
+            continue
+    fail(name, value, valid)

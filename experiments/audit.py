@@ -108,6 +108,7 @@ def run_case(
         delta=case.delta,
         confidence=CONFIDENCE,
         claimed_epsilon=case.claimed_epsilon,
+        assume_gaussian_tradeoff=case.estimator == "gdp",  # GDP cases audit Gaussian mechanisms
     )
 
 

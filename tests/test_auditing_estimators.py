@@ -82,7 +82,7 @@ def test_direct_bound_identical_distributions_is_small():
 def test_gdp_bound_recovers_mu_and_rejects_wrong_scale():
     rng = np.random.default_rng(5)
     s0, s1 = rng.normal(0, 1, 200_000), rng.normal(0.5, 1, 200_000)  # 0.5-GDP
-    b = A.gdp_epsilon_lower_bound(s0, s1, delta=1e-5)
+    b = A.gdp_epsilon_lower_bound(s0, s1, delta=1e-5, assume_gaussian_tradeoff=True)
     assert 0.45 < b.mu <= 0.5
     assert b.epsilon == pytest.approx(A.gdp_epsilon(b.mu, 1e-5))
     assert b.mu > 0.5 / 1.5  # a 1.5x larger noise scale (mu/1.5) is rejected
@@ -128,10 +128,17 @@ def test_one_run_randomized_response():
         ),
         (lambda: A.direct_epsilon_lower_bound(np.zeros(2), np.ones(10)), "scores_d"),
         (
-            lambda: A.gdp_epsilon_lower_bound(np.zeros(10), np.full(10, np.nan), delta=1e-5),
+            lambda: A.gdp_epsilon_lower_bound(
+                np.zeros(10), np.full(10, np.nan), delta=1e-5, assume_gaussian_tradeoff=True
+            ),
             "scores_dprime",
         ),
-        (lambda: A.gdp_epsilon_lower_bound(np.zeros(10), np.ones(10), delta=0.0), "delta"),
+        (
+            lambda: A.gdp_epsilon_lower_bound(
+                np.zeros(10), np.ones(10), delta=0.0, assume_gaussian_tradeoff=True
+            ),
+            "delta",
+        ),
         (lambda: A.gdp_mu_for(-1.0, 1e-5), "epsilon"),
         (lambda: A.one_run_p_value(10, 5, 6, 1.0), "v <= r <= m"),
         (lambda: A.clopper_pearson_upper(1, 10, 0.0), "alpha"),
@@ -140,3 +147,34 @@ def test_one_run_randomized_response():
 def test_bad_arguments_name_themselves(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+# --- issue 13 finding 9: the GDP estimator false-alarms on non-Gaussian mechanisms -------------
+
+
+def _laplace_pair(n=20_000, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.laplace(0, 1, n), rng.laplace(1, 1, n)  # exactly 1-DP (ε = 1, δ = 0) pair
+
+
+def test_gdp_estimator_refused_without_stated_assumption():
+    # On the exactly 1-DP Laplace pair the old estimator reported ε_LB ≈ 4.3 > 1 at δ = 1e-5.
+    s0, s1 = _laplace_pair()
+    for flag in ({}, {"assume_gaussian_tradeoff": False}, {"assume_gaussian_tradeoff": 1}):
+        with pytest.raises(ValueError, match="assume_gaussian_tradeoff must be True.*Gaussian"):
+            A.gdp_epsilon_lower_bound(s0, s1, delta=1e-5, **flag)
+
+
+def test_gdp_estimator_with_assumption_is_labelled_heuristic():
+    s0, s1 = _laplace_pair()
+    b = A.gdp_epsilon_lower_bound(s0, s1, delta=1e-5, assume_gaussian_tradeoff=True)
+    assert b.is_heuristic and "Gaussian" in b.conditional_on and "heuristic" in b.conditional_on
+    # Why the label matters: the assumption is false here and the "bound" exceeds the true ε = 1.
+    assert b.epsilon > 1.0
+    d = A.direct_epsilon_lower_bound(s0, s1, delta=1e-5)  # assumption-free: stays below ε = 1
+    assert not d.is_heuristic and d.conditional_on is None and d.epsilon <= 1.0
+
+
+def test_direct_and_one_run_bounds_are_unconditional():
+    b = A.one_run_epsilon_lower_bound(np.ones(100), np.ones(100, bool))
+    assert not b.is_heuristic

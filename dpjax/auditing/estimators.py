@@ -17,9 +17,12 @@ Replacing α, β by Clopper–Pearson upper confidence bounds α⁺, β⁺ turns
 lower bound that holds with the stated confidence. Three estimators are provided:
 
 * :func:`direct_epsilon_lower_bound` – no assumption on M (Jagielski, Ullman, Oprea 2020);
-* :func:`gdp_epsilon_lower_bound` – assumes M's trade-off curve is Gaussian (μ-GDP), as for the
-  Gaussian mechanism, Gaussian output/objective perturbation and full-batch DP-GD (Nasr et al.,
-  USENIX Security 2023); much tighter at small δ;
+* :func:`gdp_epsilon_lower_bound` – a heuristic, conditional on the caller's assumption that M's
+  trade-off curve is Gaussian (μ-GDP), as for the Gaussian mechanism, Gaussian
+  output/objective perturbation and full-batch DP-GD (Nasr et al., USENIX Security 2023);
+  much tighter at small δ when the assumption holds, and not a lower bound when it does not
+  (on an exactly 1-DP Laplace mechanism it reports ε ≈ 4.4 at δ = 1e-5), so the caller must
+  state the assumption with ``assume_gaussian_tradeoff=True``;
 * :func:`one_run_epsilon_lower_bound` – m canaries, one run (Steinke, Nasr, Jagielski 2023).
 
 Threshold choice: the threshold is chosen on the first half of the scores ("selection half")
@@ -42,6 +45,8 @@ from dpjax import _validate
 
 __all__ = [
     "EpsilonLowerBound",
+    "GAUSSIAN_TRADEOFF_ASSUMPTION",
+    "check_gaussian_tradeoff_assumed",
     "clopper_pearson_upper",
     "clopper_pearson_lower",
     "epsilon_from_rates",
@@ -62,6 +67,11 @@ _MAX_THRESHOLDS = 2000
 # 99.9% the GDP estimator still picked far-tail thresholds in ~1 audit in 20.
 _SELECTION_CONFIDENCE = 1.0 - 1e-6
 
+GAUSSIAN_TRADEOFF_ASSUMPTION = (
+    "the mechanism's trade-off curve between D and D′ is Gaussian (μ-GDP; Nasr et al., "
+    "USENIX Security 2023): a heuristic, not a lower bound on ε, if it is not"
+)
+
 
 @dataclasses.dataclass(frozen=True)
 class EpsilonLowerBound:
@@ -80,6 +90,9 @@ class EpsilonLowerBound:
         fnr: observed β on the evaluation half.
         mu: μ_LB of the GDP estimator (None for the others).
         n_eval: number of scores per data set the bound was computed from.
+        conditional_on: the unverified assumption the bound rests on (None: none, the bound
+            holds for every mechanism). Set by the GDP estimator, whose output is a heuristic
+            unless M's trade-off curve really is Gaussian.
     """
 
     epsilon: float
@@ -93,6 +106,12 @@ class EpsilonLowerBound:
     fnr: float | None = None
     mu: float | None = None
     n_eval: int | None = None
+    conditional_on: str | None = None
+
+    @property
+    def is_heuristic(self) -> bool:
+        """True when ε_LB holds only under ``conditional_on`` (an assumption not checked)."""
+        return self.conditional_on is not None
 
 
 def clopper_pearson_upper(k, n, alpha: float):
@@ -110,7 +129,7 @@ def clopper_pearson_upper(k, n, alpha: float):
         >>> round(float(clopper_pearson_upper(0, 100, 0.05)), 4)  # "rule of three"-like
         0.0295
     """
-    _validate.in_range("alpha", alpha, 0.0, 1.0, low_inclusive=False)
+    alpha = _validate.in_range("alpha", alpha, 0.0, 1.0, low_inclusive=False)
     k = np.asarray(k, dtype=np.float64)
     n = np.asarray(n, dtype=np.float64)
     full = k >= n
@@ -120,7 +139,7 @@ def clopper_pearson_upper(k, n, alpha: float):
 
 def clopper_pearson_lower(k, n, alpha: float):
     """One-sided Clopper–Pearson lower bound p⁻ with P[p ≥ p⁻] ≥ 1 − alpha (0 where k = 0)."""
-    _validate.in_range("alpha", alpha, 0.0, 1.0, low_inclusive=False)
+    alpha = _validate.in_range("alpha", alpha, 0.0, 1.0, low_inclusive=False)
     k = np.asarray(k, dtype=np.float64)
     n = np.asarray(n, dtype=np.float64)
     empty = k <= 0
@@ -139,7 +158,7 @@ def epsilon_from_rates(fpr, fnr, delta: float = 0.0):
     Returns:
         The largest ε for which (ε, δ)-DP would be contradicted by these rates (0 if none).
     """
-    _validate.delta(delta)
+    delta = _validate.delta(delta)
     a = np.asarray(fpr, dtype=np.float64)
     b = np.asarray(fnr, dtype=np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -167,8 +186,8 @@ def gdp_delta(epsilon: float, mu: float) -> float:
 
     Computed with the second term in log space (no overflow at large ε).
     """
-    _validate.non_negative("epsilon", epsilon)
-    _validate.non_negative("mu", mu)
+    epsilon = _validate.non_negative("epsilon", epsilon)
+    mu = _validate.non_negative("mu", mu)
     if mu == 0.0:
         return 0.0
     first = special.ndtr(-epsilon / mu + mu / 2.0)
@@ -190,8 +209,8 @@ def gdp_epsilon(mu: float, delta: float) -> float:
         >>> round(gdp_epsilon(1.0, 1e-5), 3)
         4.377
     """
-    _validate.non_negative("mu", mu)
-    _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
+    mu = _validate.non_negative("mu", mu)
+    delta = _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
     if gdp_delta(0.0, mu) <= delta:
         return 0.0
     hi = 1.0
@@ -206,8 +225,8 @@ def gdp_mu_for(epsilon: float, delta: float) -> float:
     A mechanism claiming (ε, δ)-DP with a Gaussian trade-off curve is μ_claim-GDP at most;
     ``μ_LB > μ_claim`` is equivalent to ``gdp_epsilon(μ_LB, δ) > ε``.
     """
-    _validate.epsilon(epsilon)
-    _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
+    epsilon = _validate.epsilon(epsilon)
+    delta = _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
     hi = 1.0
     while gdp_delta(epsilon, hi) < delta:
         hi *= 2.0
@@ -253,7 +272,7 @@ def _upper_rates(k_fp, k_fn, n0: int, n1: int, confidence: float):
 
 def _select_and_bound(scores_d, scores_dprime, confidence, objective):
     """Pick t maximising ``objective(α⁺, β⁺)`` on the selection half; bound on the other."""
-    _validate.in_range("confidence", confidence, 0.0, 1.0, low_inclusive=False)
+    confidence = _validate.in_range("confidence", confidence, 0.0, 1.0, low_inclusive=False)
     s0, s1 = _check_scores(scores_d, scores_dprime)
     sel0, ev0 = _split_halves(s0)
     sel1, ev1 = _split_halves(s1)
@@ -305,20 +324,41 @@ def direct_epsilon_lower_bound(
         >>> 0.5 < b.epsilon <= 1.0
         True
     """
-    _validate.delta(delta)
+    delta = _validate.delta(delta)
+    confidence = _validate.in_range("confidence", confidence, 0.0, 1.0, low_inclusive=False)
     rates = _select_and_bound(
         scores_d, scores_dprime, confidence, lambda a, b: epsilon_from_rates(a, b, delta)
     )
     eps = float(epsilon_from_rates(rates["fpr_upper"], rates["fnr_upper"], delta))
     return EpsilonLowerBound(
-        epsilon=eps, confidence=confidence, method="direct", delta=float(delta), **rates
+        epsilon=eps, confidence=confidence, method="direct", delta=delta, **rates
     )
 
 
+def check_gaussian_tradeoff_assumed(assume_gaussian_tradeoff: bool) -> None:
+    """Refuse the GDP estimator unless the caller states its assumption (``True``)."""
+    if assume_gaussian_tradeoff is not True:
+        _validate.fail(
+            "assume_gaussian_tradeoff",
+            assume_gaussian_tradeoff,
+            "True to use the GDP estimator: it assumes "
+            + GAUSSIAN_TRADEOFF_ASSUMPTION
+            + " (on an exactly 1-DP Laplace mechanism it reports ε ≈ 4.4 at δ = 1e-5). "
+            "State the assumption only for Gaussian-shaped mechanisms (Gaussian noise on a "
+            "statistic, Gaussian output perturbation, full-batch DP-GD); otherwise use "
+            "direct_epsilon_lower_bound",
+        )
+
+
 def gdp_epsilon_lower_bound(
-    scores_d, scores_dprime, *, delta: float, confidence: float = 0.95
+    scores_d,
+    scores_dprime,
+    *,
+    delta: float,
+    confidence: float = 0.95,
+    assume_gaussian_tradeoff: bool = False,
 ) -> EpsilonLowerBound:
-    r"""Lower bound on ε(δ) assuming a Gaussian trade-off curve (Nasr et al. 2023).
+    r"""Heuristic ε(δ) bound, valid only if M's trade-off curve is Gaussian (Nasr et al. 2023).
 
     μ_LB = Φ⁻¹(1 − α⁺) − Φ⁻¹(β⁺) at the threshold chosen on the selection half, and
     ε_LB = ``gdp_epsilon(μ_LB, δ)``.
@@ -328,9 +368,16 @@ def gdp_epsilon_lower_bound(
         scores_dprime: scores of runs on D′, independent of the D runs.
         delta: δ in (0, 1) at which ε_LB is reported.
         confidence: joint confidence (Clopper–Pearson on both rates, Bonferroni).
+        assume_gaussian_tradeoff: must be ``True``: the caller states that M's trade-off
+            curve between D and D′ is Gaussian. The default ``False`` raises, because for
+            other mechanisms the output is not a lower bound.
 
     Returns:
-        An :class:`EpsilonLowerBound` with ``mu`` = μ_LB and ``epsilon`` = ε of μ_LB-GDP at δ.
+        An :class:`EpsilonLowerBound` with ``mu`` = μ_LB, ``epsilon`` = ε of μ_LB-GDP at δ and
+        ``conditional_on`` recording the assumption (``is_heuristic`` is True).
+
+    Raises:
+        ValueError: ``assume_gaussian_tradeoff`` is not True, or a bad δ, confidence or scores.
 
     Formal guarantees:
         Assumption: M's trade-off curve between D and D′ is that of μ-GDP for some μ (true
@@ -339,23 +386,33 @@ def gdp_epsilon_lower_bound(
         full-batch DP-GD with T steps, μ = √T·Δ/σ; Dong, Roth, Su 2022, Thm 2.7 and
         Cor. 3.3). Then μ ≥ μ_LB with probability ≥ confidence, and since ε(δ) of μ-GDP is
         increasing in μ, ε ≥ ε_LB. A μ_claim-GDP claim is refuted when μ_LB > μ_claim
-        (``gdp_mu_for``). For mechanisms that are not GDP-shaped (Laplace, subsampled
-        mechanisms) μ_LB is a heuristic: use :func:`direct_epsilon_lower_bound`.
+        (``gdp_mu_for``). For mechanisms that are not GDP-shaped (Laplace, subsampled or
+        discrete mechanisms) ε_LB is NOT a lower bound: one (α, β) point is extrapolated along
+        the wrong curve, e.g. an exactly 1-DP Laplace pair gives μ_LB ≈ 1.03 and ε_LB ≈ 4.4 at
+        δ = 1e-5. Use :func:`direct_epsilon_lower_bound` there.
 
     Example:
         >>> import numpy as np
         >>> rng = np.random.default_rng(0)
         >>> s0, s1 = rng.normal(0, 1, 100000), rng.normal(1, 1, 100000)  # 1-GDP
-        >>> b = gdp_epsilon_lower_bound(s0, s1, delta=1e-5)
-        >>> 0.9 < b.mu <= 1.0
-        True
+        >>> b = gdp_epsilon_lower_bound(s0, s1, delta=1e-5, assume_gaussian_tradeoff=True)
+        >>> 0.9 < b.mu <= 1.0, b.is_heuristic
+        (True, True)
     """
-    _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
+    check_gaussian_tradeoff_assumed(assume_gaussian_tradeoff)
+    delta = _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
+    confidence = _validate.in_range("confidence", confidence, 0.0, 1.0, low_inclusive=False)
     rates = _select_and_bound(scores_d, scores_dprime, confidence, gdp_mu_from_rates)
     mu = float(gdp_mu_from_rates(rates["fpr_upper"], rates["fnr_upper"]))
     eps = gdp_epsilon(mu, delta)
     return EpsilonLowerBound(
-        epsilon=eps, confidence=confidence, method="gdp", delta=float(delta), mu=mu, **rates
+        epsilon=eps,
+        confidence=confidence,
+        method="gdp",
+        delta=delta,
+        mu=mu,
+        conditional_on=GAUSSIAN_TRADEOFF_ASSUMPTION,
+        **rates,
     )
 
 
@@ -384,8 +441,8 @@ def one_run_p_value(m: int, r: int, v: int, epsilon: float, delta: float = 0.0) 
     """
     if not 0 <= v <= r <= m:
         _validate.fail("(m, r, v)", (m, r, v), "integers with 0 <= v <= r <= m")
-    _validate.non_negative("epsilon", epsilon)
-    _validate.in_range("delta", delta, 0.0, 1.0, high_inclusive=True)
+    epsilon = _validate.non_negative("epsilon", epsilon)
+    delta = _validate.in_range("delta", delta, 0.0, 1.0, high_inclusive=True)
     q = special.expit(epsilon)
     tail = float(stats.binom.sf(v - 1, r, q))
     if delta == 0.0 or v == 0:
@@ -437,8 +494,8 @@ def one_run_epsilon_lower_bound(
         Steinke, Nasr, Jagielski, NeurIPS 2023, Theorem 3.1: valid for any (ε, δ)-DP
         training algorithm under add/remove of canaries, with no group-privacy cost.
     """
-    _validate.delta(delta)
-    _validate.in_range("confidence", confidence, 0.0, 1.0, low_inclusive=False)
+    delta = _validate.delta(delta)
+    confidence = _validate.in_range("confidence", confidence, 0.0, 1.0, low_inclusive=False)
     g = np.asarray(guesses).ravel()
     t = np.asarray(truths, dtype=bool).ravel()
     if g.shape != t.shape:

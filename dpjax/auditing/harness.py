@@ -82,7 +82,13 @@ class AuditResult:
             "mu_lb_median": None
             if first.mu is None
             else float(np.median([b.mu for b in self.bounds])),
+            "conditional_on": first.conditional_on,
         }
+
+    @property
+    def is_heuristic(self) -> bool:
+        """True when the bounds hold only under an assumption the caller stated (GDP)."""
+        return any(b.is_heuristic for b in self.bounds)
 
 
 def _scalar_score(output: Any) -> jax.Array:
@@ -130,7 +136,7 @@ def run_trials(
     try:  # data as a traced argument: one compilation serves D and D′
         batched, arg = _batched_runs(mechanism, score), data
         first = batched(keys[:chunk_size], arg)
-    except jax.errors.JAXTypeError:  # the mechanism needs concrete data: close over it
+    except (jax.errors.JAXTypeError, _validate.TracedParameterError):  # needs concrete data
         batched = jax.jit(jax.vmap(lambda k, _: _run_once(mechanism, score, k, data), (0, None)))
         arg = None
         first = batched(keys[:chunk_size], arg)
@@ -151,9 +157,13 @@ def _batched_runs(mechanism: Mechanism, score: Score):
 
 
 def _bound(scores_d, scores_dprime, estimator: str, delta: float, confidence: float):
-    if estimator == "gdp":
+    if estimator == "gdp":  # the caller stated the assumption (checked in audit_repeated)
         return estimators.gdp_epsilon_lower_bound(
-            scores_d, scores_dprime, delta=delta, confidence=confidence
+            scores_d,
+            scores_dprime,
+            delta=delta,
+            confidence=confidence,
+            assume_gaussian_tradeoff=True,
         )
     return estimators.direct_epsilon_lower_bound(
         scores_d, scores_dprime, delta=delta, confidence=confidence
@@ -174,6 +184,7 @@ def audit_repeated(
     confidence: float = 0.95,
     claimed_epsilon: float | None = None,
     chunk_size: int = 65536,
+    assume_gaussian_tradeoff: bool = False,
 ) -> AuditResult:
     """Audit ``mechanism`` on the neighbours (D, D′) ``repetitions`` times independently.
 
@@ -190,11 +201,16 @@ def audit_repeated(
             the threshold and the other half for the bound).
         repetitions: number of independent audits (the mutant rule uses 20).
         score: output → scalar, large = evidence for D′ (default: the scalar output).
-        estimator: ``"direct"`` (no assumption) or ``"gdp"`` (Gaussian trade-off curve).
+        estimator: ``"direct"`` (no assumption) or ``"gdp"`` (a heuristic that assumes a
+            Gaussian trade-off curve; needs ``assume_gaussian_tradeoff=True``).
         delta: δ of the claim (``"gdp"`` needs δ in (0, 1)).
         confidence: confidence of each bound.
         claimed_epsilon: the ε the mechanism claims (for ``ratio``/``exceed_count``).
         chunk_size: runs per vmapped batch.
+        assume_gaussian_tradeoff: required ``True`` with ``estimator="gdp"``: the caller states
+            that the mechanism's trade-off curve between D and D′ is Gaussian (Nasr et al.
+            2023); the bounds are then recorded as conditional on it (``is_heuristic``).
+            Ignored by ``"direct"``.
 
     Returns:
         An :class:`AuditResult`.
@@ -203,7 +219,9 @@ def audit_repeated(
         Each repetition's bound is a valid (1 − confidence)-level lower bound on the ε of
         ``mechanism`` between D and D′ (see the estimators); repetitions are independent, so
         for a correct mechanism the number of exceedances is dominated by
-        Binomial(repetitions, 1 − confidence).
+        Binomial(repetitions, 1 − confidence). With ``estimator="gdp"`` all of this holds only
+        if the stated Gaussian trade-off assumption does; otherwise the bounds are heuristics
+        and a correct non-Gaussian mechanism can exceed its claim.
 
     Example:
         >>> import jax, dpjax
@@ -215,9 +233,11 @@ def audit_repeated(
     """
     trials = _validate.positive_int("trials", trials)
     repetitions = _validate.positive_int("repetitions", repetitions)
-    _validate.one_of("estimator", estimator, _ESTIMATORS)
+    estimator = _validate.one_of("estimator", estimator, _ESTIMATORS)
+    if estimator == "gdp":
+        estimators.check_gaussian_tradeoff_assumed(assume_gaussian_tradeoff)
     if claimed_epsilon is not None:
-        _validate.epsilon(claimed_epsilon, "claimed_epsilon")
+        claimed_epsilon = _validate.epsilon(claimed_epsilon, "claimed_epsilon")
     key_d, key_dprime = jax.random.split(key)
     total = trials * repetitions
     run = dict(trials=total, score=score, chunk_size=chunk_size)

@@ -1,9 +1,16 @@
-"""The Gaussian mechanism: classical (lectures on properties of DP and on ML under DP) and
-analytic (Balle & Wang 2018) calibration."""
+"""The Gaussian mechanism: classical (lectures on properties of DP and on ML under DP; Dwork &
+Roth 2014) and analytic (Balle & Wang 2018) calibration.
+
+Every calibration here is scale-free: the privacy of N(0, σ²) noise on a statistic of ℓ2
+sensitivity Δ depends only on the ratio σ/Δ, so the ratio is found first (in float64 at
+Δ = 1) and σ = ratio·Δ is formed last, refusing a sensitivity for which that product is not a
+finite, normal float64 (an underflow to 0 or to a subnormal would release almost no noise).
+"""
 
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import jax
@@ -23,6 +30,7 @@ __all__ = [
 ]
 
 _CALIBRATIONS = ("analytic", "classic")
+_BISECTION_STEPS = 200
 
 
 def gaussian_delta(*, sigma: float, sensitivity: float, epsilon: float) -> float:
@@ -33,22 +41,30 @@ def gaussian_delta(*, sigma: float, sensitivity: float, epsilon: float) -> float
           - e^{\varepsilon}\,\Phi(-\Delta/(2\sigma) - \varepsilon\sigma/\Delta)
 
     Formal guarantees:
-        The mechanism is (ε, δ)-DP iff δ ≥ this value (Balle & Wang, ICML 2018, Theorem 8).
-        Computed in float64 with the second term in log space, so it does not overflow at large ε.
+        The mechanism is (ε, δ)-DP iff δ ≥ this value, for neighbours at ℓ2 distance at most Δ
+        under the caller's relation (Balle & Wang, ICML 2018, Theorem 8). Computed in float64
+        with the second term in log space, so it does not overflow at large ε.
     """
-    _validate.positive("sigma", sigma)
-    _validate.positive("sensitivity", sensitivity)
-    _validate.non_negative("epsilon", epsilon)
-    a = float(sensitivity) / (2.0 * float(sigma))
-    b = float(epsilon) * float(sigma) / float(sensitivity)
+    sigma = _validate.positive("sigma", sigma)
+    sensitivity = _validate.positive("sensitivity", sensitivity)
+    epsilon = _validate.non_negative("epsilon", epsilon)
+    a = sensitivity / (2.0 * sigma)
+    b = epsilon * sigma / sensitivity
     first = special.ndtr(a - b)
-    second = math.exp(float(epsilon) + special.log_ndtr(-a - b))
+    second = math.exp(epsilon + special.log_ndtr(-a - b))
     return max(float(first - second), 0.0)
 
 
 def gaussian_epsilon(*, sigma: float, sensitivity: float, delta: float) -> float:
-    """Smallest ε with gaussian_delta(ε) ≤ δ, by bisection (the exact ε of one release)."""
-    _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
+    """Smallest ε with gaussian_delta(ε) ≤ δ, by bisection (the exact ε of one release).
+
+    Formal guarantees:
+        The returned ε is the upper end of the final bisection bracket, so the mechanism is
+        (ε, δ)-DP at it (Balle & Wang, ICML 2018, Theorem 8).
+    """
+    sigma = _validate.positive("sigma", sigma)
+    sensitivity = _validate.positive("sensitivity", sensitivity)
+    delta = _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
 
     def excess(eps: float) -> float:
         return gaussian_delta(sigma=sigma, sensitivity=sensitivity, epsilon=eps) - delta
@@ -58,68 +74,107 @@ def gaussian_epsilon(*, sigma: float, sensitivity: float, delta: float) -> float
     lo, hi = 0.0, 1.0
     while excess(hi) > 0:
         lo, hi = hi, 2.0 * hi
-    for _ in range(200):
+    for _ in range(_BISECTION_STEPS):
         mid = 0.5 * (lo + hi)
         lo, hi = (lo, mid) if excess(mid) <= 0 else (mid, hi)
     return hi
+
+
+def _sigma_for_ratio(ratio: float, sensitivity: float, epsilon: float, delta: float) -> float:
+    """σ = ratio·Δ, refusing a sensitivity for which σ is not a finite, normal float64."""
+    sigma = ratio * sensitivity
+    if not sys.float_info.min <= sigma < math.inf:
+        low, high = sys.float_info.min / ratio, sys.float_info.max / ratio
+        _validate.fail(
+            "sensitivity",
+            sensitivity,
+            f"in [{low:.3g}, {high:.3g}] for epsilon={epsilon!r}, delta={delta!r} "
+            f"(sigma = {ratio:.6g} * sensitivity must be a finite, normal float64)",
+        )
+    return sigma
 
 
 def classic_gaussian_sigma(*, sensitivity: float, epsilon: float, delta: float) -> float:
     r"""The lectures' calibration :math:`\sigma = \Delta_2\sqrt{2\ln(1.25/\delta)}/\varepsilon`.
 
     Formal guarantees:
-        (ε, δ)-DP for ε ∈ (0, 1) (000_a9865af81d0677e1.txt, the Gaussian mechanism;
-        003_eb46ba05ef56608d.txt; Dwork & Roth 2014, Theorem A.1). The theorem does not cover
-        ε ≥ 1 and the formula really fails beyond ε ≈ 8.4 at δ = 1e-5 (literature §4.2), so
-        ε ≥ 1 is refused: use ``analytic_gaussian_sigma``.
+        (ε, δ)-DP for ε ∈ (0, 1), for ℓ2 sensitivity Δ₂ under the caller's neighbouring
+        relation (Dwork & Roth 2014, Theorem A.1; lecture on properties of DP, the Gaussian
+        mechanism). The theorem does not cover ε ≥ 1 and the formula really fails beyond
+        ε ≈ 8.4 at δ = 1e-5 (literature §4.2), so ε ≥ 1 is refused: use
+        ``analytic_gaussian_sigma``.
 
     Raises:
-        ValueError: ε outside (0, 1), δ outside (0, 1), or non-positive sensitivity.
+        ValueError: ε outside (0, 1), δ outside (0, 1), a non-positive sensitivity, or one so
+            small or large that σ is not a finite, normal float64.
     """
-    _validate.positive("sensitivity", sensitivity)
-    _validate.epsilon(epsilon)
-    _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
+    sensitivity = _validate.positive("sensitivity", sensitivity)
+    epsilon = _validate.epsilon(epsilon)
+    delta = _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
     if not epsilon < 1.0:
         raise ValueError(
-            "epsilon must be in (0, 1) for calibration='classic' (Dwork & Roth 2014, Thm A.1; "
-            f"000_a9865af81d0677e1.txt); got {epsilon!r}. Use calibration='analytic' "
-            "(Balle & Wang 2018), which is exact for every epsilon."
+            "epsilon must be in (0, 1) for calibration='classic' (Dwork & Roth 2014, Thm A.1); "
+            f"got {epsilon!r}. Use calibration='analytic' (Balle & Wang 2018), which is exact "
+            "for every epsilon."
         )
-    return float(sensitivity) * math.sqrt(2.0 * math.log(1.25 / float(delta))) / float(epsilon)
+    ratio = math.sqrt(2.0 * math.log(1.25 / delta)) / epsilon
+    if math.isinf(ratio):
+        _validate.fail("epsilon", epsilon, "large enough that sigma/sensitivity is finite")
+    return _sigma_for_ratio(ratio, sensitivity, epsilon, delta)
+
+
+def _analytic_ratio(epsilon: float, delta: float) -> float:
+    """Smallest σ/Δ (to 1e-13 relative) with ``gaussian_delta(σ/Δ, 1, ε) ≤ δ``, by bisection."""
+
+    def ok(ratio: float) -> bool:
+        return gaussian_delta(sigma=ratio, sensitivity=1.0, epsilon=epsilon) <= delta
+
+    lo = hi = 1.0
+    while not ok(hi):
+        if hi > sys.float_info.max / 4.0:
+            _validate.fail(
+                "epsilon",
+                epsilon,
+                f"large enough that sigma/sensitivity is a finite float64 at delta={delta!r}",
+            )
+        hi *= 2.0
+    while ok(lo) and lo > 1e-300:
+        lo *= 0.5
+    for _ in range(_BISECTION_STEPS):
+        mid = math.exp(0.5 * (math.log(lo) + math.log(hi)))  # geometric mean, no underflow
+        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+        if hi / lo - 1.0 < 1e-13:
+            break
+    return hi
 
 
 def analytic_gaussian_sigma(*, sensitivity: float, epsilon: float, delta: float) -> float:
     """Smallest σ for which N(0, σ²) noise is (ε, δ)-DP, for every ε > 0 (Balle & Wang 2018).
 
-    Solves ``gaussian_delta(sigma) = delta`` by bisection on log σ and returns the upper end of
-    the final bracket, so the returned σ always satisfies the exact condition.
+    Solves ``gaussian_delta(sigma/sensitivity) = delta`` by bisection on log(σ/Δ) at Δ = 1 (the
+    profile depends on σ/Δ only), scales by Δ and rounds σ up until the exact condition holds
+    at the given Δ, so the returned σ always satisfies it.
 
     Formal guarantees:
-        (ε, δ)-DP exactly when ``gaussian_delta(sigma=σ, ...) ≤ δ`` (Balle & Wang, ICML 2018,
-        Theorem 8 / Algorithm 1 "analytic Gaussian mechanism").
+        (ε, δ)-DP for ℓ2 sensitivity Δ under the caller's neighbouring relation, exactly when
+        ``gaussian_delta(sigma=σ, ...) ≤ δ`` (Balle & Wang, ICML 2018, Theorem 8 /
+        Algorithm 1 "analytic Gaussian mechanism").
+
+    Raises:
+        ValueError: ε ≤ 0, δ outside (0, 1), a non-positive sensitivity, or one so small or
+            large that σ is not a finite, normal float64 (the message gives the valid range).
 
     Example:
         >>> round(analytic_gaussian_sigma(sensitivity=1.0, epsilon=1.0, delta=1e-5), 2)
         3.73
     """
-    _validate.positive("sensitivity", sensitivity)
-    _validate.epsilon(epsilon)
-    _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
-
-    def ok(sigma: float) -> bool:
-        return gaussian_delta(sigma=sigma, sensitivity=sensitivity, epsilon=epsilon) <= delta
-
-    lo = hi = float(sensitivity)
-    while not ok(hi):
-        hi *= 2.0
-    while ok(lo) and lo > 1e-300:
-        lo *= 0.5
-    for _ in range(200):
-        mid = math.sqrt(lo * hi)
-        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
-        if hi / lo - 1.0 < 1e-13:
-            break
-    return hi
+    sensitivity = _validate.positive("sensitivity", sensitivity)
+    epsilon = _validate.epsilon(epsilon)
+    delta = _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
+    sigma = _sigma_for_ratio(_analytic_ratio(epsilon, delta), sensitivity, epsilon, delta)
+    while gaussian_delta(sigma=sigma, sensitivity=sensitivity, epsilon=epsilon) > delta:
+        sigma = math.nextafter(sigma, math.inf)  # the product ratio·Δ rounded down
+    return sigma
 
 
 def gaussian_sigma(
@@ -132,15 +187,15 @@ def gaussian_sigma(
         epsilon: ε > 0 (``calibration="classic"`` requires ε < 1).
         delta: δ in (0, 1).
         calibration: ``"analytic"`` (default; Balle & Wang 2018, exact for all ε) or
-            ``"classic"`` (σ = Δ√(2 ln(1.25/δ))/ε of 000/003, ε < 1 only).
+            ``"classic"`` (σ = Δ√(2 ln(1.25/δ))/ε of Dwork & Roth 2014, Thm A.1; ε < 1 only).
 
     Returns:
-        σ such that adding N(0, σ²) to every coordinate is (ε, δ)-DP.
+        σ (a Python float) such that adding N(0, σ²) to every coordinate is (ε, δ)-DP.
 
     Formal guarantees:
         See ``analytic_gaussian_sigma`` and ``classic_gaussian_sigma``.
     """
-    _validate.one_of("calibration", calibration, _CALIBRATIONS)
+    calibration = _validate.one_of("calibration", calibration, _CALIBRATIONS)
     if calibration == "classic":
         return classic_gaussian_sigma(sensitivity=sensitivity, epsilon=epsilon, delta=delta)
     return analytic_gaussian_sigma(sensitivity=sensitivity, epsilon=epsilon, delta=delta)

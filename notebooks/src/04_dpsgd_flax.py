@@ -160,16 +160,16 @@ assert abs(samples.std() - sigma_demo * CLIP) < 5 * se_std
 assert abs(np.corrcoef(samples[:-1].ravel(), samples[1:].ravel())[0, 1]) < 5 / math.sqrt(samples.size)
 
 # %% [markdown]
-# ## Training: one compiled program for every noise level
+# ## Training: one compiled program per noise level
 #
 # `PoissonSampler` draws each example with probability $q = 64/n$ into a padded batch; its
-# `event` is the `PoissonSampledGaussianEvent` the accountant needs. Because σ enters
-# `dpjax.dpsgd` as a traced value, we `jax.vmap` the whole `lax.scan` training loop over the
-# noise multipliers (σ = 0 is the non-private baseline) and compile once.
+# `event` is the `PoissonSampledGaussianEvent` the accountant needs. σ is a privacy parameter,
+# a public constant that `dpjax.dpsgd` checks and refuses as a traced value, so we compile the
+# whole `lax.scan` training loop once per noise multiplier (σ = 0 is the non-private baseline).
 
 # %%
 sampler = dpjax.PoissonSampler(dataset_size=n, sampling_rate=EXPECTED_BATCH / n)
-sigmas = jnp.array([0.0] + list(NOISE_MULTIPLIERS), jnp.float32)
+sigmas = [0.0] + list(NOISE_MULTIPLIERS)  # Python floats: privacy parameters are constants
 
 
 def train_model(noise_multiplier, key):
@@ -195,8 +195,9 @@ def accuracy(params, x, y):
     return jnp.mean(jnp.argmax(model.apply({"params": params}, x), axis=-1) == y)
 
 
-trained = jax.jit(jax.vmap(train_model))(sigmas, jax.random.split(key_train, len(sigmas)))
-test_acc = np.asarray(jax.vmap(accuracy, in_axes=(0, None, None))(trained, x_test, y_test))
+trained = [jax.jit(lambda k, s=s: train_model(s, k))(k)
+           for s, k in zip(sigmas, jax.random.split(key_train, len(sigmas)))]
+test_acc = np.array([accuracy(params, x_test, y_test) for params in trained])
 epsilons = [acc.dpsgd_epsilon(noise_multiplier=float(s), sampling_rate=sampler.sampling_rate,
                               steps=STEPS, delta=DELTA) for s in NOISE_MULTIPLIERS]
 # Truncation above the padded cap adds (1 + e^ε)·T·p̄ to δ (it depends on ε): take the largest.
