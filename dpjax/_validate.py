@@ -41,6 +41,7 @@ __all__ = [
     "epsilon",
     "delta",
     "probability",
+    "integer",
     "positive_int",
     "one_of",
     "fail",
@@ -160,22 +161,25 @@ def probability(value: Any, name: str, *, allow_zero: bool = False) -> float:
     return in_range(name, value, 0.0, 1.0, low_inclusive=allow_zero, high_inclusive=True)
 
 
-def positive_int(name: str, value: Any) -> int:
-    """A positive integer (bools and strings are refused); returns it as ``int``.
+def integer(name: str, value: Any, valid: str = "an integer") -> int:
+    """A public integer (bools and strings are refused); returns it as ``int``.
 
     Integer-valued floats (``3.0``) are accepted, as are NumPy integer scalars and 0-d arrays.
     """
-    valid = "a positive integer"
     _refuse_tracer(name, value, valid)
     number = _number_like(value)
     if isinstance(number, numbers.Integral | np.integer):
-        result = int(number)
-    elif number is not None and math.isfinite(float(number)) and float(number).is_integer():
-        result = int(float(number))
-    else:
-        fail(name, value, valid)
+        return int(number)
+    if number is not None and math.isfinite(float(number)) and float(number).is_integer():
+        return int(float(number))
+    fail(name, value, valid)
+
+
+def positive_int(name: str, value: Any) -> int:
+    """A positive integer (see :func:`integer`); returns it as ``int``."""
+    result = integer(name, value, "a positive integer")
     if result < 1:
-        fail(name, value, valid)
+        fail(name, value, "a positive integer")
     return result
 
 

@@ -30,7 +30,6 @@ import jax.numpy as jnp
 from scipy import stats
 
 from dpjax import _validate
-from dpjax.accounting._params import public_float
 from dpjax.accounting.events import FixedBatchGaussianEvent, PoissonSampledGaussianEvent
 from dpjax.relation import ADD_OR_REMOVE_ONE, REPLACE_ONE, NeighbouringRelation, as_relation
 
@@ -167,7 +166,7 @@ class PoissonSampler:
         self, *, dataset_size: int, sampling_rate: float, max_batch_size: int | None = None
     ):
         self.dataset_size = _validate.positive_int("dataset_size", dataset_size)
-        requested = public_float("sampling_rate", sampling_rate)
+        requested = _validate.real("sampling_rate", sampling_rate)
         _validate.in_range(
             "sampling_rate", requested, 2.0**-THRESHOLD_BITS, 1.0, high_inclusive=True
         )
@@ -213,7 +212,7 @@ class PoissonSampler:
             overflows.
         """
         steps = _validate.positive_int("steps", steps)
-        epsilon = public_float("epsilon", epsilon)
+        epsilon = _validate.real("epsilon", epsilon)
         _validate.non_negative("epsilon", epsilon)
         p = self.neighbour_overflow_probability
         if p == 0.0:

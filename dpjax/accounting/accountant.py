@@ -13,7 +13,6 @@ from collections.abc import Iterable, Sequence
 
 from dpjax import _validate
 from dpjax.accounting import events as ev
-from dpjax.accounting._params import public_float
 from dpjax.accounting.composition import advanced_composition_heterogeneous
 from dpjax.accounting.optimal import optimal_composition_epsilon
 from dpjax.accounting.tight import (
@@ -130,7 +129,7 @@ class PrivacyAccountant:
     ):
         self._relation = None if relation is None else as_relation(relation)
         self._events: list[ev.PrivacyEvent] = []
-        self._vdi = public_float("value_discretization_interval", value_discretization_interval)
+        self._vdi = _validate.real("value_discretization_interval", value_discretization_interval)
         _validate.in_range(
             "value_discretization_interval",
             self._vdi,
@@ -242,7 +241,7 @@ class PrivacyAccountant:
         Raises:
             ValueError: if ``method`` does not apply to a recorded event, or none applies.
         """
-        delta = public_float("delta", delta)
+        delta = _validate.real("delta", delta)
         _validate.delta(delta)
         if method is None:
             methods = self.applicable_methods()
@@ -270,7 +269,7 @@ class PrivacyAccountant:
 
     def epsilons(self, delta: float) -> dict[str, float]:
         """ε(δ) by every applicable method, tightest-first keys."""
-        delta = public_float("delta", delta)
+        delta = _validate.real("delta", delta)
         _validate.delta(delta)
         return {m: self._epsilon(delta, m) for m in self.applicable_methods()}
 

@@ -11,7 +11,6 @@ import math
 from collections.abc import Sequence
 
 from dpjax import _validate
-from dpjax.accounting._params import public_float
 
 __all__ = [
     "basic_composition",
@@ -26,12 +25,12 @@ __all__ = [
 def _epsilons_deltas(
     epsilons: Sequence[float], deltas: Sequence[float] | None
 ) -> tuple[list[float], list[float]]:
-    eps = [_validate.epsilon(public_float("epsilons[i]", e), "epsilons[i]") for e in epsilons]
+    eps = [_validate.epsilon(e, "epsilons[i]") for e in epsilons]
     if not eps:
         _validate.fail("epsilons", epsilons, "a non-empty sequence")
     if deltas is None:
         return eps, [0.0] * len(eps)
-    dels = [_validate.delta(public_float("deltas[i]", d), "deltas[i]") for d in deltas]
+    dels = [_validate.delta(d, "deltas[i]") for d in deltas]
     if len(dels) != len(eps):
         _validate.fail("deltas", deltas, f"a sequence of the same length as epsilons ({len(eps)})")
     return eps, dels
@@ -126,12 +125,12 @@ def advanced_composition(
         >>> round(eps, 4), dlt
         (5.2981, 1e-05)
     """
-    epsilon = public_float("epsilon", epsilon)
+    epsilon = _validate.real("epsilon", epsilon)
     _validate.epsilon(epsilon)
-    delta = public_float("delta", delta)
+    delta = _validate.real("delta", delta)
     _validate.delta(delta)
     steps = _validate.positive_int("steps", steps)
-    delta_prime = public_float("delta_prime", delta_prime)
+    delta_prime = _validate.real("delta_prime", delta_prime)
     _validate.in_range("delta_prime", delta_prime, 0.0, 1.0, low_inclusive=False)
     return advanced_composition_heterogeneous(
         [float(epsilon)], [float(delta)], counts=[steps], delta_prime=delta_prime
@@ -167,7 +166,7 @@ def advanced_composition_heterogeneous(
         ``(epsilon_total, delta_total)``.
     """
     eps, dels = _epsilons_deltas(epsilons, deltas)
-    delta_prime = public_float("delta_prime", delta_prime)
+    delta_prime = _validate.real("delta_prime", delta_prime)
     _validate.in_range("delta_prime", delta_prime, 0.0, 1.0, low_inclusive=False)
     if counts is None:
         counts = [1] * len(eps)
@@ -206,10 +205,10 @@ def advanced_composition_step_epsilon(
         ...                                         delta_prime=1e-5), 6)
         0.00521
     """
-    target_epsilon = public_float("target_epsilon", target_epsilon)
+    target_epsilon = _validate.real("target_epsilon", target_epsilon)
     _validate.in_range("target_epsilon", target_epsilon, 0.0, 1.0, low_inclusive=False)
     steps = _validate.positive_int("steps", steps)
-    delta_prime = public_float("delta_prime", delta_prime)
+    delta_prime = _validate.real("delta_prime", delta_prime)
     _validate.in_range("delta_prime", delta_prime, 0.0, 1.0, low_inclusive=False)
     return target_epsilon / math.sqrt(8.0 * steps * math.log(1.0 / delta_prime))
 
@@ -235,9 +234,9 @@ def group_privacy(*, epsilon: float, delta: float, group_size: int) -> tuple[flo
         >>> eps, round(dlt / 1e-6, 4)  # δ(e² − 1)/(e − 1) = δ(e + 1), in units of 1e-6
         (2.0, 3.7183)
     """
-    epsilon = public_float("epsilon", epsilon)
+    epsilon = _validate.real("epsilon", epsilon)
     _validate.epsilon(epsilon)
-    delta = public_float("delta", delta)
+    delta = _validate.real("delta", delta)
     _validate.delta(delta)
     k = _validate.positive_int("group_size", group_size)
     # (e^{kε} − 1)/(e^ε − 1) = Σ_{j<k} e^{jε}, computed with expm1 for small ε.

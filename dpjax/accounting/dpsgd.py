@@ -18,7 +18,6 @@ import math
 from collections.abc import Sequence
 
 from dpjax import _validate
-from dpjax.accounting._params import public_float, public_int
 from dpjax.accounting.events import PoissonSampledGaussianEvent
 from dpjax.accounting.tight import (
     DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
@@ -82,14 +81,10 @@ def dpsgd_epsilon(
         >>> round(eps, 2)
         1.83
     """
-    noise_multiplier = public_float("noise_multiplier", noise_multiplier)
-    sampling_rate = public_float("sampling_rate", sampling_rate)
-    steps = public_int("steps", steps)
-    delta = public_float("delta", delta)
-    _validate.positive("noise_multiplier", noise_multiplier)
-    _validate.probability(sampling_rate, "sampling_rate")
+    noise_multiplier = _validate.positive("noise_multiplier", noise_multiplier)
+    sampling_rate = _validate.probability(sampling_rate, "sampling_rate")
     steps = _validate.positive_int("steps", steps)
-    _validate.delta(delta)
+    delta = _validate.delta(delta)
     event = PoissonSampledGaussianEvent(
         noise_multiplier=noise_multiplier,
         sampling_rate=sampling_rate,
@@ -148,15 +143,10 @@ def calibrate_noise_multiplier(
         >>> round(s, 1)
         11.8
     """
-    target_epsilon = public_float("target_epsilon", target_epsilon)
-    delta = public_float("delta", delta)
-    rtol = public_float("rtol", rtol)
-    sampling_rate = public_float("sampling_rate", sampling_rate)
-    steps = public_int("steps", steps)
-    _validate.epsilon(target_epsilon, "target_epsilon")
-    _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
-    _validate.in_range("rtol", rtol, 0.0, 1.0, low_inclusive=False)
-    _validate.probability(sampling_rate, "sampling_rate")
+    target_epsilon = _validate.epsilon(target_epsilon, "target_epsilon")
+    delta = _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
+    rtol = _validate.in_range("rtol", rtol, 0.0, 1.0, low_inclusive=False)
+    sampling_rate = _validate.probability(sampling_rate, "sampling_rate")
     steps = _validate.positive_int("steps", steps)
 
     @functools.cache
@@ -237,14 +227,10 @@ def max_steps(
         >>> max_steps(noise_multiplier=4.0, target_epsilon=1.0, delta=1e-5, sampling_rate=1.0)
         1
     """
-    noise_multiplier = public_float("noise_multiplier", noise_multiplier)
-    target_epsilon = public_float("target_epsilon", target_epsilon)
-    delta = public_float("delta", delta)
-    sampling_rate = public_float("sampling_rate", sampling_rate)
-    _validate.positive("noise_multiplier", noise_multiplier)
-    _validate.epsilon(target_epsilon, "target_epsilon")
-    _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
-    _validate.probability(sampling_rate, "sampling_rate")
+    noise_multiplier = _validate.positive("noise_multiplier", noise_multiplier)
+    target_epsilon = _validate.epsilon(target_epsilon, "target_epsilon")
+    delta = _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
+    sampling_rate = _validate.probability(sampling_rate, "sampling_rate")
 
     def ok(steps: int) -> bool:
         try:

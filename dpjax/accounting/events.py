@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 
 from dpjax import _validate
-from dpjax.accounting._params import public_float, public_int
 from dpjax.relation import ADD_OR_REMOVE_ONE, REPLACE_ONE, NeighbouringRelation, as_relation
 
 __all__ = [
@@ -46,11 +45,11 @@ class PrivacyEvent:
 
     def _coerce_float(self, *names: str) -> None:
         for name in names:
-            object.__setattr__(self, name, public_float(name, getattr(self, name)))
+            object.__setattr__(self, name, _validate.real(name, getattr(self, name)))
 
     def _coerce_int(self, *names: str) -> None:
         for name in names:
-            object.__setattr__(self, name, public_int(name, getattr(self, name)))
+            object.__setattr__(self, name, _validate.integer(name, getattr(self, name)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,7 +167,7 @@ class LaplaceDPSGDEvent(PrivacyEvent):
     def __post_init__(self) -> None:
         super().__post_init__()
         object.__setattr__(
-            self, "epsilons", tuple(public_float("epsilons[i]", e) for e in self.epsilons)
+            self, "epsilons", tuple(_validate.real("epsilons[i]", e) for e in self.epsilons)
         )
         if not self.epsilons:
             _validate.fail("epsilons", self.epsilons, "a non-empty sequence")

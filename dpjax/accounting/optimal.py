@@ -15,7 +15,6 @@ import numpy as np
 from scipy import special
 
 from dpjax import _validate
-from dpjax.accounting._params import public_float
 
 __all__ = ["optimal_composition_delta", "optimal_composition_epsilon"]
 
@@ -40,9 +39,9 @@ def _log_delta_pure(epsilon: float, steps: int, epsilon_total: float) -> float:
 
 
 def _check(epsilon: float, delta: float, steps: int) -> int:
-    epsilon = public_float("epsilon", epsilon)
+    epsilon = _validate.real("epsilon", epsilon)
     _validate.epsilon(epsilon)
-    delta = public_float("delta", delta)
+    delta = _validate.real("delta", delta)
     _validate.delta(delta)
     return _validate.positive_int("steps", steps)
 
@@ -72,7 +71,7 @@ def optimal_composition_delta(
         δ_total in [0, 1].
     """
     steps = _check(epsilon, delta, steps)
-    epsilon_total = public_float("epsilon_total", epsilon_total)
+    epsilon_total = _validate.real("epsilon_total", epsilon_total)
     _validate.non_negative("epsilon_total", epsilon_total)
     delta_pure = math.exp(_log_delta_pure(float(epsilon), steps, float(epsilon_total)))
     # 1 − (1−δ)^T (1 − δ_pure), with log1p/expm1 for small δ.
@@ -108,9 +107,9 @@ def optimal_composition_epsilon(
         1.9811
     """
     steps = _check(epsilon, delta, steps)
-    delta_total = public_float("delta_total", delta_total)
+    delta_total = _validate.real("delta_total", delta_total)
     _validate.in_range("delta_total", delta_total, 0.0, 1.0, low_inclusive=False)
-    tol = public_float("tol", tol)
+    tol = _validate.real("tol", tol)
     _validate.positive("tol", tol)
     lo, hi = 0.0, steps * float(epsilon)
     if (

@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 
 from dpjax import _validate
-from dpjax.accounting._params import public_float
 from dpjax.accounting.composition import advanced_composition
 from dpjax.accounting.zcdp import zcdp_rho_for_epsilon
 from dpjax.mechanisms.gaussian import gaussian_sigma
@@ -23,11 +22,11 @@ __all__ = ["advanced_composition_step_budget", "dpgd_sigma_advanced", "dpgd_sigm
 
 
 def _check(epsilon: float, delta: float, steps: int, sensitivity: float) -> int:
-    epsilon = public_float("epsilon", epsilon)
+    epsilon = _validate.real("epsilon", epsilon)
     _validate.epsilon(epsilon)
-    delta = public_float("delta", delta)
+    delta = _validate.real("delta", delta)
     _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
-    sensitivity = public_float("sensitivity", sensitivity)
+    sensitivity = _validate.real("sensitivity", sensitivity)
     _validate.positive("sensitivity", sensitivity)
     return _validate.positive_int("steps", steps)
 
@@ -51,9 +50,9 @@ def advanced_composition_step_budget(
     Returns:
         ``(epsilon_step, delta_step)``.
     """
-    epsilon = public_float("epsilon", epsilon)
+    epsilon = _validate.real("epsilon", epsilon)
     _validate.epsilon(epsilon)
-    delta = public_float("delta", delta)
+    delta = _validate.real("delta", delta)
     _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
     steps = _validate.positive_int("steps", steps)
     delta_step, delta_prime = delta / (2.0 * steps), delta / 2.0

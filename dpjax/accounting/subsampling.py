@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 
 from dpjax import _validate
-from dpjax.accounting._params import public_float
 from dpjax.relation import ADD_OR_REMOVE_ONE, REPLACE_ONE, NeighbouringRelation, as_relation
 
 __all__ = ["SAMPLING_RELATIONS", "amplification_by_subsampling"]
@@ -60,11 +59,11 @@ def amplification_by_subsampling(
         >>> round(eps, 6), round(dlt, 12)
         (0.017037, 1e-07)
     """
-    epsilon = public_float("epsilon", epsilon)
+    epsilon = _validate.real("epsilon", epsilon)
     _validate.epsilon(epsilon)
-    delta = public_float("delta", delta)
+    delta = _validate.real("delta", delta)
     _validate.delta(delta)
-    sampling_rate = public_float("sampling_rate", sampling_rate)
+    sampling_rate = _validate.real("sampling_rate", sampling_rate)
     _validate.probability(sampling_rate, "sampling_rate")
     _validate.one_of("sampling", sampling, tuple(SAMPLING_RELATIONS))
     holds_under = SAMPLING_RELATIONS[sampling]

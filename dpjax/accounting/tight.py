@@ -64,7 +64,6 @@ from scipy import special
 
 from dpjax import _validate
 from dpjax.accounting import events as ev
-from dpjax.accounting._params import public_float
 from dpjax.relation import ADD_OR_REMOVE_ONE, REPLACE_ONE, NeighbouringRelation
 
 __all__ = [
@@ -273,7 +272,7 @@ def rdp_epsilon(
     Returns:
         ε.
     """
-    delta = public_float("delta", delta)
+    delta = _validate.real("delta", delta)
     _validate.delta(delta)
     _common_relation(events)
     dp_events = [to_dp_event(e, method="rdp") for e in events]
@@ -572,9 +571,9 @@ def pld_epsilon(
         ValueError: invalid arguments, an event PLD does not apply to, or a grid too large
             (:class:`PLDGridTooLargeError`).
     """
-    delta = public_float("delta", delta)
+    delta = _validate.real("delta", delta)
     _validate.delta(delta)
-    vdi = public_float("value_discretization_interval", value_discretization_interval)
+    vdi = _validate.real("value_discretization_interval", value_discretization_interval)
     _validate.in_range(
         "value_discretization_interval", vdi, 0.0, 1e-2, low_inclusive=False, high_inclusive=True
     )

@@ -14,7 +14,6 @@ import numpy as np
 from scipy import optimize
 
 from dpjax import _validate
-from dpjax.accounting._params import public_float
 
 __all__ = [
     "gaussian_zcdp_rho",
@@ -44,9 +43,9 @@ def gaussian_zcdp_rho(*, sigma: float, sensitivity: float) -> float:
         >>> gaussian_zcdp_rho(sigma=2.0, sensitivity=1.0)
         0.125
     """
-    sigma = public_float("sigma", sigma)
+    sigma = _validate.real("sigma", sigma)
     _validate.positive("sigma", sigma)
-    sensitivity = public_float("sensitivity", sensitivity)
+    sensitivity = _validate.real("sensitivity", sensitivity)
     _validate.positive("sensitivity", sensitivity)
     return float(sensitivity) ** 2 / (2.0 * float(sigma) ** 2)
 
@@ -71,9 +70,9 @@ def zcdp_compose(rhos: Sequence[float]) -> float:
 
 
 def _check(rho: float, delta: float) -> tuple[float, float]:
-    rho = public_float("rho", rho)
+    rho = _validate.real("rho", rho)
     _validate.positive("rho", rho)
-    delta = public_float("delta", delta)
+    delta = _validate.real("delta", delta)
     _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
     return rho, delta
 
@@ -185,9 +184,9 @@ def zcdp_rho_for_epsilon(*, epsilon: float, delta: float, conversion: str = "cks
         >>> round(zcdp_rho_for_epsilon(epsilon=1.0, delta=1e-5, conversion="bun_steinke"), 6)
         0.02082
     """
-    epsilon = public_float("epsilon", epsilon)
+    epsilon = _validate.real("epsilon", epsilon)
     _validate.epsilon(epsilon)
-    delta = public_float("delta", delta)
+    delta = _validate.real("delta", delta)
     _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
     _validate.one_of("conversion", conversion, ("cks", "bun_steinke"))
     log_inv_delta = math.log(1.0 / delta)
