@@ -3,8 +3,8 @@
 Closed forms (host-side floats): :func:`basic_composition`, :func:`parallel_composition`,
 :func:`advanced_composition` (and its per-step corollary), :func:`optimal_composition_epsilon`
 (Kairouz–Oh–Viswanath), :func:`group_privacy`, :func:`amplification_by_subsampling`, zCDP
-(:func:`gaussian_zcdp_rho`, :func:`zcdp_compose`, :func:`zcdp_epsilon`), the DP-GD recipes of
-003 (:func:`dpgd_sigma_advanced`, :func:`dpgd_sigma_zcdp`).
+(:func:`gaussian_zcdp_rho`, :func:`zcdp_compose`, :func:`zcdp_epsilon`), the DP-GD recipes of the
+lecture on ML under DP (:func:`dpgd_sigma_advanced`, :func:`dpgd_sigma_zcdp`).
 
 Tight accounting through dp-accounting (RDP and PLD): :func:`dpsgd_epsilon`,
 :func:`calibrate_noise_multiplier`, :func:`max_steps`, :func:`to_dp_event`, and the
@@ -40,6 +40,9 @@ from dpjax.accounting.subsampling import SAMPLING_RELATIONS, amplification_by_su
 from dpjax.accounting.tight import (
     DEFAULT_RDP_ORDERS,
     DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
+    PLDGridCoarsenedWarning,
+    PLDGridTooLargeError,
+    gaussian_epsilon_upper,
     pld_epsilon,
     rdp_epsilon,
     tight_epsilon,
@@ -58,6 +61,8 @@ __all__ = [
     "DEFAULT_RDP_ORDERS",
     "DEFAULT_VALUE_DISCRETIZATION_INTERVAL",
     "METHODS",
+    "PLDGridCoarsenedWarning",
+    "PLDGridTooLargeError",
     "SAMPLING_RELATIONS",
     "EpsilonDeltaEvent",
     "FixedBatchGaussianEvent",
@@ -77,6 +82,7 @@ __all__ = [
     "dpgd_sigma_advanced",
     "dpgd_sigma_zcdp",
     "dpsgd_epsilon",
+    "gaussian_epsilon_upper",
     "gaussian_zcdp_rho",
     "group_privacy",
     "max_steps",

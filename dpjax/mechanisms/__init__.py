@@ -46,6 +46,7 @@ from dpjax.mechanisms.randomized_response import (
     randomized_response_keep_probability,
 )
 from dpjax.mechanisms.sensitivity import (
+    clip_into_range,
     mean_sensitivity,
     median_sensitivity,
     variance_sensitivity,
@@ -53,6 +54,7 @@ from dpjax.mechanisms.sensitivity import (
 from dpjax.mechanisms.smooth_sensitivity import (
     SmoothNoise,
     heavy_tailed_noise,
+    heavy_tailed_privacy_loss,
     local_sensitivity_median,
     smooth_laplace_delta,
     smooth_median,
@@ -75,6 +77,7 @@ __all__ = [
     "bounded_laplace_epsilon",
     "bounded_laplace_scale",
     "classic_gaussian_sigma",
+    "clip_into_range",
     "clipped_mean",
     "clipped_mean_sensitivity",
     "coin_randomized_response",
@@ -88,6 +91,7 @@ __all__ = [
     "gaussian_epsilon",
     "gaussian_sigma",
     "heavy_tailed_noise",
+    "heavy_tailed_privacy_loss",
     "laplace",
     "laplace_expected_l1_error",
     "laplace_linf_tail_bound",

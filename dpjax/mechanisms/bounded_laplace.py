@@ -25,7 +25,8 @@ import jax.numpy as jnp
 
 from dpjax import _validate
 from dpjax._noise import tree_noise_like
-from dpjax.mechanisms.sensitivity import clip_into_range, refuse_non_finite
+from dpjax.mechanisms._nonfinite import refuse_nonfinite
+from dpjax.mechanisms.sensitivity import clip_into_range
 
 __all__ = [
     "bounded_laplace",
@@ -202,7 +203,7 @@ def bounded_laplace(
         sensitivity=sensitivity, epsilon=epsilon, lower=lower, upper=upper, delta=delta
     )
     lo, hi = float(lower), float(upper)
-    refuse_non_finite("value", value)
+    refuse_nonfinite("value", value)
     uniforms = tree_noise_like(key, value, jax.random.uniform)
 
     def release(q: Any, u01: jax.Array) -> jax.Array:

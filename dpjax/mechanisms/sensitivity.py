@@ -22,9 +22,9 @@ The map is data independent and runs under ``jit``, so a NaN record is just anot
 the range and every sensitivity stated for data in [lower, upper] holds for *every* input.
 The midpoint is the public value closest, in the worst case, to every value in the range (at
 distance ≤ (upper − lower)/2), which halves the worst-case bias a NaN record adds compared with
-an end of the range. Separately, ``refuse_non_finite`` raises ``ValueError`` eagerly when a
-concrete input holds NaN or ±inf (a usage check for the data holder, before any release); each
-mechanism says which of the two applies to which argument.
+an end of the range. Separately, ``_nonfinite.refuse_nonfinite`` raises ``ValueError`` eagerly
+when a concrete input holds NaN or ±inf (a usage check for the data holder, before any
+release); each mechanism says which of the two applies to which argument.
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ from dpjax.relation import REPLACE_ONE, NeighbouringRelation, as_relation
 
 __all__ = [
     "clip_into_range",
-    "refuse_non_finite",
     "mean_sensitivity",
     "variance_sensitivity",
     "median_sensitivity",
@@ -75,21 +74,6 @@ def clip_into_range(values: Any, *, lower: float, upper: float) -> jax.Array:
     if not jnp.issubdtype(x.dtype, jnp.floating):
         x = x.astype(jnp.result_type(float))
     return jnp.clip(jnp.where(jnp.isnan(x), 0.5 * (lo + hi), x), lo, hi)
-
-
-def refuse_non_finite(name: str, values: Any) -> None:
-    """Raise ``ValueError`` if a concrete ``values`` (array or pytree) holds NaN or ±inf.
-
-    A no-op for traced values (under ``jit`` the data are not known; ``clip_into_range`` then
-    applies). The error is a usage check for whoever holds the data, raised before any release.
-    """
-    for leaf in jax.tree.leaves(values):
-        if not _validate.is_concrete(leaf):
-            continue
-        x = jnp.asarray(leaf)
-        if jnp.issubdtype(x.dtype, jnp.inexact) and not bool(jnp.all(jnp.isfinite(x))):
-            bad = int(jnp.size(x) - jnp.sum(jnp.isfinite(x)))
-            _validate.fail(name, f"{bad} non-finite entries", "finite (no NaN or ±inf)")
 
 
 def _width(lower: float, upper: float) -> float:

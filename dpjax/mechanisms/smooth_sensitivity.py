@@ -33,7 +33,8 @@ import jax.numpy as jnp
 
 from dpjax import _validate
 from dpjax._noise import tree_add_noise
-from dpjax.mechanisms.sensitivity import clip_into_range, refuse_non_finite
+from dpjax.mechanisms._nonfinite import refuse_nonfinite
+from dpjax.mechanisms.sensitivity import clip_into_range
 
 __all__ = [
     "SmoothNoise",
@@ -303,7 +304,7 @@ def _sorted_data(data: jax.Array, upper: float) -> jax.Array:
     if not jnp.issubdtype(data.dtype, jnp.floating):
         data = data.astype(jnp.result_type(float))
     if _validate.is_concrete(data):
-        refuse_non_finite("data", data)
+        refuse_nonfinite("data", data)
         lo, hi = float(jnp.min(data)), float(jnp.max(data))
         if lo < 0.0 or hi > float(upper):
             _validate.fail("data", (lo, hi), f"inside [0, upper={upper!r}] (min, max shown)")

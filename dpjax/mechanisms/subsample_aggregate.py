@@ -20,9 +20,10 @@ import jax
 import jax.numpy as jnp
 
 from dpjax import _validate
+from dpjax.mechanisms._nonfinite import refuse_nonfinite
 from dpjax.mechanisms.gaussian import gaussian
 from dpjax.mechanisms.laplace import laplace
-from dpjax.mechanisms.sensitivity import clip_into_range, refuse_non_finite
+from dpjax.mechanisms.sensitivity import clip_into_range
 
 __all__ = ["clipped_mean", "clipped_mean_sensitivity", "subsample_and_aggregate"]
 
@@ -98,7 +99,7 @@ def clipped_mean(
         ()
     """
     values = jnp.asarray(values)
-    refuse_non_finite("values", values)
+    refuse_nonfinite("values", values)
     return _noisy_clipped_mean(key, values, lower, upper, epsilon, delta, noise)
 
 
