@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from dpjax import _noise, _validate
+from dpjax import _noise, _random, _validate
 
 __all__ = [
     "NoiseState",
@@ -35,7 +35,14 @@ __all__ = [
 
 
 class NoiseState(NamedTuple):
-    """State of a noise transform: the PRNG key (split every update) and the release count."""
+    """State of a noise transform: the raw PRNG key data (split every update) and the count.
+
+    ``key`` holds ``jax.random.key_data(key)`` (uint32), not a typed key, so that the state is a
+    plain array pytree: ``flax.serialization.to_bytes`` / orbax can checkpoint it, and a
+    restored state CONTINUES the noise stream (the transform wraps it back with the key's
+    implementation on every update). Never re-create the transform with the old seed to resume:
+    that replays noise already released.
+    """
 
     key: jax.Array
     count: jax.Array
@@ -69,15 +76,30 @@ def _check_update_shapes(updates: Any, params: Any) -> None:
 
 
 def _normal(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
-    return jax.random.normal(key, shape, dtype)
+    return _random.normal(key, shape, dtype)
 
 
 def _laplace(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
-    return jax.random.laplace(key, shape, dtype)
+    return _random.laplace(key, shape, dtype)
+
+
+def _key_impl(key: jax.Array) -> Any:
+    """The PRNG implementation of ``key`` (a raw uint32[2] key is the default threefry)."""
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        return jax.random.key_impl(key)
+    return None
 
 
 def _init_noise_state(key: jax.Array) -> NoiseState:
-    return NoiseState(key=jnp.copy(key), count=jnp.zeros([], jnp.int32))
+    data = key if key.dtype == jnp.uint32 else jax.random.key_data(key)
+    return NoiseState(key=jnp.array(data, jnp.uint32), count=jnp.zeros([], jnp.int32))
+
+
+def _next_keys(state: NoiseState, impl: Any) -> tuple[jax.Array, jax.Array]:
+    """(next key data for the state, this update's noise key) from the stored key data."""
+    key = jax.random.wrap_key_data(state.key, impl=impl)
+    next_key, noise_key = jax.random.split(key)
+    return jax.random.key_data(next_key), noise_key
 
 
 def add_gaussian_noise(stddev: float, *, key: jax.Array) -> optax.GradientTransformation:
@@ -118,6 +140,7 @@ def add_gaussian_noise(stddev: float, *, key: jax.Array) -> optax.GradientTransf
     """
     _validate.non_negative("stddev", stddev)
     key = _check_key(key)
+    impl = _key_impl(key)
 
     def init_fn(params: Any) -> NoiseState:
         del params
@@ -125,7 +148,7 @@ def add_gaussian_noise(stddev: float, *, key: jax.Array) -> optax.GradientTransf
 
     def update_fn(updates: Any, state: NoiseState, params: Any = None):
         _check_update_shapes(updates, params)
-        next_key, noise_key = jax.random.split(state.key)
+        next_key, noise_key = _next_keys(state, impl)
         noisy = _noise.tree_add_iid_noise(noise_key, updates, _normal, stddev)
         return noisy, NoiseState(key=next_key, count=optax.safe_increment(state.count))
 
@@ -229,6 +252,29 @@ def _harmonic_em(m: Any, rho: float, xp: Any) -> Any:
     return xp.where(m > head_n, head + tail, head)
 
 
+def _theta_on_host(h: np.ndarray, dtype: Any, theta_kw: dict) -> np.ndarray:
+    """θ_h in float64 (the exact sum :func:`laplace_dpsgd_event` uses), rounded UP to ``dtype``."""
+    exact = laplace_dpsgd_theta(np.asarray(h, np.int64), **theta_kw).astype(np.float64)
+    rounded = exact.astype(dtype)
+    too_small = rounded.astype(np.float64) < exact
+    return np.where(too_small, np.nextafter(rounded, np.asarray(np.inf, dtype)), rounded)
+
+
+def _theta_rounded_up(h: jax.Array, dtype: Any, theta_kw: dict) -> jax.Array:
+    """θ_h computed on the host in float64 and rounded up to ``dtype`` (issue 13, finding 14).
+
+    The noise drawn is then never smaller than the float64 θ_h the privacy event accounts
+    (a float32 θ_h computed on device was up to 6.9e-7 relative too small).
+    """
+    dtype = np.dtype(dtype)
+    return jax.pure_callback(
+        lambda hh: _theta_on_host(hh, dtype, theta_kw).astype(dtype),
+        jax.ShapeDtypeStruct(jnp.shape(h), dtype),
+        h,
+        vmap_method="broadcast_all",
+    )
+
+
 def add_laplace_dpsgd_noise(
     *, l1_sensitivity: float, epsilon: float, rho: float, kappa: float, key: jax.Array
 ) -> optax.GradientTransformation:
@@ -263,6 +309,8 @@ def add_laplace_dpsgd_noise(
     _validate.in_range("rho", rho, 0.0, 1.0, low_inclusive=False)
     _validate.non_negative("kappa", kappa)
     key = _check_key(key)
+    impl = _key_impl(key)
+    theta_kw = dict(l1_sensitivity=l1_sensitivity, epsilon=epsilon, rho=rho, kappa=kappa)
 
     def init_fn(params: Any) -> NoiseState:
         del params
@@ -270,11 +318,9 @@ def add_laplace_dpsgd_noise(
 
     def update_fn(updates: Any, state: NoiseState, params: Any = None):
         _check_update_shapes(updates, params)
-        h = (state.count + 1).astype(_noise.float_dtype_of(jax.tree.leaves(updates)[0]))
-        theta = laplace_dpsgd_theta(
-            h, l1_sensitivity=l1_sensitivity, epsilon=epsilon, rho=rho, kappa=kappa
-        )
-        next_key, noise_key = jax.random.split(state.key)
+        dtype = _noise.noise_dtype_of(jax.tree.leaves(updates)[0])
+        theta = _theta_rounded_up(state.count + 1, dtype, theta_kw)
+        next_key, noise_key = _next_keys(state, impl)
         noisy = _noise.tree_add_iid_noise(noise_key, updates, _laplace, theta)
         return noisy, NoiseState(key=next_key, count=optax.safe_increment(state.count))
 
