@@ -8,9 +8,17 @@ The privatised update of DP-SGD is built in three visible steps:
    realised batch size, so normalisation leaks nothing (post-processing).
 3. any optax optimizer (post-processing again).
 
-:func:`add_laplace_dpsgd_noise` is the Laplace-noise DP-SGD of 004_f02b245d52dd0fec.txt
-(Theorems 36–37). Every transform that draws noise REQUIRES a key (no default), keeps it in its
-state, splits it on every update and per leaf (through :mod:`dpjax._noise`).
+:func:`add_laplace_dpsgd_noise` is the Laplace-noise DP-SGD of the lecture on
+advances in DP (Theorems 36–37). Every transform that draws noise REQUIRES a key (no default),
+keeps its raw key data in its state (checkpointable, see :class:`NoiseState`), splits it on every
+update and per leaf (through :mod:`dpjax._noise`), and draws from the 64-bit samplers of
+:mod:`dpjax._random` in at least float32 (support ±9.155σ, δ floor
+:func:`dpjax.accounting.noise_truncation_delta`; float noise remains porous, Mironov 2012).
+
+Checkpoint and resume: ``flax.serialization.to_bytes(opt_state)`` (or orbax) saves the key data
+and count; ``from_bytes(tx.init(params), blob)`` restores a state whose next update continues the
+noise stream bit for bit. Re-initialising with the original key instead replays noise already
+released.
 """
 
 from __future__ import annotations
@@ -114,9 +122,11 @@ def add_gaussian_noise(stddev: float, *, key: jax.Array) -> optax.GradientTransf
     Args:
         stddev: absolute noise standard deviation ≥ 0 (0 = no privacy, for debugging).
         key: a JAX PRNG key (``jax.random.key(seed)``); required, copied into the state and
-            split on every update. Within an update all leaves of one dtype get disjoint slices
-            of ONE i.i.d. N(0, 1) draw (``dpjax._noise.tree_iid_noise_like``): independent
-            across leaves and steps, and ~4× faster to compile than one draw per leaf.
+            split on every update. Within an update all leaves of one noise dtype get disjoint
+            slices of ONE i.i.d. N(0, 1) draw from :func:`dpjax._random.normal` (in at least
+            float32; the sum is cast back to the leaf's dtype), through
+            ``dpjax._noise.tree_iid_noise_like``: independent across leaves and steps, and ~4×
+            faster to compile than one draw per leaf.
 
     Returns:
         An ``optax.GradientTransformation`` with state :class:`NoiseState`.
@@ -127,8 +137,13 @@ def add_gaussian_noise(stddev: float, *, key: jax.Array) -> optax.GradientTransf
 
     Formal guarantees:
         With stddev = σ·Δ₂, one update is the Gaussian mechanism on a query of ℓ2 sensitivity Δ₂
-        (Theorem on the Gaussian mechanism, 000_a9865af81d0677e1.txt; exact profile Balle–Wang
-        2018); T updates compose adaptively and are accounted by :mod:`dpjax.accounting`.
+        (lecture on properties of DP, the Gaussian mechanism; Dwork–Roth 2014, Theorem A.1;
+        exact profile Balle–Wang 2018); T updates compose adaptively and are accounted by
+        :mod:`dpjax.accounting`. The sampler's support ends at ±9.155·stddev: the δ floor this
+        adds is :func:`dpjax.accounting.noise_truncation_delta` (below 1e-12 per release at
+        σ ≥ 0.5). Float outputs remain porous (Mironov 2012): the guarantee is for the
+        real-valued mechanism; releases of real data need OS-seeded keys and non-porous noise
+        (:func:`dpjax.mechanisms.discrete_laplace`).
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -166,7 +181,8 @@ def normalize_by(constant: float) -> optax.GradientTransformation:
         A stateless ``optax.GradientTransformation``.
 
     Formal guarantees:
-        Post-processing of the noised sum (000_a9865af81d0677e1.txt): privacy is unchanged.
+        Post-processing of the noised sum (Dwork–Roth 2014, Proposition 2.1): privacy is
+        unchanged.
 
     Example:
         >>> import jax.numpy as jnp
@@ -188,12 +204,12 @@ def normalize_by(constant: float) -> optax.GradientTransformation:
 
 
 def laplace_dpsgd_step_size(h: Any, rho: float) -> Any:
-    """γ_{h-1} = h^(-ρ): the step size used by iteration h = 1, 2, … (γ_j = (1+j)^(-ρ), 004)."""
+    """γ_{h-1} = h^(-ρ): the step size used by iteration h = 1, 2, … (γ_j = (1+j)^(-ρ))."""
     return h ** (-rho)
 
 
 def laplace_dpsgd_theta(h: Any, *, l1_sensitivity: float, epsilon: float, rho: float, kappa: float):
-    r"""Noise scale θ_h of iteration h ≥ 1 (Theorem 36 in 004_f02b245d52dd0fec.txt).
+    r"""Noise scale θ_h of iteration h ≥ 1 (lecture on advances in DP, Theorem 36).
 
     .. math::  \theta_h = \frac{1}{a_h}\Big\{\frac{\sum_{j=0}^{h-2}\gamma_j}{\gamma_{h-1}}
        + 1\Big\} \frac{\Delta_1}{\varepsilon}, \quad a_h = h^\kappa, \ \gamma_j = (1+j)^{-\rho}
@@ -278,7 +294,7 @@ def _theta_rounded_up(h: jax.Array, dtype: Any, theta_kw: dict) -> jax.Array:
 def add_laplace_dpsgd_noise(
     *, l1_sensitivity: float, epsilon: float, rho: float, kappa: float, key: jax.Array
 ) -> optax.GradientTransformation:
-    r"""Add θ_h · Laplace(0, 1) noise at iteration h (the Laplace DP-SGD of 004, Thm 36–37).
+    r"""Add θ_h · Laplace(0, 1) noise at iteration h (Laplace DP-SGD, Theorems 36–37).
 
     Implements the noise of  β^{(h)} = β^{(h-1)} − γ_{h-1}(∇L_{Ω_h}(β^{(h-1)}) + θ_h Z_h)  with
     :func:`laplace_dpsgd_theta`; chain it with ``optax.scale_by_schedule`` of −γ (see
@@ -298,9 +314,9 @@ def add_laplace_dpsgd_noise(
 
     Formal guarantees:
         Per step, the noisy gradient is the Laplace mechanism with b = θ_h on a query of ℓ1
-        sensitivity Δ₁, hence (Δ₁/θ_h, 0)-DP (replace-one; 001_22975d579ade9c52.txt), and T
+        sensitivity Δ₁, hence (Δ₁/θ_h, 0)-DP (replace-one; Dwork–Roth 2014, Theorem 3.6), and T
         steps are (Σ_h Δ₁/θ_h, 0)-DP by basic composition — the rigorous statement recorded by
-        :func:`dpjax.laplace_dpsgd_event`. Theorem 36 of 004 additionally states that the
+        :func:`dpjax.laplace_dpsgd_event`. Theorem 36 of the lecture additionally states that the
         h-th iterate alone is ε·a_h-DP (its proof bounds the iterate's sensitivity by
         Σ_{j<h} γ_j Δ₁ and treats earlier steps as fixed).
     """
