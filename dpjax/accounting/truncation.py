@@ -63,8 +63,9 @@ def noise_truncation_delta(
         (Mironov 2012), which this number does not cover.
 
     Example:
-        >>> f"{noise_truncation_delta(noise_multiplier=1.1, sampling_rate=0.0051,
-        ...     steps=10_000, sampler='legacy'):.2g}"
+        >>> floor = noise_truncation_delta(noise_multiplier=1.1, sampling_rate=0.0051,
+        ...                                steps=10_000, sampler="legacy")
+        >>> f"{floor:.2g}"  # jax.random.normal float32: z_max = 5.2201
         '0.00041'
         >>> noise_truncation_delta(noise_multiplier=0.5, sampling_rate=1.0, steps=1) < 1e-12
         True
