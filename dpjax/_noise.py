@@ -2,7 +2,15 @@
 
 Every additive mechanism in dpjax (Laplace, Gaussian, the optax noise transforms) draws its
 noise here, so that key handling is written once: the key is split into one subkey per leaf,
-never reused, and the noise has the leaf's floating dtype.
+never reused. Noise is drawn and ADDED in a wide dtype (at least float32:
+:func:`dpjax._random.noise_dtype`) and the sum is cast to the leaf's floating dtype afterwards
+(post-processing): a bfloat16 leaf never receives bfloat16 noise (128 values in [−2.89, 2.52]).
+Integer leaves are promoted to JAX's default float.
+
+The textbook samplers are replaced here, once for every caller: a ``sampler`` that is
+``jax.random.normal`` or ``jax.random.laplace`` draws from :func:`dpjax._random.normal` /
+:func:`dpjax._random.laplace` instead (support ±9.155σ / ±44.36b rather than ±5.22σ / ±16.6b
+in float32; see :mod:`dpjax._random`). Other samplers are used as given.
 """
 
 from __future__ import annotations
@@ -14,6 +22,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dpjax import _random
+from dpjax._random import noise_dtype
+
 __all__ = [
     "float_dtype_of",
     "tree_noise_like",
@@ -24,32 +35,50 @@ __all__ = [
 
 Sampler = Callable[[jax.Array, tuple[int, ...], Any], jax.Array]
 
+_SOUND_SAMPLERS: dict[Any, Sampler] = {
+    jax.random.normal: _random.normal,
+    jax.random.laplace: _random.laplace,
+}
+
+
+def sound_sampler(sampler: Sampler) -> Sampler:
+    """``sampler``, with jax.random.normal / laplace replaced by the 64-bit samplers."""
+    return _SOUND_SAMPLERS.get(sampler, sampler)
+
 
 def float_dtype_of(x: Any) -> Any:
-    """The floating dtype noise for ``x`` is drawn in (x's own, or JAX's default float)."""
+    """The floating dtype of the noisy output for ``x`` (x's own, or JAX's default float)."""
     dtype = jnp.result_type(x)
     if jnp.issubdtype(dtype, jnp.floating):
         return dtype
     return jnp.result_type(float)
 
 
+def noise_dtype_of(x: Any) -> Any:
+    """The dtype noise for ``x`` is drawn and added in: at least float32."""
+    return noise_dtype(float_dtype_of(x))
+
+
 def tree_noise_like(key: jax.Array, tree: Any, sampler: Sampler) -> Any:
     """Draw ``sampler(subkey, shape, dtype)`` for every leaf, one fresh subkey per leaf."""
     leaves, treedef = jax.tree.flatten(tree)
     keys = jax.random.split(key, max(len(leaves), 1))
+    sampler = sound_sampler(sampler)
     noise = [
-        sampler(k, jnp.shape(leaf), float_dtype_of(leaf))
+        sampler(k, jnp.shape(leaf), noise_dtype_of(leaf))
         for k, leaf in zip(keys, leaves, strict=False)
     ]
     return jax.tree.unflatten(treedef, noise)
 
 
 def _add_scaled(tree: Any, noise: Any, scale: Any) -> Any:
-    """``tree + scale * noise`` leaf by leaf, in the noise's (floating) dtype."""
+    """``tree + scale * noise`` leaf by leaf, added in the noise's wide dtype, then cast to the
+    leaf's floating dtype (post-processing of the wide release)."""
 
     def add(leaf: Any, z: jax.Array) -> jax.Array:
-        leaf = jnp.asarray(leaf, dtype=z.dtype)
-        return leaf + jnp.asarray(scale, dtype=z.dtype) * z
+        out_dtype = float_dtype_of(leaf)
+        wide = jnp.asarray(leaf).astype(z.dtype)
+        return (wide + jnp.asarray(scale).astype(z.dtype) * z).astype(out_dtype)
 
     return jax.tree.map(add, tree, noise)
 
@@ -70,8 +99,9 @@ def tree_iid_noise_like(key: jax.Array, tree: Any, sampler: Sampler) -> Any:
     for vector samplers with dependent coordinates (e.g. a uniform direction times a norm).
     """
     leaves, treedef = jax.tree.flatten(tree)
-    dtypes = [np.dtype(float_dtype_of(leaf)) for leaf in leaves]
+    dtypes = [np.dtype(noise_dtype_of(leaf)) for leaf in leaves]
     groups = sorted(set(dtypes), key=str)
+    sampler = sound_sampler(sampler)
     keys = jax.random.split(key, max(len(groups), 1))
     noise: list[Any] = [None] * len(leaves)
     for group_key, dtype in zip(keys, groups, strict=False):

@@ -74,7 +74,7 @@ def dpsgd(
         ℓ2 sensitivity C (add/remove-one; 2C replace-one — the accountant doubles it, see
         :mod:`dpjax.accounting.events`). With Poisson sampling at rate q for T steps the run is
         accounted by ``PoissonSampledGaussianEvent(σ, q, T)`` (Abadi et al. 2016;
-        003_eb46ba05ef56608d.txt, DP-SGD with amplification by subsampling). The normaliser
+        lecture on ML under DP, DP-SGD with amplification by subsampling). The normaliser
         and the optimizer are post-processing.
 
     Example:
@@ -179,7 +179,7 @@ def accumulate_clipped_sums(
 def laplace_dpsgd(
     *, l1_sensitivity: float, epsilon: float, rho: float, kappa: float, key: jax.Array
 ) -> optax.GradientTransformation:
-    r"""The Laplace-noise batch-1 DP-SGD of 004_f02b245d52dd0fec.txt (Theorems 36–37).
+    r"""The Laplace-noise batch-1 DP-SGD (lecture on advances in DP, Theorems 36–37).
 
     .. math::  \beta^{(h)} = \beta^{(h-1)} - \gamma_{h-1}\big(\nabla L_{\Omega_h}(\beta^{(h-1)})
        + \theta_h Z_h\big),\quad \gamma_j = (1+j)^{-\rho},\ Z_h \sim \text{Laplace}(0, I),
@@ -201,7 +201,8 @@ def laplace_dpsgd(
     Formal guarantees:
         See :func:`dpjax.transforms.add_laplace_dpsgd_noise`: step h is (Δ₁/θ_h)-DP
         (replace-one), the run of T steps (Σ_{h≤T} Δ₁/θ_h, 0)-DP by basic composition
-        (:func:`laplace_dpsgd_event`); Theorem 36 of 004 states ε·a_h-DP for the h-th iterate.
+        (:func:`laplace_dpsgd_event`); Theorem 36 of the lecture states ε·a_h-DP for the h-th
+        iterate.
     """
     noise = add_laplace_dpsgd_noise(
         l1_sensitivity=l1_sensitivity, epsilon=epsilon, rho=rho, kappa=kappa, key=key

@@ -8,9 +8,17 @@ The privatised update of DP-SGD is built in three visible steps:
    realised batch size, so normalisation leaks nothing (post-processing).
 3. any optax optimizer (post-processing again).
 
-:func:`add_laplace_dpsgd_noise` is the Laplace-noise DP-SGD of 004_f02b245d52dd0fec.txt
-(Theorems 36–37). Every transform that draws noise REQUIRES a key (no default), keeps it in its
-state, splits it on every update and per leaf (through :mod:`dpjax._noise`).
+:func:`add_laplace_dpsgd_noise` is the Laplace-noise DP-SGD of the lecture on
+advances in DP (Theorems 36–37). Every transform that draws noise REQUIRES a key (no default),
+keeps its raw key data in its state (checkpointable, see :class:`NoiseState`), splits it on every
+update and per leaf (through :mod:`dpjax._noise`), and draws from the 64-bit samplers of
+:mod:`dpjax._random` in at least float32 (support ±9.155σ, δ floor
+:func:`dpjax.accounting.noise_truncation_delta`; float noise remains porous, Mironov 2012).
+
+Checkpoint and resume: ``flax.serialization.to_bytes(opt_state)`` (or orbax) saves the key data
+and count; ``from_bytes(tx.init(params), blob)`` restores a state whose next update continues the
+noise stream bit for bit. Re-initialising with the original key instead replays noise already
+released.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from dpjax import _noise, _validate
+from dpjax import _noise, _random, _validate
 
 __all__ = [
     "NoiseState",
@@ -35,7 +43,14 @@ __all__ = [
 
 
 class NoiseState(NamedTuple):
-    """State of a noise transform: the PRNG key (split every update) and the release count."""
+    """State of a noise transform: the raw PRNG key data (split every update) and the count.
+
+    ``key`` holds ``jax.random.key_data(key)`` (uint32), not a typed key, so that the state is a
+    plain array pytree: ``flax.serialization.to_bytes`` / orbax can checkpoint it, and a
+    restored state CONTINUES the noise stream (the transform wraps it back with the key's
+    implementation on every update). Never re-create the transform with the old seed to resume:
+    that replays noise already released.
+    """
 
     key: jax.Array
     count: jax.Array
@@ -69,15 +84,30 @@ def _check_update_shapes(updates: Any, params: Any) -> None:
 
 
 def _normal(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
-    return jax.random.normal(key, shape, dtype)
+    return _random.normal(key, shape, dtype)
 
 
 def _laplace(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
-    return jax.random.laplace(key, shape, dtype)
+    return _random.laplace(key, shape, dtype)
+
+
+def _key_impl(key: jax.Array) -> Any:
+    """The PRNG implementation of ``key`` (a raw uint32[2] key is the default threefry)."""
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        return jax.random.key_impl(key)
+    return None
 
 
 def _init_noise_state(key: jax.Array) -> NoiseState:
-    return NoiseState(key=jnp.copy(key), count=jnp.zeros([], jnp.int32))
+    data = key if key.dtype == jnp.uint32 else jax.random.key_data(key)
+    return NoiseState(key=jnp.array(data, jnp.uint32), count=jnp.zeros([], jnp.int32))
+
+
+def _next_keys(state: NoiseState, impl: Any) -> tuple[jax.Array, jax.Array]:
+    """(next key data for the state, this update's noise key) from the stored key data."""
+    key = jax.random.wrap_key_data(state.key, impl=impl)
+    next_key, noise_key = jax.random.split(key)
+    return jax.random.key_data(next_key), noise_key
 
 
 def add_gaussian_noise(stddev: float, *, key: jax.Array) -> optax.GradientTransformation:
@@ -92,9 +122,11 @@ def add_gaussian_noise(stddev: float, *, key: jax.Array) -> optax.GradientTransf
     Args:
         stddev: absolute noise standard deviation ≥ 0 (0 = no privacy, for debugging).
         key: a JAX PRNG key (``jax.random.key(seed)``); required, copied into the state and
-            split on every update. Within an update all leaves of one dtype get disjoint slices
-            of ONE i.i.d. N(0, 1) draw (``dpjax._noise.tree_iid_noise_like``): independent
-            across leaves and steps, and ~4× faster to compile than one draw per leaf.
+            split on every update. Within an update all leaves of one noise dtype get disjoint
+            slices of ONE i.i.d. N(0, 1) draw from :func:`dpjax._random.normal` (in at least
+            float32; the sum is cast back to the leaf's dtype), through
+            ``dpjax._noise.tree_iid_noise_like``: independent across leaves and steps, and ~4×
+            faster to compile than one draw per leaf.
 
     Returns:
         An ``optax.GradientTransformation`` with state :class:`NoiseState`.
@@ -105,8 +137,13 @@ def add_gaussian_noise(stddev: float, *, key: jax.Array) -> optax.GradientTransf
 
     Formal guarantees:
         With stddev = σ·Δ₂, one update is the Gaussian mechanism on a query of ℓ2 sensitivity Δ₂
-        (Theorem on the Gaussian mechanism, 000_a9865af81d0677e1.txt; exact profile Balle–Wang
-        2018); T updates compose adaptively and are accounted by :mod:`dpjax.accounting`.
+        (lecture on properties of DP, the Gaussian mechanism; Dwork–Roth 2014, Theorem A.1;
+        exact profile Balle–Wang 2018); T updates compose adaptively and are accounted by
+        :mod:`dpjax.accounting`. The sampler's support ends at ±9.155·stddev: the δ floor this
+        adds is :func:`dpjax.accounting.noise_truncation_delta` (below 1e-12 per release at
+        σ ≥ 0.5). Float outputs remain porous (Mironov 2012): the guarantee is for the
+        real-valued mechanism; releases of real data need OS-seeded keys and non-porous noise
+        (:func:`dpjax.mechanisms.discrete_laplace`).
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -118,6 +155,7 @@ def add_gaussian_noise(stddev: float, *, key: jax.Array) -> optax.GradientTransf
     """
     _validate.non_negative("stddev", stddev)
     key = _check_key(key)
+    impl = _key_impl(key)
 
     def init_fn(params: Any) -> NoiseState:
         del params
@@ -125,7 +163,7 @@ def add_gaussian_noise(stddev: float, *, key: jax.Array) -> optax.GradientTransf
 
     def update_fn(updates: Any, state: NoiseState, params: Any = None):
         _check_update_shapes(updates, params)
-        next_key, noise_key = jax.random.split(state.key)
+        next_key, noise_key = _next_keys(state, impl)
         noisy = _noise.tree_add_iid_noise(noise_key, updates, _normal, stddev)
         return noisy, NoiseState(key=next_key, count=optax.safe_increment(state.count))
 
@@ -143,7 +181,8 @@ def normalize_by(constant: float) -> optax.GradientTransformation:
         A stateless ``optax.GradientTransformation``.
 
     Formal guarantees:
-        Post-processing of the noised sum (000_a9865af81d0677e1.txt): privacy is unchanged.
+        Post-processing of the noised sum (Dwork–Roth 2014, Proposition 2.1): privacy is
+        unchanged.
 
     Example:
         >>> import jax.numpy as jnp
@@ -165,12 +204,12 @@ def normalize_by(constant: float) -> optax.GradientTransformation:
 
 
 def laplace_dpsgd_step_size(h: Any, rho: float) -> Any:
-    """γ_{h-1} = h^(-ρ): the step size used by iteration h = 1, 2, … (γ_j = (1+j)^(-ρ), 004)."""
+    """γ_{h-1} = h^(-ρ): the step size used by iteration h = 1, 2, … (γ_j = (1+j)^(-ρ))."""
     return h ** (-rho)
 
 
 def laplace_dpsgd_theta(h: Any, *, l1_sensitivity: float, epsilon: float, rho: float, kappa: float):
-    r"""Noise scale θ_h of iteration h ≥ 1 (Theorem 36 in 004_f02b245d52dd0fec.txt).
+    r"""Noise scale θ_h of iteration h ≥ 1 (lecture on advances in DP, Theorem 36).
 
     .. math::  \theta_h = \frac{1}{a_h}\Big\{\frac{\sum_{j=0}^{h-2}\gamma_j}{\gamma_{h-1}}
        + 1\Big\} \frac{\Delta_1}{\varepsilon}, \quad a_h = h^\kappa, \ \gamma_j = (1+j)^{-\rho}
@@ -229,10 +268,33 @@ def _harmonic_em(m: Any, rho: float, xp: Any) -> Any:
     return xp.where(m > head_n, head + tail, head)
 
 
+def _theta_on_host(h: np.ndarray, dtype: Any, theta_kw: dict) -> np.ndarray:
+    """θ_h in float64 (the exact sum :func:`laplace_dpsgd_event` uses), rounded UP to ``dtype``."""
+    exact = laplace_dpsgd_theta(np.asarray(h, np.int64), **theta_kw).astype(np.float64)
+    rounded = exact.astype(dtype)
+    too_small = rounded.astype(np.float64) < exact
+    return np.where(too_small, np.nextafter(rounded, np.asarray(np.inf, dtype)), rounded)
+
+
+def _theta_rounded_up(h: jax.Array, dtype: Any, theta_kw: dict) -> jax.Array:
+    """θ_h computed on the host in float64 and rounded up to ``dtype`` (issue 13, finding 14).
+
+    The noise drawn is then never smaller than the float64 θ_h the privacy event accounts
+    (a float32 θ_h computed on device was up to 6.9e-7 relative too small).
+    """
+    dtype = np.dtype(dtype)
+    return jax.pure_callback(
+        lambda hh: _theta_on_host(hh, dtype, theta_kw).astype(dtype),
+        jax.ShapeDtypeStruct(jnp.shape(h), dtype),
+        h,
+        vmap_method="broadcast_all",
+    )
+
+
 def add_laplace_dpsgd_noise(
     *, l1_sensitivity: float, epsilon: float, rho: float, kappa: float, key: jax.Array
 ) -> optax.GradientTransformation:
-    r"""Add θ_h · Laplace(0, 1) noise at iteration h (the Laplace DP-SGD of 004, Thm 36–37).
+    r"""Add θ_h · Laplace(0, 1) noise at iteration h (Laplace DP-SGD, Theorems 36–37).
 
     Implements the noise of  β^{(h)} = β^{(h-1)} − γ_{h-1}(∇L_{Ω_h}(β^{(h-1)}) + θ_h Z_h)  with
     :func:`laplace_dpsgd_theta`; chain it with ``optax.scale_by_schedule`` of −γ (see
@@ -252,9 +314,9 @@ def add_laplace_dpsgd_noise(
 
     Formal guarantees:
         Per step, the noisy gradient is the Laplace mechanism with b = θ_h on a query of ℓ1
-        sensitivity Δ₁, hence (Δ₁/θ_h, 0)-DP (replace-one; 001_22975d579ade9c52.txt), and T
+        sensitivity Δ₁, hence (Δ₁/θ_h, 0)-DP (replace-one; Dwork–Roth 2014, Theorem 3.6), and T
         steps are (Σ_h Δ₁/θ_h, 0)-DP by basic composition — the rigorous statement recorded by
-        :func:`dpjax.laplace_dpsgd_event`. Theorem 36 of 004 additionally states that the
+        :func:`dpjax.laplace_dpsgd_event`. Theorem 36 of the lecture additionally states that the
         h-th iterate alone is ε·a_h-DP (its proof bounds the iterate's sensitivity by
         Σ_{j<h} γ_j Δ₁ and treats earlier steps as fixed).
     """
@@ -263,6 +325,8 @@ def add_laplace_dpsgd_noise(
     _validate.in_range("rho", rho, 0.0, 1.0, low_inclusive=False)
     _validate.non_negative("kappa", kappa)
     key = _check_key(key)
+    impl = _key_impl(key)
+    theta_kw = dict(l1_sensitivity=l1_sensitivity, epsilon=epsilon, rho=rho, kappa=kappa)
 
     def init_fn(params: Any) -> NoiseState:
         del params
@@ -270,11 +334,9 @@ def add_laplace_dpsgd_noise(
 
     def update_fn(updates: Any, state: NoiseState, params: Any = None):
         _check_update_shapes(updates, params)
-        h = (state.count + 1).astype(_noise.float_dtype_of(jax.tree.leaves(updates)[0]))
-        theta = laplace_dpsgd_theta(
-            h, l1_sensitivity=l1_sensitivity, epsilon=epsilon, rho=rho, kappa=kappa
-        )
-        next_key, noise_key = jax.random.split(state.key)
+        dtype = _noise.noise_dtype_of(jax.tree.leaves(updates)[0])
+        theta = _theta_rounded_up(state.count + 1, dtype, theta_kw)
+        next_key, noise_key = _next_keys(state, impl)
         noisy = _noise.tree_add_iid_noise(noise_key, updates, _laplace, theta)
         return noisy, NoiseState(key=next_key, count=optax.safe_increment(state.count))
 

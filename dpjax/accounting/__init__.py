@@ -48,6 +48,7 @@ from dpjax.accounting.tight import (
     tight_epsilon,
     to_dp_event,
 )
+from dpjax.accounting.truncation import noise_truncation_delta
 from dpjax.accounting.zcdp import (
     gaussian_zcdp_rho,
     zcdp_compose,
@@ -86,6 +87,7 @@ __all__ = [
     "gaussian_zcdp_rho",
     "group_privacy",
     "max_steps",
+    "noise_truncation_delta",
     "optimal_composition_delta",
     "optimal_composition_epsilon",
     "parallel_composition",

@@ -1,0 +1,195 @@
+r"""Gaussian and Laplace samplers with a far-reaching tail, built from 64 random bits.
+
+``jax.random.normal`` maps a uniform on a 2⁻²³ grid through √2·erfinv: in float32 its support
+is [−5.42, +5.22] (bfloat16: [−2.89, +2.52], 128 values). Under DP-SGD the missing tail is a δ
+floor (:func:`dpjax.accounting.noise_truncation_delta`) that exceeds the usual δ = 1e-5 at common
+settings. The samplers here draw TWO 32-bit words per coordinate:
+
+* one bit is the sign (the top bit; a negative coordinate reads the other bits complemented,
+  so all-zero words give the largest positive and all-one words the largest negative value),
+  the other 63 bits give a uniform U on the midpoint grid
+  {(k + ½)·2⁻⁶³ : 0 ≤ k < 2⁶³} ⊂ (0, 1], so P[U ≤ u] = u up to one cell (2⁻⁶³);
+* Gaussian: |Z| = −ndtri(U/2) (Φ̄⁻¹ evaluated where it is accurate: in the tail, not through
+  erfinv(1 − tiny)); Laplace: |L| = −log U.
+
+Support (measured by feeding all-zero / all-one words, U = 2⁻⁶⁴; :func:`gaussian_support_max`):
+|Z| ≤ Φ̄⁻¹(2⁻⁶⁵) = 9.155 (float32 and float64), |L| ≤ 64·ln 2 = 44.36. δ floor: at σ ≥ 0.5 a
+release's truncation floor q·Φ̄(9.155 − 1/σ) is below 1e-12
+(:func:`dpjax.accounting.noise_truncation_delta`). Cost: twice the random bits of
+``jax.random.normal``. Noise is drawn in at least float32 (bfloat16, float16 and integer
+leaves get float32 noise, :func:`noise_dtype`); the callers add it in that dtype and cast the
+sum to the leaf's dtype afterwards (post-processing).
+
+Porosity: these are still FLOATING-POINT samplers. Their outputs lie on an irregular grid, so
+``x + Z`` on D takes values that ``x' + Z`` on D′ cannot (Mironov 2012, "On significance of the
+least significant bits for differential privacy", CCS): an attacker who sees the exact float can
+tell D from D′ with a probability no noise scale removes. DP-SGD's guarantee is stated for the
+model trained with the real-number mechanism; releases of real data to untrusted parties need
+OS-seeded keys and non-porous noise (:func:`dpjax.mechanisms.discrete_laplace`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = [
+    "noise_dtype",
+    "normal",
+    "laplace",
+    "legacy_gaussian_support_max",
+    "gaussian_tail",
+    "gaussian_support_max",
+    "laplace_support_max",
+    "constant_bits_key",
+]
+
+_WIDE = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def noise_dtype(dtype: Any) -> Any:
+    """The dtype noise for a leaf of ``dtype`` is drawn and added in: at least float32.
+
+    float32 and float64 stay; bfloat16 / float16 (and other narrow floats) → float32; integer
+    and bool leaves → JAX's default float (float64 under x64, else float32).
+    """
+    dtype = np.dtype(dtype)
+    if dtype in _WIDE:
+        return dtype
+    if jnp.issubdtype(dtype, jnp.floating):
+        return np.dtype(np.float32)
+    return np.dtype(jnp.result_type(float))
+
+
+def _check_wide(dtype: Any) -> Any:
+    dtype = np.dtype(dtype)
+    if dtype not in _WIDE:
+        raise ValueError(
+            f"dtype must be float32 or float64 (draw in noise_dtype(leaf dtype)); got {dtype}"
+        )
+    return dtype
+
+
+_LOW31 = 0x7FFFFFFF
+
+
+def _sign_and_flip(word: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Sign = the top bit of ``word``; flip = all-ones where negative, so that a negative
+    coordinate reads its magnitude bits complemented: all-one words give −(largest magnitude),
+    mirroring all-zero words → +(largest magnitude). The law is unchanged (~ is a bijection)."""
+    negative = (word >> jnp.uint32(31)) == jnp.uint32(1)
+    flip = jnp.where(negative, jnp.uint32(0xFFFFFFFF), jnp.uint32(0))
+    return negative, flip
+
+
+def _unit_and_sign(key: jax.Array, shape: tuple[int, ...], dtype: Any):
+    """Two words per coordinate: the sign bit and U = (k + ½)·2⁻⁶³ ∈ (0, 1] from the 63-bit k.
+
+    U is rounded to ``dtype`` (float32 keeps 24 significant bits — exact near 0, where the tail
+    lives); its smallest value is 2⁻⁶⁴, so P[U ≤ u] = u up to one 2⁻⁶³ cell.
+    """
+    dtype = _check_wide(dtype)
+    hi, lo = jax.random.bits(key, (2, *shape), jnp.uint32)
+    negative, flip = _sign_and_flip(hi)
+    u = (
+        ((hi ^ flip) & jnp.uint32(_LOW31)).astype(dtype) * jnp.asarray(2.0**-31, dtype)
+        + (lo ^ flip).astype(dtype) * jnp.asarray(2.0**-63, dtype)
+        + jnp.asarray(2.0**-64, dtype)
+    )
+    return jnp.minimum(u, jnp.asarray(1.0, dtype)), negative
+
+
+def _signed(magnitude: jax.Array, negative: jax.Array) -> jax.Array:
+    return jnp.where(negative, -magnitude, magnitude)
+
+
+def normal(key: jax.Array, shape: tuple[int, ...] = (), dtype: Any = np.float32) -> jax.Array:
+    """I.i.d. N(0, 1) of ``shape`` in ``dtype`` (float32 or float64): ±Φ̄⁻¹(U/2).
+
+    Support (all-zero / all-one words, :func:`gaussian_support_max`): |Z| ≤ Φ̄⁻¹(2⁻⁶⁵) = 9.155
+    in float32 and float64. See the module docstring for the construction.
+    """
+    u, negative = _unit_and_sign(key, tuple(shape), dtype)
+    half = jnp.asarray(0.5, u.dtype)
+    return _signed(jnp.maximum(-jax.scipy.special.ndtri(u * half), 0.0), negative)
+
+
+def laplace(key: jax.Array, shape: tuple[int, ...] = (), dtype: Any = np.float32) -> jax.Array:
+    """I.i.d. Laplace(0, 1) of ``shape`` in ``dtype``: ±(−log U); |L| ≤ 64·ln 2 = 44.36."""
+    u, negative = _unit_and_sign(key, tuple(shape), dtype)
+    return _signed(-jnp.log(u), negative)
+
+
+# --------------------------------------------------------------------- support by extreme bits
+
+
+@functools.cache
+def _constant_bits_impl(word: int) -> Any:
+    """A PRNG implementation whose every random word is ``word`` (to feed extreme bits)."""
+    from jax.extend.random import define_prng_impl
+
+    def random_bits(key: jax.Array, bit_width: int, shape: tuple[int, ...]) -> jax.Array:
+        del key
+        dtype = jnp.dtype(f"uint{bit_width}")
+        return jnp.full(shape, word & int(np.iinfo(dtype).max), dtype)
+
+    return define_prng_impl(
+        key_shape=(1,),
+        seed=lambda seed: jnp.zeros((1,), jnp.uint32),
+        split=lambda key, shape: jnp.zeros((*shape, 1), jnp.uint32),
+        random_bits=random_bits,
+        fold_in=lambda key, data: key,
+        name=f"constant_bits_{word:#x}",
+    )
+
+
+def constant_bits_key(word: int) -> jax.Array:
+    """A key whose generator returns ``word`` for every random word (0 or 0xFFFFFFFF).
+
+    Feeding a sampler all-zero and all-one words exposes the ends of its support exactly,
+    which sampling never does (the tail cells have probability ~2⁻⁶⁴).
+    """
+    return jax.random.key(0, impl=_constant_bits_impl(int(word)))
+
+
+def _extreme_magnitude(sampler: Any, dtype: Any, words: tuple[int, ...]) -> float:
+    """The symmetric reach of ``sampler``: min(largest positive, largest |negative|) output
+    over keys whose random words are all equal to one of ``words`` (extreme bit patterns)."""
+    values = [
+        float(np.asarray(sampler(constant_bits_key(w), (1,), dtype), np.float64)[0]) for w in words
+    ]
+    positive = max([v for v in values if v > 0], default=0.0)
+    negative = max([-v for v in values if v < 0], default=0.0)
+    return min(positive, negative)
+
+
+def gaussian_support_max(dtype: Any = np.float32) -> float:
+    """z_max: the largest |Z| :func:`normal` attains on BOTH sides, for noise of ``dtype``.
+
+    Computed by evaluating the transform at the smallest uniform (the all-zero words), with
+    either sign bit; ``dtype`` is the leaf's dtype (bfloat16 → float32 noise).
+    """
+    return _extreme_magnitude(normal, noise_dtype(dtype), (0, 0xFFFFFFFF))
+
+
+def laplace_support_max(dtype: Any = np.float32) -> float:
+    """The largest |L| :func:`laplace` attains on both sides (64·ln 2 up to rounding)."""
+    return _extreme_magnitude(laplace, noise_dtype(dtype), (0, 0xFFFFFFFF))
+
+
+def legacy_gaussian_support_max(dtype: Any = np.float32) -> float:
+    """z_max of ``jax.random.normal`` in ``dtype``: its all-zero / all-one bits, symmetric reach.
+
+    float32: min(5.4200, 5.2201) = 5.2201; bfloat16: 2.5156; float16: 3.182.
+    """
+    return _extreme_magnitude(jax.random.normal, dtype, (0, 0xFFFFFFFF))
+
+
+def gaussian_tail(z: float) -> float:
+    """Φ̄(z) = P[N(0,1) > z] in float64, accurate in the far tail (erfc, not 1 − Φ)."""
+    return 0.5 * math.erfc(z / math.sqrt(2.0))
