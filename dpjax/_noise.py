@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dpjax import _random
+from dpjax import _random, _validate
 from dpjax._random import noise_dtype
 
 __all__ = [
@@ -77,10 +77,31 @@ def _add_scaled(tree: Any, noise: Any, scale: Any) -> Any:
 
     def add(leaf: Any, z: jax.Array) -> jax.Array:
         out_dtype = float_dtype_of(leaf)
+        _check_scale_representable(scale, z.dtype)
         wide = jnp.asarray(leaf).astype(z.dtype)
         return (wide + jnp.asarray(scale).astype(z.dtype) * z).astype(out_dtype)
 
     return jax.tree.map(add, tree, noise)
+
+
+def _check_scale_representable(scale: Any, dtype: Any) -> None:
+    """Refuse a concrete noise scale that the noise dtype would flush to (almost) zero.
+
+    A scale below the dtype's smallest normal number (float32: 1.2e-38) becomes a subnormal or
+    0 when cast, so the release would carry less noise than calibrated (none at all for 1e-46
+    in float32). Such a scale comes from a tiny sensitivity; rescale the statistic instead.
+    """
+    if not _validate.is_concrete(scale):
+        return
+    values = np.abs(np.asarray(scale, dtype=np.float64))
+    tiny = float(jnp.finfo(dtype).tiny)
+    if np.any((values > 0) & (values < tiny)):
+        _validate.fail(
+            "noise scale",
+            float(values[(values > 0) & (values < tiny)].min()),
+            f"0 or at least {tiny:.3g} (the smallest normal {jnp.dtype(dtype).name}); "
+            "a smaller sensitivity would release almost no noise: rescale the statistic",
+        )
 
 
 def tree_add_noise(key: jax.Array, tree: Any, sampler: Sampler, scale: Any) -> Any:

@@ -327,3 +327,18 @@ def test_laplace_dpsgd_noise_scale_never_below_the_accounted_theta_without_x64()
     )
     assert run.returncode == 0, run.stderr[-2000:]
     assert int(run.stdout.strip().splitlines()[-1]) == 0
+
+
+@pytest.mark.parametrize("sensitivity", [1e-40, 1e-46])
+def test_tiny_noise_scale_is_refused_not_flushed_to_zero(sensitivity):
+    # float32 value: sigma ~ 4 * sensitivity is a float32 subnormal (or 0), so the release
+    # used to be exactly the value with no noise at all
+    from dpjax import mechanisms
+
+    value = jnp.zeros(4, jnp.float32)
+    with pytest.raises(ValueError, match="noise scale"):
+        mechanisms.gaussian(
+            jax.random.key(0), value, sensitivity=sensitivity, epsilon=1.0, delta=1e-5
+        )
+    with pytest.raises(ValueError, match="noise scale"):
+        mechanisms.laplace(jax.random.key(1), value, sensitivity=sensitivity, epsilon=1.0)
