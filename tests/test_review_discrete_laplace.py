@@ -258,3 +258,66 @@ def test_review_float16_value_below_the_overflow_is_noisy(key):
     y = np.asarray(run(keys)).astype(np.float64)
     assert np.all(np.isfinite(y)) and np.all(np.abs(y) <= 60.0)
     assert len(np.unique(y)) > 20 and abs(np.median(y) - 50.0) < 0.05
+
+
+# ---------------------------------------------------------------- grid sensitivity (held)
+
+# Grey-box check (same key on D and D′): the integer noise is identical, so away from the
+# output clamp the releases differ by exactly g(k_f − k′_f); the clamp only shrinks it. Hence
+# ‖y − y′‖₁ ≤ Δ_g = g(⌊Δ₁/g⌋ + d) is the sensitivity the ε proof needs, for every pair below:
+# grid midpoints ± 1 ulp, −0.0, values far beyond ±B (1e30, float max), and under jit NaN
+# (→ 0) and ±inf (→ ±B) against finite neighbours within Δ₁ of the mapped value.
+GREY_BOX = r"""
+import itertools, math
+import jax, jax.numpy as jnp, numpy as np
+from dpjax import mechanisms as M
+from dpjax.mechanisms import discrete
+
+def pairs(d, g, sens, bound, dtype):
+    fmax = float(np.finfo(dtype).max)
+    mid = np.array([(i + 0.5) * g for i in range(d)])
+    one = sens / d
+    yield mid, mid + one
+    yield np.nextafter(mid, -np.inf), np.nextafter(mid + one, np.inf)
+    yield np.full(d, -0.0), np.full(d, one)
+    yield np.full(d, bound + 1e30), np.full(d, bound - one)
+    yield np.full(d, fmax), np.full(d, bound - one)
+    yield np.full(d, -fmax), np.full(d, -bound + one)
+    yield np.full(d, np.nan), np.full(d, one)
+    yield np.full(d, np.inf), np.full(d, bound - one)
+    yield np.full(d, -np.inf), np.full(d, -bound + one)
+    rng = np.random.default_rng(d)
+    for _ in range(8):
+        x = rng.uniform(-bound, bound, d)
+        step = rng.uniform(-1, 1, d)
+        yield x, x + step * sens / np.sum(np.abs(step))
+
+worst = 0.0
+for dtype in (np.float32, np.float64) if jax.config.read("jax_enable_x64") else (np.float32,):
+    for d, g, sens in itertools.product((1, 2, 3, 4), (2.0**-10, 1.0), (0.3, 5.0)):
+        kw = dict(sensitivity=sens, epsilon=1.0, bound=8.0, granularity=g)
+        run = jax.jit(lambda k, v: M.discrete_laplace(k, v, **kw))
+        limit = discrete.grid_sensitivity(sens, g, d)
+        for a, b in pairs(d, g, sens, 8.0, dtype):
+            for k in jax.random.split(jax.random.key(d), 2):
+                ya = np.asarray(run(k, jnp.asarray(a.astype(dtype))), np.float64)
+                yb = np.asarray(run(k, jnp.asarray(b.astype(dtype))), np.float64)
+                assert np.all(np.isfinite(ya)) and np.all(np.abs(ya) <= 8.0)
+                moved = float(np.sum(np.abs(ya - yb)))
+                assert moved <= limit * (1 + 1e-12), (dtype, d, g, sens, a, b, moved, limit)
+                worst = max(worst, moved / limit)
+assert worst == 1.0, worst  # some pair attains the bound
+print("ok", worst)
+"""
+
+
+@pytest.mark.slow  # 16 configurations × 2 dtypes, each jitted once (~25 s)
+def test_review_grid_sensitivity_same_key_x64_on():
+    exec(GREY_BOX, {})
+
+
+@pytest.mark.slow  # the same in an x64-off subprocess (~15 s)
+def test_review_grid_sensitivity_same_key_x64_off():
+    env = dict(os.environ, JAX_ENABLE_X64="0", JAX_PLATFORMS="cpu")
+    done = subprocess.run([sys.executable, "-c", GREY_BOX], env=env, capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.startswith("ok"), done.stderr[-3000:]
