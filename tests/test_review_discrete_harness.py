@@ -184,3 +184,44 @@ def test_review_harness_profiles_of_ideal_laws_with_long_tails():
     p = exact.exponential_mechanism_law([0.0, -1490.0], **kw)
     q = exact.exponential_mechanism_law([0.0, -1491.0], **kw)
     assert exact.pure_epsilon(p, q) <= 1.0 + 1e-9
+
+
+def test_review_harness_against_dp_accounting_pld():
+    # independent implementation: dp_accounting's PLD from the two pmfs (both directions,
+    # symmetric=False); its pessimistic / optimistic estimates bracket the exact δ(ε)
+    from dp_accounting.pld import privacy_loss_distribution as pld
+
+    def logs(law):
+        return {i: math.log(x) for i, x in enumerate(np.ravel(law)) if x > 0}
+
+    r = math.exp(-0.5)
+    pairs = [
+        (
+            exact.discrete_laplace_law([0.3, -0.2], ratio=r, bound=3.0, granularity=1.0),
+            exact.discrete_laplace_law([1.6, -0.9], ratio=r, bound=3.0, granularity=1.0),
+        ),
+        (
+            exact.exponential_mechanism_law([0.0, 1.0, 5.0], sensitivity=1.0, epsilon=2.0),
+            exact.exponential_mechanism_law([1.0, 0.0, 4.0], sensitivity=1.0, epsilon=2.0),
+        ),
+        (
+            exact.randomized_response_law(0, epsilon=1.5, num_categories=4),
+            exact.randomized_response_law(3, epsilon=1.5, num_categories=4),
+        ),
+        (np.array([0.5, 0.3, 0.2, 0.0]), np.array([0.2, 0.3, 0.4, 0.1])),
+    ]
+    for p, q in pairs:
+        brackets = [
+            pld.from_two_probability_mass_functions(
+                logs(p),
+                logs(q),
+                pessimistic_estimate=pe,
+                symmetric=False,
+                value_discretization_interval=1e-5,
+            )
+            for pe in (True, False)
+        ]
+        for eps in (0.0, 0.25, 0.5, 1.0, 2.0):
+            mine = exact.delta_at(p, q, eps)
+            hi, lo = (b.get_delta_for_epsilon(eps) for b in brackets)
+            assert lo - 1e-12 <= mine <= hi + 1e-12, (eps, lo, mine, hi)
