@@ -13,12 +13,13 @@ settings. The samplers here draw TWO 32-bit words per coordinate:
   erfinv(1 − tiny)); Laplace: |L| = −log U.
 
 Support (measured by feeding all-zero / all-one words, U = 2⁻⁶⁴; :func:`gaussian_support_max`):
-|Z| ≤ Φ̄⁻¹(2⁻⁶⁵) = 9.155 (float32 and float64), |L| ≤ 64·ln 2 = 44.36. δ floor: at σ ≥ 0.5 a
-release's truncation floor q·Φ̄(9.155 − 1/σ) is below 1e-12
-(:func:`dpjax.accounting.noise_truncation_delta`). Cost: twice the random bits of
-``jax.random.normal``. Noise is drawn in at least float32 (bfloat16, float16 and integer
-leaves get float32 noise, :func:`noise_dtype`); the callers add it in that dtype and cast the
-sum to the leaf's dtype afterwards (post-processing).
+|Z| ≤ Φ̄⁻¹(2⁻⁶⁵) = 9.155 (float32 and float64), |L| ≤ 64·ln 2 = 44.36. δ floor
+(:func:`dpjax.accounting.noise_truncation_delta`): per release at least
+q·max(Φ̄(9.155 − 1/σ), 1 − (1 − 2⁻⁶⁴)^d) for d coordinates — the top value is an atom of mass
+2⁻⁶⁴ on every coordinate — which is below 1e-12 at σ ≥ 0.5 for d ≤ 1.8·10⁷. Cost: twice
+the random bits of ``jax.random.normal``. Noise is drawn in at least float32 (bfloat16,
+float16 and integer leaves get float32 noise, :func:`noise_dtype`); the callers add it in that
+dtype and cast the sum to the leaf's dtype afterwards (post-processing).
 
 Porosity: these are still FLOATING-POINT samplers. Their outputs lie on an irregular grid, so
 ``x + Z`` on D takes values that ``x' + Z`` on D′ cannot (Mironov 2012, "On significance of the

@@ -141,7 +141,8 @@ def add_gaussian_noise(stddev: float, *, key: jax.Array) -> optax.GradientTransf
         exact profile Balle–Wang 2018); T updates compose adaptively and are accounted by
         :mod:`dpjax.accounting`. The sampler's support ends at ±9.155·stddev: the δ floor this
         adds is :func:`dpjax.accounting.noise_truncation_delta` (below 1e-12 per release at
-        σ ≥ 0.5). Float outputs remain porous (Mironov 2012): the guarantee is for the
+        σ ≥ 0.5 for models of up to 1.8·10⁷ coordinates; it grows as d·2⁻⁶⁴ beyond). Float
+        outputs remain porous (Mironov 2012): the guarantee is for the
         real-valued mechanism; releases of real data need OS-seeded keys and non-porous noise
         (:func:`dpjax.mechanisms.discrete_laplace`).
 

@@ -182,7 +182,13 @@ def test_truncation_delta_reproduces_the_legacy_floor():
     f = dpjax.accounting.noise_truncation_delta
     for sigma, q, steps, quoted in [(1.1, 0.0051, 10_000, 4.2e-4), (1.0, 1.0, 100, 1.2e-3)]:
         expected = 1.0 - (1.0 - q * stats.norm.sf(z_max - 1.0 / sigma)) ** steps
-        got = f(noise_multiplier=sigma, sampling_rate=q, steps=steps, sampler="legacy")
+        got = f(
+            noise_multiplier=sigma,
+            sampling_rate=q,
+            steps=steps,
+            num_coordinates=1,
+            sampler="legacy",
+        )
         assert got == pytest.approx(expected, rel=1e-6)
         assert got == pytest.approx(quoted, rel=0.03)
         assert got > 40 * 1e-5
@@ -192,10 +198,29 @@ def test_truncation_delta_reproduces_the_legacy_floor():
 def test_truncation_delta_of_the_new_sampler_is_negligible(dtype):
     f = dpjax.accounting.noise_truncation_delta
     for sigma in (0.5, 1.0, 4.0):
-        assert f(noise_multiplier=sigma, sampling_rate=1.0, steps=1, dtype=dtype) <= 1e-12
-    assert f(noise_multiplier=1.1, sampling_rate=0.0051, steps=10_000, dtype=dtype) < 1e-14
+        assert (
+            f(
+                noise_multiplier=sigma,
+                sampling_rate=1.0,
+                steps=1,
+                num_coordinates=10**6,
+                dtype=dtype,
+            )
+            <= 1e-12
+        )
+    assert (
+        f(noise_multiplier=1.1, sampling_rate=0.0051, steps=10_000, num_coordinates=1, dtype=dtype)
+        < 1e-14
+    )
     # the bfloat16 textbook sampler: a floor of several percent per release
-    legacy = f(noise_multiplier=1.0, sampling_rate=1.0, steps=1, dtype=dtype, sampler="legacy")
+    legacy = f(
+        noise_multiplier=1.0,
+        sampling_rate=1.0,
+        steps=1,
+        num_coordinates=1,
+        dtype=dtype,
+        sampler="legacy",
+    )
     if dtype == jnp.bfloat16:
         assert legacy == pytest.approx(stats.norm.sf(2.515625 - 1.0), rel=1e-6)
 
@@ -210,10 +235,11 @@ def test_truncation_delta_of_the_new_sampler_is_negligible(dtype):
         (dict(steps=0), "steps"),
         (dict(steps=2.5), "steps"),
         (dict(sampler="box-muller"), "sampler"),
+        (dict(num_coordinates=0), "num_coordinates"),
     ],
 )
 def test_truncation_delta_validates(kwargs, name):
-    args = dict(noise_multiplier=1.0, sampling_rate=0.1, steps=10) | kwargs
+    args = dict(noise_multiplier=1.0, sampling_rate=0.1, steps=10, num_coordinates=1) | kwargs
     with pytest.raises(ValueError, match=name):
         dpjax.accounting.noise_truncation_delta(**args)
 

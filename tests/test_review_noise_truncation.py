@@ -75,7 +75,9 @@ def test_reported_floor_covers_a_spread_gradient():
     δ ≥ 1 − (1 − 2⁻⁶⁴)^d = 5.4e-12 (> the documented "below 1e-12 at σ ≥ 0.5"); the function
     reports Φ̄(9.155 − 1) = 1.7e-16, 3·10⁴ times less."""
     floor = _atom_floor(dimension=10**8, sampling_rate=1.0, steps=1, atom=2.0**-64)
-    reported = noise_truncation_delta(noise_multiplier=1.0, sampling_rate=1.0, steps=1)
+    reported = noise_truncation_delta(
+        noise_multiplier=1.0, sampling_rate=1.0, steps=1, num_coordinates=10**8
+    )
     assert floor > 1e-12
     assert reported >= floor, f"reported {reported:.3g} < forced floor {floor:.3g}"
 
@@ -84,7 +86,9 @@ def test_reported_floor_covers_a_dpsgd_run_on_a_large_model():
     """VIOLATION: σ = 1.1, q = 0.0051, T = 10⁴ (the docstring's setting), a 10⁹-parameter
     model: forced floor 2.8e-9 vs reported 4.2e-15."""
     floor = _atom_floor(dimension=10**9, sampling_rate=0.0051, steps=10**4, atom=2.0**-64)
-    reported = noise_truncation_delta(noise_multiplier=1.1, sampling_rate=0.0051, steps=10**4)
+    reported = noise_truncation_delta(
+        noise_multiplier=1.1, sampling_rate=0.0051, steps=10**4, num_coordinates=10**9
+    )
     assert reported >= floor, f"reported {reported:.3g} < forced floor {floor:.3g}"
 
 
@@ -99,5 +103,7 @@ def test_one_axis_formula_matches_high_precision(sigma, q, steps):
     z_max = mpmath.mpf(_random.gaussian_support_max(np.float32))
     p = q * mpmath.ncdf(-(z_max - 1 / mpmath.mpf(sigma)))
     expected = float(1 - (1 - p) ** steps)
-    got = noise_truncation_delta(noise_multiplier=sigma, sampling_rate=q, steps=steps)
+    got = noise_truncation_delta(
+        noise_multiplier=sigma, sampling_rate=q, steps=steps, num_coordinates=1
+    )
     assert got == pytest.approx(expected, rel=1e-12)

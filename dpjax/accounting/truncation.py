@@ -16,6 +16,7 @@ from dpjax import _random, _validate
 __all__ = ["noise_truncation_delta"]
 
 _SAMPLERS = ("dpjax", "legacy")
+_TOP_ATOM = 2.0**-64  # mass of the top value of dpjax._random.normal on one coordinate
 
 
 def noise_truncation_delta(
@@ -23,17 +24,20 @@ def noise_truncation_delta(
     noise_multiplier: float,
     sampling_rate: float,
     steps: int,
+    num_coordinates: int,
     dtype: Any = np.float32,
     sampler: str = "dpjax",
 ) -> float:
     r"""δ floor of T Poisson-sampled Gaussian releases from a sampler truncated at ±z_max.
 
-    .. math::  \delta_{\text{floor}} = 1 - \big(1 - q\,\bar\Phi(z_{\max} - 1/\sigma)\big)^T
+    .. math::  \delta_{\text{floor}} = 1 - (1 - q\,p)^T, \quad
+       p = \max\big(\bar\Phi(z_{\max} - 1/\sigma),\ 1 - (1 - a)^d\big)
 
     Args:
         noise_multiplier: σ > 0 (noise std in units of the ℓ2 sensitivity C).
         sampling_rate: Poisson rate q ∈ (0, 1].
         steps: T ≥ 1 releases.
+        num_coordinates: d, the number of noised coordinates (parameters) per release.
         dtype: the dtype of the update the noise is added to (bfloat16 / float16 / float32 /
             float64): it selects the sampler's support.
         sampler: ``"dpjax"`` (:mod:`dpjax._random`: z_max = 9.155 in float32 and float64 —
@@ -59,15 +63,23 @@ def noise_truncation_delta(
         δ(ε) ≥ that for every ε (the δ of hypothesis testing: Kairouz, Oh, Viswanath 2015,
         "The composition theorem for differential privacy", the privacy region). p is taken
         as Φ̄(z_max − 1/σ), the tail of the exact normal, which the sampler reproduces up to
-        one 2⁻⁶³ cell (2⁻²³ for legacy). It is a floor only: the float outputs are also porous
-        (Mironov 2012), which this number does not cover.
+        one 2⁻⁶³ cell (2⁻²³ for legacy). Second witness (dpjax sampler): its top value is an
+        ATOM of mass a = 2⁻⁶⁴ on every coordinate (the one word pair with U = 2⁻⁶⁴ takes the
+        whole ideal tail cell). Spread the gradient, g = (C/√d)·(1, …, 1): every coordinate can
+        land at s_i + g_i + σC·z_max, which the neighbour never produces, so one release has an
+        infinite-loss event of probability ≥ q·(1 − (1 − a)^d); p is the larger of the two.
+        It is a floor only (a lower bound on the δ any accountant can claim, not an upper
+        bound on the sampler's extra δ): the float outputs are also porous (Mironov 2012),
+        which this number does not cover.
 
     Example:
         >>> floor = noise_truncation_delta(noise_multiplier=1.1, sampling_rate=0.0051,
-        ...                                steps=10_000, sampler="legacy")
+        ...                                steps=10_000, num_coordinates=1, sampler="legacy")
         >>> f"{floor:.2g}"  # jax.random.normal float32: z_max = 5.2201
         '0.00041'
-        >>> noise_truncation_delta(noise_multiplier=0.5, sampling_rate=1.0, steps=1) < 1e-12
+        >>> noise_truncation_delta(
+        ...     noise_multiplier=0.5, sampling_rate=1.0, steps=1, num_coordinates=10**6
+        ... ) < 1e-12
         True
     """
     _validate.positive("noise_multiplier", noise_multiplier)
@@ -80,5 +92,8 @@ def noise_truncation_delta(
         z_max = _random.gaussian_support_max(dtype)
     else:
         z_max = _random.legacy_gaussian_support_max(dtype)
-    per_step = sampling_rate * _random.gaussian_tail(z_max - 1.0 / noise_multiplier)
+    d = _validate.positive_int("num_coordinates", num_coordinates)
+    tail = _random.gaussian_tail(z_max - 1.0 / noise_multiplier)
+    atom = _TOP_ATOM if sampler == "dpjax" else 0.0  # legacy: the tail witness only
+    per_step = sampling_rate * max(tail, float(-np.expm1(d * np.log1p(-atom))))
     return float(-np.expm1(steps * np.log1p(-per_step)))
