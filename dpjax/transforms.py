@@ -335,8 +335,10 @@ def add_laplace_dpsgd_noise(
 
     def update_fn(updates: Any, state: NoiseState, params: Any = None):
         _check_update_shapes(updates, params)
-        dtype = _noise.noise_dtype_of(jax.tree.leaves(updates)[0])
-        theta = _theta_rounded_up(state.count + 1, dtype, theta_kw)
+        # rounded up in the NARROWEST noise dtype of the tree: that value is exact in every
+        # wider one, so no leaf's cast can round θ below the accounted float64 value
+        dtypes = [np.dtype(_noise.noise_dtype_of(u)) for u in jax.tree.leaves(updates)]
+        theta = _theta_rounded_up(state.count + 1, min(dtypes, key=lambda d: d.itemsize), theta_kw)
         next_key, noise_key = _next_keys(state, impl)
         noisy = _noise.tree_add_iid_noise(noise_key, updates, _laplace, theta)
         return noisy, NoiseState(key=next_key, count=optax.safe_increment(state.count))
