@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from dpjax import _validate
+from dpjax import _noise, _validate
 from dpjax.accounting.events import LaplaceDPSGDEvent
 from dpjax.relation import REPLACE_ONE
 from dpjax.transforms import (
@@ -149,11 +149,13 @@ def accumulate_clipped_sums(
     every_k = _validate.positive_int("every_k", every_k)
 
     def init_fn(params: Any) -> AccumulationState:
-        zeros = jax.tree.map(jnp.zeros_like, params)
+        # the running total is kept in at least float32: a bfloat16 total rounds differently
+        # with and without one example's contribution (2C at 258 micro-batch sums of C)
+        zeros = jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), _noise.noise_dtype_of(p)), params)
         return AccumulationState(jnp.zeros([], jnp.int32), zeros, private_optimizer.init(params))
 
     def update_fn(updates: Any, state: AccumulationState, params: Any = None):
-        total = jax.tree.map(jnp.add, state.clipped_sum, updates)
+        total = jax.tree.map(lambda s, u: s + u.astype(s.dtype), state.clipped_sum, updates)
 
         def release(_):
             out, inner = private_optimizer.update(total, state.inner_state, params)
