@@ -16,6 +16,10 @@ Rounding to the grid can grow the ℓ1 distance by up to g *per coordinate*, hen
 proof is in :func:`grid_sensitivity`). Clamping the input is 1-Lipschitz and clamping the
 output is post-processing. Non-finite input: ``ValueError`` when concrete; under ``jit`` NaN →
 0 and ±inf → ±B (the clamp), before the rounding, so the output is always on the grid.
+
+The integer noise is drawn from float64 uniforms, so JAX's 64-bit mode is required
+(``jax_enable_x64``; float32 uniforms realise ε far above the claim) and rates εg/Δ_g too small
+for float64 to resolve are refused (:func:`realised_excess_bound`).
 """
 
 from __future__ import annotations
@@ -221,6 +225,7 @@ def discrete_laplace(
             neighbouring relation.
         epsilon: ε > 0.
         bound: B > 0, the public range of f (outputs lie in [−B, B]); B/g ≤ 2^22.
+            Requires ``jax_enable_x64`` (``ValueError`` otherwise).
         granularity: g, a power of two (default 2^-10).
 
     Returns:
@@ -234,13 +239,15 @@ def discrete_laplace(
         Roughgarden, Sundararajan 2009; discrete Laplace of Canonne, Kamath, Steinke 2020
         §2). The non-finite rule maps every input into [−B, B] before the rounding. The output
         support gℤ ∩ [−B, B] is the same for every input (every point is reachable), so the
-        floating-point attack of Mironov (CCS 2012) does not apply. Caveat: the geometric
-        draw uses float uniforms and logarithms (not the exact CKS20 sampler), so the
-        realised probabilities carry a relative error ~2^{−(nmant−8)}/(εg/Δ_g): negligible
-        with x64 enabled (the noise is then always drawn in float64, ~1e-9 relative even at
-        εg/Δ_g = 1e-4), but NOT with x64 disabled (float32 noise): there ε = 0.1, Δ₁ = 1,
-        g = 2⁻¹⁰ realises a pure ε ≥ 0.51, ε = 1 one ≥ 1.03, and g = 2⁻⁶, ε = 1 one ≥ 1.001
-        (exact enumeration of the float32 uniforms). Enable x64 for releases.
+        floating-point attack of Mironov (CCS 2012) does not apply. As the code runs: the
+        geometric draw uses float64 uniforms and logarithms (not the exact CKS20 sampler), so
+        the realised probabilities carry a relative error; the realised pure ε is at most
+        ε(1 + RELATIVE_EXCESS) = 1.001ε, proven in :func:`realised_excess_bound`, and rates
+        εg/Δ_g for which that bound fails (about a < 2.2e-5 at B/g ≤ 2^13) raise
+        ``ValueError`` (granularity). With x64 disabled the uniforms would be float32 (ε = 1e-4
+        realised 0.125, ε = 1 realised ≥ 1.03, exact enumeration), so the mechanism raises
+        ``ValueError`` naming ``jax_enable_x64``. The grid index is computed in at least
+        float32 after clamping to ±B (a float16 x/g would overflow to inf).
 
     Example:
         >>> import jax, jax.numpy as jnp
