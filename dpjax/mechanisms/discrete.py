@@ -251,6 +251,7 @@ def discrete_laplace(
 
     Example:
         >>> import jax, jax.numpy as jnp
+        >>> jax.config.update("jax_enable_x64", True)  # required: float64 uniforms
         >>> y = discrete_laplace(jax.random.key(0), jnp.zeros(3, jnp.float32), sensitivity=1.0,
         ...                      epsilon=1.0, bound=8.0, granularity=2.0**-6)
         >>> bool(jnp.all(y * 64 == jnp.round(y * 64)))
