@@ -121,6 +121,7 @@ def test_review_float32_delta_floor_of_the_bounded_noise():
 # ---------------------------------------------------------------- 16-bit scores
 
 
+@pytest.mark.slow  # 2 × 2^21 selections plus 3 same-key batches (~12 s)
 def test_review_report_noisy_max_bfloat16_realised_law_within_claim(key):
     # SEL-1 (fixed): bfloat16 scores got bfloat16 noise (review's enumeration: 128 values in
     # [0, 4.84]; (0, −8.75) selected 1 w.p. 2.9e-3, (0, −9.75) never: ε = ∞). Now the
@@ -142,6 +143,7 @@ def test_review_report_noisy_max_bfloat16_realised_law_within_claim(key):
     assert pure_eps(p, q) <= 1.0 * (1 + 1e-9), (p, q, delta_at(p, q, 1.0))
 
 
+@pytest.mark.slow  # 4 × 2^22 selections plus 3 same-key batches (~19 s)
 def test_review_exponential_mechanism_float16_realised_law_within_claim(key):
     # SEL-2 (fixed): float16 scores got float16 Gumbel noise (1024 values in [−2.27, 6.93]):
     # (0, −16.75) / (0, −17.75) realised ε = 2.77, (0, −17.5) / (0, −18.5) ε = ∞
