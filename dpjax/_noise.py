@@ -38,6 +38,8 @@ Sampler = Callable[[jax.Array, tuple[int, ...], Any], jax.Array]
 _SOUND_SAMPLERS: dict[Any, Sampler] = {
     jax.random.normal: _random.normal,
     jax.random.laplace: _random.laplace,
+    jax.random.exponential: _random.exponential,
+    jax.random.gumbel: _random.gumbel,
 }
 
 

@@ -43,6 +43,8 @@ __all__ = [
     "noise_dtype",
     "normal",
     "laplace",
+    "exponential",
+    "gumbel",
     "legacy_gaussian_support_max",
     "gaussian_tail",
     "gaussian_support_max",
@@ -124,6 +126,40 @@ def laplace(key: jax.Array, shape: tuple[int, ...] = (), dtype: Any = np.float32
     """I.i.d. Laplace(0, 1) of ``shape`` in ``dtype``: ±(−log U); |L| ≤ 64·ln 2 = 44.36."""
     u, negative = _unit_and_sign(key, tuple(shape), dtype)
     return _signed(-jnp.log(u), negative)
+
+
+def _exponential_from_words(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
+    """Exp(1) = −ln U with both tails resolved: U ≤ ½ or U > ½ by the sign bit.
+
+    X = u/2 ∈ (0, ½] (u from :func:`_unit_and_sign`, smallest 2⁻⁶⁵). Top bit 0: U = X,
+    E = −log X ∈ [ln 2, 65·ln 2]; top bit 1: U = 1 − X, E = −log1p(−X) ∈ (0, ln 2], so a
+    small E keeps its relative accuracy (no 1 − U cancellation). P[E > t] = e^{−t} up to one
+    2⁻⁶⁴ cell of X and the float rounding of X (relative 2⁻²³ in float32).
+    """
+    u, small = _unit_and_sign(key, tuple(shape), dtype)
+    x = u * jnp.asarray(0.5, u.dtype)
+    return jnp.where(small, -jnp.log1p(-x), -jnp.log(x))
+
+
+def exponential(key: jax.Array, shape: tuple[int, ...] = (), dtype: Any = np.float32) -> jax.Array:
+    """I.i.d. Exp(1) of ``shape`` in ``dtype`` (float32 or float64), from 64 random bits.
+
+    Support (all-zero / all-one words): [2⁻⁶⁵, 65·ln 2] = [2.7e-20, 45.05] in float32 and
+    float64 (``jax.random.exponential``: [0, 15.94] in float32, [0, 4.84] in bfloat16, 128
+    values). The law is Exp(1) up to one 2⁻⁶⁴ cell of the uniform and the dtype's rounding.
+    """
+    return _exponential_from_words(key, shape, dtype)
+
+
+def gumbel(key: jax.Array, shape: tuple[int, ...] = (), dtype: Any = np.float32) -> jax.Array:
+    """I.i.d. standard Gumbel of ``shape`` in ``dtype``: −log E, E from :func:`exponential`.
+
+    Support: [−ln(65·ln 2), 65·ln 2] = [−3.81, 45.05] in float32 and float64
+    (``jax.random.gumbel``: [−4.47, 15.94] in float32, [−4.47, 4.84] in bfloat16). Both ends
+    matter for the exponential mechanism: a candidate more than T·48.9 below the best is never
+    selected (ideal probability < e^{−45}).
+    """
+    return -jnp.log(_exponential_from_words(key, shape, dtype))
 
 
 # --------------------------------------------------------------------- support by extreme bits

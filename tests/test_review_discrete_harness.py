@@ -167,13 +167,10 @@ def test_review_harness_tiny_but_normal_probabilities():
     assert exact.hockey_stick_delta([1.0 - 1e-300, 1e-300], [1.0, 0.0], 5.0) == 1e-300
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review2 finding H-1: laws are float64 probabilities, not log-probabilities: the "
-    "ideal discrete Laplace law (r = e^-1, B/g = 744) has cells of mass e^-744 ≈ 1e-323 "
-    "(subnormal) and 0; pure_epsilon returns inf (B/g ≥ 744) or 1.0296 (claim 1) — false "
-    "alarms for every bound with a·B/g > 745; exponential_mechanism_law on (0, −1490) likewise",
-)
+# H-1 (fixed): laws were float64 probabilities only: the ideal discrete Laplace law (r = e^-1,
+# B/g = 744) has cells of mass e^-744 ≈ 1e-323 (subnormal) and 0; pure_epsilon returned inf
+# (B/g ≥ 744) or 1.0296 (claim 1); exponential_mechanism_law on (0, −1490) likewise. The law
+# builders now return exact.Law, which carries the log-probabilities.
 def test_review_harness_profiles_of_ideal_laws_with_long_tails():
     r = math.exp(-1.0)
     for h in (744.0, 800.0):
@@ -225,3 +222,19 @@ def test_review_harness_against_dp_accounting_pld():
             mine = exact.delta_at(p, q, eps)
             hi, lo = (b.get_delta_for_epsilon(eps) for b in brackets)
             assert lo - 1e-12 <= mine <= hi + 1e-12, (eps, lo, mine, hi)
+
+
+def test_harness_log_laws_keep_tails_and_derived_arrays_drop_them():
+    # H-1: a Law carries exact log-probabilities through product_law; any array derived from
+    # it (a mixture, a slice) is read as plain probabilities, never with stale logs
+    r = math.exp(-1.0)
+    p = exact.discrete_laplace_law([0.0, 0.0], ratio=r, bound=800.0, granularity=1.0)
+    q = exact.discrete_laplace_law([1.0, 0.0], ratio=r, bound=800.0, granularity=1.0)
+    assert isinstance(p, exact.Law) and p.log.shape == p.shape == (1601, 1601)
+    assert exact.pure_epsilon(p, q) == pytest.approx(1.0, abs=1e-9)
+    assert exact.delta_at(p, q, 1.0) <= 1e-15 and exact.delta_at(p, q, 0.5) > 0.1  # rounding
+    mixture = 0.5 * p + 0.5 * q
+    assert mixture.log is None
+    plain = np.asarray(p)
+    assert exact.pure_epsilon(plain, np.asarray(q)) == math.inf  # the old false alarm
+    assert exact.pure_epsilon(mixture, p) == math.inf  # no logs: read as probabilities

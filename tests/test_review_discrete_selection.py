@@ -2,18 +2,19 @@
 
 * Support probes: JAX's Gumbel and exponential samplers fed all-zero and all-one random bits
   (``jax._src.random.core._random_bits`` patched, ``jax.disable_jit``) give their exact range.
-* 16-bit scores: the noise is drawn in the scores' dtype. A bfloat16 / float16 uniform takes
-  2^nmant values (128 / 1024), each with probability 2^-nmant, and the sampler maps them to as
-  many distinct noise values (checked below), so the realised law of the selected index is
-  computed exactly by running the mechanism on every noise pair (the sampler patched to return
-  the enumerated pairs; the addition, scaling and argmax are the library's own).
+* 16-bit scores (findings SEL-1 / SEL-2, fixed): the review enumerated 16-bit noise (a
+  bfloat16 / float16 uniform takes 2^nmant values: 128 / 1024) through the mechanism and found
+  pure ε = ∞ (RNM, bfloat16, (0, −8.75) / (0, −9.75)) and 2.77 (EM, float16). The selection
+  noise is now drawn from 64 random bits in at least float32 (``dpjax._random.gumbel`` /
+  ``exponential``) and the argmax is taken on the float32 sum; the tests check that with the
+  same key 16-bit scores select exactly what float32 scores select, the selection frequencies
+  on the review's pairs against the ideal laws (binomial tolerance from n), and the samplers'
+  laws (KS, with rejection of a wrong scale) and supports (extreme bits).
 * The non-finite rule: a fixed map that is 1-Lipschitz in ℓ∞ and order-preserving on score
   vectors with the same non-finite pattern, so Δ and monotonicity carry over.
 
-Tests marked ``xfail(strict=True)`` assert the documented claim and FAIL on the current code.
 """
 
-import itertools
 import math
 
 import jax
@@ -21,8 +22,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax._src.random import core as random_core
+from scipy import stats
 
+from dpjax import _random
 from dpjax import mechanisms as M
+from dpjax.auditing import exact
 from dpjax.mechanisms._nonfinite import sanitise_scores
 
 SAMPLERS = {"exponential_mechanism": "gumbel", "report_noisy_max": "exponential"}
@@ -44,28 +48,29 @@ def extreme(sampler, dtype, ones):
         random_core._random_bits = original
 
 
-def support(sampler_name, dtype):
-    """All values of a 16-bit sampler (sampled; their number must be 2^nmant, one per draw)."""
-    draws = getattr(jax.random, sampler_name)(jax.random.key(7), (200_000,), dtype)
-    values = np.unique(np.asarray(draws.astype(jnp.float32)))
-    assert values.size == 2 ** jnp.finfo(dtype).nmant  # a bijection from the uniform's grid
-    return values.astype(np.float64)
+def selection_frequencies(name, scores, dtype, n, key, **kw):
+    """Frequencies of the selected index over n independent runs (one key each)."""
+    batch = jnp.broadcast_to(jnp.asarray(scores, dtype), (n, len(scores)))
+    picks = jax.jit(jax.vmap(lambda k, s: getattr(M, name)(k, s, **kw)))(
+        jax.random.split(key, n), batch
+    )
+    return np.bincount(np.asarray(picks), minlength=len(scores)) / n
 
 
-def realised_law(name, scores, dtype, **kw):
-    """Exact law of the selected index: the mechanism run on every pair of noise values."""
-    sampler_name = SAMPLERS[name]
-    values = support(sampler_name, dtype)
-    pairs = np.array(list(itertools.product(range(values.size), repeat=len(scores))))
-    noise = jnp.asarray(values[pairs], dtype)
-    batch = jnp.broadcast_to(jnp.asarray(scores, dtype), noise.shape)
-    original = getattr(jax.random, sampler_name)
-    setattr(jax.random, sampler_name, lambda key, shape, dtype=None: noise)
-    try:
-        picks = np.asarray(getattr(M, name)(jax.random.key(0), batch, **kw))
-    finally:
-        setattr(jax.random, sampler_name, original)
-    return np.bincount(picks, minlength=len(scores)) / picks.size
+def same_key_picks(name, scores, dtype, n, key, **kw):
+    """The picks for ``scores`` in ``dtype`` and in float32, with the same n keys."""
+    keys = jax.random.split(key, n)
+    out = []
+    for dt in (dtype, jnp.float32):
+        batch = jnp.broadcast_to(jnp.asarray(scores, dt), (n, len(scores)))
+        run = jax.jit(jax.vmap(lambda k, s: getattr(M, name)(k, s, **kw)))
+        out.append(np.asarray(run(keys, batch)))
+    return out
+
+
+def binomial_ok(freq, prob, n, z=5.0):
+    """|freq − prob| within z binomial standard deviations (of n draws at prob)."""
+    return abs(freq - prob) <= z * math.sqrt(prob * (1.0 - prob) / n)
 
 
 def pure_eps(p, q):
@@ -116,40 +121,103 @@ def test_review_float32_delta_floor_of_the_bounded_noise():
 # ---------------------------------------------------------------- 16-bit scores
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review2 finding SEL-1: bfloat16 scores draw bfloat16 exponential noise (128 values "
-    "in [0, 4.84]); report_noisy_max on (0, −8.75) selects 1 w.p. 2.9e-3, on the neighbour "
-    "(0, −9.75) never: pure ε = ∞, δ(ε = 1) = 2.9e-3 (claim ε = 1, δ = 0)",
-)
-def test_review_report_noisy_max_bfloat16_realised_law_within_claim():
+@pytest.mark.slow  # 2 × 2^21 selections plus 3 same-key batches (~12 s)
+def test_review_report_noisy_max_bfloat16_realised_law_within_claim(key):
+    # SEL-1 (fixed): bfloat16 scores got bfloat16 noise (review's enumeration: 128 values in
+    # [0, 4.84]; (0, −8.75) selected 1 w.p. 2.9e-3, (0, −9.75) never: ε = ∞). Now the
+    # noise is the float32 64-bit sampler and the argmax is taken in float32: with the same
+    # key bfloat16 scores select exactly what float32 scores select...
     kw = dict(sensitivity=1.0, epsilon=1.0)
-    p = realised_law("report_noisy_max", [0.0, -8.75], jnp.bfloat16, **kw)
-    q = realised_law("report_noisy_max", [0.0, -9.75], jnp.bfloat16, **kw)
+    for scores in ([0.0, -8.75], [1000.0, 1000.0], [0.0, -0.5, 0.5]):
+        low, wide = same_key_picks("report_noisy_max", scores, jnp.bfloat16, 20_000, key, **kw)
+        np.testing.assert_array_equal(low, wide, err_msg=str(scores))
+    # ...and the frequencies on the review's pair match the ideal law, which is within claim
+    n = 2**21
+    p = selection_frequencies("report_noisy_max", [0.0, -8.75], jnp.bfloat16, n, key, **kw)
+    q = selection_frequencies("report_noisy_max", [0.0, -9.75], jnp.bfloat16, n, key, **kw)
+    p_ideal = exact.report_noisy_max_law([0.0, -8.75], **kw)
+    q_ideal = exact.report_noisy_max_law([0.0, -9.75], **kw)
+    assert binomial_ok(p[1], p_ideal[1], n) and binomial_ok(q[1], q_ideal[1], n), (p, q)
+    assert not binomial_ok(p[1], 2.9e-3, n) and q[1] > 0  # the 16-bit law is rejected
+    assert pure_eps(p_ideal, q_ideal) <= 1.0 * (1 + 1e-9)
     assert pure_eps(p, q) <= 1.0 * (1 + 1e-9), (p, q, delta_at(p, q, 1.0))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review2 finding SEL-2: float16 scores draw float16 Gumbel noise (1024 values in "
-    "[−2.27, 6.93]); exponential_mechanism on (0, −16.75) / (0, −17.75) realises pure ε = 2.77 "
-    "(claim 1, δ(1) = 1.3e-5) and (0, −17.5) / (0, −18.5) ε = ∞ (δ = 2.9e-6)",
-)
-def test_review_exponential_mechanism_float16_realised_law_within_claim():
+@pytest.mark.slow  # 4 × 2^22 selections plus 3 same-key batches (~19 s)
+def test_review_exponential_mechanism_float16_realised_law_within_claim(key):
+    # SEL-2 (fixed): float16 scores got float16 Gumbel noise (1024 values in [−2.27, 6.93]):
+    # (0, −16.75) / (0, −17.75) realised ε = 2.77, (0, −17.5) / (0, −18.5) ε = ∞
     kw = dict(sensitivity=1.0, epsilon=1.0)
+    for scores in ([0.0, -16.75], [1000.0, 1000.0], [0.0, -0.5, 0.5]):
+        low, wide = same_key_picks("exponential_mechanism", scores, jnp.float16, 20_000, key, **kw)
+        np.testing.assert_array_equal(low, wide, err_msg=str(scores))
+    n = 2**22
     for gap in (16.75, 17.5):
-        p = realised_law("exponential_mechanism", [0.0, -gap], jnp.float16, **kw)
-        q = realised_law("exponential_mechanism", [0.0, -gap - 1.0], jnp.float16, **kw)
+        laws = []
+        for g in (gap, gap + 1.0):
+            f = selection_frequencies("exponential_mechanism", [0.0, -g], jnp.float16, n, key, **kw)
+            ideal = exact.exponential_mechanism_law([0.0, -g], **kw)
+            assert binomial_ok(f[1], ideal[1], n) and f[1] > 0, (g, f, ideal)
+            laws.append((f, ideal))
+        (p, p_ideal), (q, q_ideal) = laws
+        assert pure_eps(p_ideal, q_ideal) <= 1.0 * (1 + 1e-9)
+        # ln(p/q) ideal 0.5: the sampled ratio is within its binomial error of it
         assert pure_eps(p, q) <= 1.0 * (1 + 1e-9), (gap, p, q, delta_at(p, q, 1.0))
 
 
-def test_review_16bit_realised_law_is_close_to_ideal_in_the_bulk():
-    # what held: away from the tails the 16-bit realised laws are near the ideal ones (the
-    # enumeration is sane), e.g. EM on (0, −1), ε = 1: ideal P[1] = 1/(1 + e^{1/2}) = 0.3775
-    p = realised_law(
-        "exponential_mechanism", [0.0, -1.0], jnp.float16, sensitivity=1.0, epsilon=1.0
+def test_review_16bit_realised_law_is_close_to_ideal_in_the_bulk(key):
+    # away from the tails: EM on (0, −1), ε = 1: ideal P[1] = 1/(1 + e^{1/2}) = 0.3775
+    n = 2**16
+    p = selection_frequencies(
+        "exponential_mechanism", [0.0, -1.0], jnp.float16, n, key, sensitivity=1.0, epsilon=1.0
     )
     assert abs(p[1] - 1.0 / (1.0 + math.exp(0.5))) < 0.01
+    assert binomial_ok(p[1], 1.0 / (1.0 + math.exp(0.5)), n)
+
+
+# ---------------------------------------------------------------- the 64-bit selection samplers
+
+
+def test_selection_samplers_support_from_extreme_bits():
+    # all-zero / all-one words: the ends of the supports (documented in dpjax._random)
+    for dt in (np.float32, np.float64):
+        ends = [
+            float(np.asarray(s(_random.constant_bits_key(w), (1,), dt), np.float64)[0])
+            for s in (_random.exponential, _random.gumbel)
+            for w in (0, 0xFFFFFFFF)
+        ]
+        np.testing.assert_allclose(ends, [45.0546, 2.7105e-20, -3.8079, 45.0546], rtol=1e-4)
+        assert 64 * math.log(2.0) < ends[0]  # reaches beyond −ln 2^-64
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_selection_samplers_law_ks_and_wrong_scale(key, dtype):
+    n = 2**18
+    crit = stats.kstwo.isf(1e-6, n)  # ≈ 1.95/√n
+    e = np.asarray(_random.exponential(key, (n,), dtype), np.float64)
+    g = np.asarray(_random.gumbel(jax.random.fold_in(key, 1), (n,), dtype), np.float64)
+    assert e.dtype == np.float64 and np.all(np.isfinite(e)) and np.all(np.isfinite(g))
+    assert stats.kstest(e, stats.expon.cdf).statistic < crit
+    assert stats.kstest(g, stats.gumbel_r.cdf).statistic < crit
+    assert stats.kstest(e, stats.expon(scale=1.05).cdf).statistic > crit  # wrong scale
+    assert stats.kstest(g, stats.gumbel_r(scale=1.05).cdf).statistic > crit
+    assert stats.kstest(g, stats.gumbel_r(loc=0.03).cdf).statistic > crit  # wrong location
+
+
+def test_selection_noise_is_wide_for_16bit_scores(monkeypatch, key):
+    # grey-box: the mechanisms draw from the 64-bit samplers in float32 for 16-bit scores
+    seen = []
+    for name, attr in (("exponential_mechanism", "gumbel"), ("report_noisy_max", "exponential")):
+        real = getattr(_random, attr)
+
+        def spy(k, shape, dtype, real=real):
+            seen.append(np.dtype(dtype))
+            return real(k, shape, dtype)
+
+        monkeypatch.setattr(_random, attr, spy)
+        for dt in (jnp.bfloat16, jnp.float16):
+            getattr(M, name)(key, jnp.zeros(3, dt), sensitivity=1.0, epsilon=1.0)
+    assert seen == [np.dtype(np.float32)] * 4
 
 
 # ---------------------------------------------------------------- the non-finite rule (held)

@@ -30,6 +30,10 @@ Two kinds of functions:
 
 Probabilities are float64; a profile computed from them is exact up to float64 rounding
 (relative ~1e-15), hence the default tolerance ``rtol = 1e-9`` of :func:`assert_within_claim`.
+The law builders return a :class:`Law`, which also carries the log-probabilities, so cells
+below e^{−745} (subnormal or 0 as float64) keep their exact ratios: the discrete Laplace law
+with a·B/g > 745 and softmax gaps above 745 are profiled without false alarms. Plain arrays
+(and arrays derived from a ``Law``) are read as probabilities.
 
 Example:
     Binary randomized response keeps the truth w.p. 3/4: its pure ε is ln 3, and at ε = ln 2
@@ -61,6 +65,7 @@ __all__ = [
     "assert_within_claim",
     "product_law",
     "law_from_cdf",
+    "Law",
     "uniform_below_probability",
     "randomized_response_law",
     "coin_randomized_response_law",
@@ -71,6 +76,41 @@ __all__ = [
 
 
 # ----------------------------------------------------------------------------- profiles
+
+
+class Law(np.ndarray):
+    """Float64 probabilities that also carry their exact log-probabilities (``.log``).
+
+    A long-tailed law (discrete Laplace with a·B/g > 745, an exponential mechanism with a
+    score gap above 745 temperatures) has cells below the smallest float64 (e^{−745}): as
+    probabilities they are subnormal (few significant bits) or 0, and a profile computed from
+    them reports ε = ∞ or a wrong ε (a false alarm). The law builders of this module return a
+    ``Law``; the profile functions use ``.log`` where both laws carry one. Any array derived
+    from a ``Law`` (a slice, a sum, a mixture) drops ``.log`` and is read as plain
+    probabilities.
+    """
+
+    log: np.ndarray | None
+
+    @classmethod
+    def from_log(cls, log_probabilities: Any) -> Law:
+        """The law with the given log-probabilities (−inf for an impossible outcome)."""
+        logp = np.asarray(log_probabilities, dtype=np.float64)
+        out = np.exp(logp).view(cls)
+        out.log = logp
+        return out
+
+    def __array_finalize__(self, obj: Any) -> None:
+        self.log = None
+
+
+def _log_of(law: Any) -> np.ndarray:
+    """The log-probabilities of ``law``, exact if it is a :class:`Law` with ``.log``."""
+    logp = getattr(law, "log", None)
+    if isinstance(law, Law) and logp is not None and logp.shape == law.shape:
+        return logp.ravel()
+    with np.errstate(divide="ignore"):
+        return np.log(np.asarray(law, dtype=np.float64).ravel())
 
 
 def _laws(p: Any, q: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -96,11 +136,12 @@ def max_log_ratio(p: Any, q: Any) -> float:
     Returns:
         The largest log-ratio; ``inf`` if some outcome has P_o > 0 = Q_o.
     """
-    p, q = _laws(p, q)
-    seen = p > 0.0
-    if np.any(q[seen] == 0.0):
+    _laws(p, q)
+    logp, logq = _log_of(p), _log_of(q)
+    seen = logp > -np.inf
+    if np.any(logq[seen] == -np.inf):
         return math.inf
-    return float(np.max(np.log(p[seen]) - np.log(q[seen])))
+    return float(np.max(logp[seen] - logq[seen]))
 
 
 def pure_epsilon(p: Any, q: Any) -> float:
@@ -113,12 +154,15 @@ def hockey_stick_delta(p: Any, q: Any, epsilon: float) -> float:
     p, q = _laws(p, q)
     if not epsilon >= 0.0:
         raise ValueError(f"epsilon must be in [0, inf]; got {epsilon!r}")
+    logp, logq = _log_of(p), _log_of(q)
     if math.isinf(epsilon):
-        return float(np.sum(p[q == 0.0]))
-    # e^ε Q in log space so that a large ε does not overflow.
-    with np.errstate(divide="ignore"):
-        scaled = np.exp(np.minimum(np.log(q) + epsilon, 745.0))
-    return float(np.sum(np.maximum(0.0, p - scaled)))
+        return float(np.sum(p[logq == -np.inf]))
+    # P − e^ε Q = P(1 − e^{ε + ln Q − ln P}) where it is positive, in log space (no overflow
+    # of e^ε Q, and no false difference where both underflow).
+    seen = logp > -np.inf
+    with np.errstate(over="ignore"):
+        gap = -np.expm1(np.minimum(logq[seen] + epsilon - logp[seen], 745.0))
+    return float(np.sum(p[seen] * np.maximum(0.0, gap)))
 
 
 def delta_at(p: Any, q: Any, epsilon: float) -> float:
@@ -154,10 +198,14 @@ def assert_within_claim(
 
 def product_law(*laws: Any) -> np.ndarray:
     """Joint law of independent coordinates: the outer product, shape (n₁, n₂, …)."""
-    out = np.ones((), dtype=np.float64)
+    out = np.zeros((), dtype=np.float64)
     for law in laws:
-        out = np.multiply.outer(out, np.asarray(law, dtype=np.float64))
-    return out
+        logp = getattr(law, "log", None)
+        if not (isinstance(law, Law) and logp is not None and logp.shape == law.shape):
+            with np.errstate(divide="ignore"):
+                logp = np.log(np.asarray(law, dtype=np.float64))
+        out = np.add.outer(out, logp)
+    return Law.from_log(out)
 
 
 def law_from_cdf(cdf: Any, edges: Any) -> np.ndarray:
@@ -272,14 +320,16 @@ def discrete_laplace_law(
     h = math.floor(float(bound) / g)
     r = float(ratio)
     grid = np.arange(-h, h + 1)
+    log_r = math.log(r)
+    log_cell = math.log1p(-r) - math.log1p(r)  # ln((1 − r)/(1 + r))
     laws = []
     for xi in x:
         xi = 0.0 if math.isnan(xi) else xi
         k_f = int(np.clip(np.round(xi / g), -h, h))  # numpy rounds half to even, like JAX
-        law = (1.0 - r) / (1.0 + r) * r ** np.abs(grid - k_f).astype(np.float64)
-        law[0] += r ** (k_f + h + 1) / (1.0 + r)
-        law[-1] += r ** (h - k_f + 1) / (1.0 + r)
-        laws.append(law)
+        logp = log_cell + np.abs(grid - k_f).astype(np.float64) * log_r
+        logp[0] = np.logaddexp(logp[0], (k_f + h + 1) * log_r - math.log1p(r))
+        logp[-1] = np.logaddexp(logp[-1], (h - k_f + 1) * log_r - math.log1p(r))
+        laws.append(Law.from_log(logp))
     return product_law(*laws)
 
 
@@ -299,14 +349,14 @@ def exponential_mechanism_law(
     """softmax(ε ũ/(2Δ)) (Δ/ε if monotonic), ũ the scores after the non-finite rule.
 
     This is the law of :func:`dpjax.mechanisms.exponential_mechanism` in exact arithmetic
-    (Gumbel-max identity); float Gumbel noise has a bounded range, so the realised law
-    differs from it for candidates whose probability is below ~e^-20 (float32) / e^-42
-    (float64).
+    (Gumbel-max identity), as a :class:`Law` (log-softmax, exact far tails). The float
+    Gumbel noise (:func:`dpjax._random.gumbel`, range [−3.81, 45.05]) has a bounded range, so
+    the realised law differs from it for candidates whose probability is below ~e^-48.
     """
     factor = 1.0 if monotonic else 2.0
     z = _sanitised_scores(scores) * float(epsilon) / (factor * float(sensitivity))
-    w = np.exp(z - z.max())
-    return w / w.sum()
+    z = z - z.max()
+    return Law.from_log(z - np.log(np.sum(np.exp(z))))  # log-softmax: exact far tails
 
 
 def report_noisy_max_law(scores: Any, *, sensitivity: float, epsilon: float) -> np.ndarray:
@@ -321,8 +371,9 @@ def report_noisy_max_law(scores: Any, *, sensitivity: float, epsilon: float) -> 
 
     a polynomial of degree d − 1 in t, integrated exactly by Gauss–Legendre quadrature with
     ⌊d/2⌋ + 2 nodes (positive integrand, no cancellation). As for the exponential mechanism,
-    float exponential noise has a bounded range, so the realised law drops candidates whose
-    ideal probability is below ~e^-16 (float32).
+    float exponential noise (:func:`dpjax._random.exponential`, range [2.7e-20, 45.05]) has a
+    bounded range, so the realised law drops candidates whose ideal probability is below
+    ~e^-45. Returned as plain float64 probabilities (no log-probabilities).
     """
     u = _sanitised_scores(scores)
     s = 2.0 * float(sensitivity) / float(epsilon)

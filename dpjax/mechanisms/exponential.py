@@ -21,8 +21,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from dpjax import _validate
-from dpjax._noise import tree_add_noise
+from dpjax import _random, _validate
+from dpjax._noise import _check_scale_representable, tree_noise_like
 from dpjax.mechanisms._nonfinite import refuse_nonfinite, sanitise_scores
 
 __all__ = [
@@ -73,6 +73,29 @@ def _check_scores(scores: jax.Array) -> jax.Array:
     return sanitise_scores(scores)
 
 
+_NOISE_REACH = 46.0  # > 65·ln 2 = 45.05, the largest |noise| of _random.gumbel / exponential
+
+
+def _noisy_scores(key: jax.Array, scores: jax.Array, sampler, scale: float) -> jax.Array:
+    """u + T·Z in the wide dtype of the noise (at least float32), NOT cast back to u's dtype.
+
+    Z is drawn by ``sampler`` (:func:`dpjax._random.gumbel` / :func:`~dpjax._random.exponential`,
+    64 random bits) in ``noise_dtype(u.dtype)``: bfloat16 / float16 scores get float32 noise
+    (16-bit noise takes 128 / 1024 values in [−4.5, 4.8] / [−2.3, 6.9]: a candidate a few
+    temperatures below the best was never selected) and the argmax is taken on the float32 sum
+    (a 16-bit sum ties often, and ties go to the lowest index).
+    """
+    noise = tree_noise_like(key, scores, sampler)
+    _check_scale_representable(scale, noise.dtype)
+    if not scale * _NOISE_REACH <= float(jnp.finfo(noise.dtype).max):
+        _validate.fail(
+            "sensitivity / epsilon",
+            scale,
+            f"a temperature T with T·{_NOISE_REACH} finite in {jnp.dtype(noise.dtype).name}",
+        )
+    return scores.astype(noise.dtype) + jnp.asarray(scale, noise.dtype) * noise
+
+
 def exponential_mechanism(
     key: jax.Array,
     scores: jax.Array,
@@ -101,10 +124,14 @@ def exponential_mechanism(
         non-finite rule is applied before the scores are used. Utility: Lemma 28 of the same
         lecture, see ``exponential_mechanism_utility_bound``. The Gumbel-max identity
         P[argmax_q(u_q/T + G_q) = q] = softmax(u/T)_q is exact (Gumbel 1954; Yellott 1977) in
-        real arithmetic; JAX's float Gumbel draws have a bounded range (≈ [−4.5, 15.9] in
-        float32, [−6.6, 36.0] in float64), so a candidate whose score is more than T times
-        that width (20.4 resp. 42.6) below the best is never selected, although its ideal
-        probability is positive (below e^{−20} resp. e^{−42}).
+        real arithmetic. As the code runs: the Gumbel noise is drawn from 64 random bits in
+        at least float32 (16-bit scores included, :func:`dpjax._random.gumbel`) and added and
+        compared in that dtype; its range is [−3.81, 45.05] (float32 and float64), so a
+        candidate whose score is more than T·48.86 below the best is never selected although
+        its ideal probability is positive, below e^{−48.86} = 6e-22 per such candidate (a δ
+        floor; pure ε = ∞ only for pairs straddling that gap). (``jax.random.gumbel`` had
+        [−4.47, 15.94] in float32, a floor of 1.4e-9, and 1024 values in [−2.27, 6.93] for
+        float16 scores.)
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -117,9 +144,8 @@ def exponential_mechanism(
         sensitivity=sensitivity, epsilon=epsilon, monotonic=monotonic
     )
     scores = _check_scores(scores)
-    # argmax(u/T + G) = argmax(u + T·G): the Gumbel noise goes through the one noise path.
-    noisy = tree_add_noise(key, scores, jax.random.gumbel, scale)
-    return jnp.argmax(noisy, axis=-1)
+    # argmax(u/T + G) = argmax(u + T·G), with G from 64 random bits in at least float32.
+    return jnp.argmax(_noisy_scores(key, scores, _random.gumbel, scale), axis=-1)
 
 
 def exponential_mechanism_probabilities(
@@ -212,7 +238,13 @@ def report_noisy_max(
         identical to report-noisy-max with exponential noise", which also shows it is never
         worse in expected utility than the exponential mechanism). Its law is that of
         permute-and-flip, not softmax (``dpjax.auditing.exact.report_noisy_max_law``). Only
-        the index is released, never the noisy maximum itself.
+        the index is released, never the noisy maximum itself. As the code runs: the
+        exponential noise is drawn from 64 random bits in at least float32 (16-bit scores
+        included, :func:`dpjax._random.exponential`) and added and compared in that dtype; its
+        range is [2.7e-20, 45.05], so a candidate more than T·45.05 below the best is never
+        selected (ideal probability ≤ ½e^{−45.05} = 1.4e-20 per such candidate: a δ floor).
+        (``jax.random.exponential`` reached 15.94 in float32, a floor of 5.9e-8, and 4.84
+        with 128 values for bfloat16 scores.)
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -221,5 +253,5 @@ def report_noisy_max(
         1
     """
     scale = report_noisy_max_scale(sensitivity=sensitivity, epsilon=epsilon)
-    noisy = tree_add_noise(key, _check_scores(scores), jax.random.exponential, scale)
+    noisy = _noisy_scores(key, _check_scores(scores), _random.exponential, scale)
     return jnp.argmax(noisy, axis=-1)

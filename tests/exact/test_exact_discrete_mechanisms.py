@@ -454,7 +454,7 @@ def test_selection_exact_profile_over_adversarial_pairs(d):
 @pytest.mark.slow  # a fresh interpreter compiling six mechanisms: ~10 s on 2 shared cores
 def test_non_finite_rules_hold_with_x64_off():
     # float32 defaults (x64 off): every mechanism maps non-finite / out-of-range input under
-    # jit and never releases it.
+    # jit and never releases it (discrete_laplace refuses to run with x64 off).
     code = """
 import jax, jax.numpy as jnp, numpy as np
 from dpjax import mechanisms as M
@@ -463,9 +463,13 @@ v = jnp.array([5, -1, 1, 0], jnp.int32)
 rr = jax.jit(lambda k, v: M.randomized_response(k, v, epsilon=17.0, num_categories=2))(key, v)
 assert rr.dtype == jnp.int32 and set(np.asarray(rr).tolist()) <= {0, 1}, rr
 x = jnp.array([jnp.nan, jnp.inf, -jnp.inf, 0.3])
-dl = jax.jit(lambda k, v: M.discrete_laplace(k, v, sensitivity=1.0, epsilon=1.0, bound=4.0,
-                                              granularity=2.0**-4))(key, x)
-assert dl.dtype == jnp.float32 and np.all(np.abs(np.asarray(dl)) <= 4.0), dl
+try:  # float32 uniforms cannot realise the discrete Laplace law: refused with x64 off
+    jax.jit(lambda k, v: M.discrete_laplace(k, v, sensitivity=1.0, epsilon=1.0, bound=4.0,
+                                            granularity=2.0**-4))(key, x)
+except ValueError as err:
+    assert "jax_enable_x64" in str(err), err
+else:
+    raise AssertionError("discrete_laplace released with x64 off")
 s = jnp.array([0.0, jnp.nan, 100.0])
 for fn in (M.exponential_mechanism, M.report_noisy_max):
     many = jax.vmap(lambda k, s: fn(k, s, sensitivity=1.0, epsilon=1.0), in_axes=(0, None))
