@@ -27,9 +27,9 @@ from dpjax.clipping import clipped_grad
 from dpjax.erm import bounds
 from dpjax.erm.losses import Loss
 from dpjax.erm.result import ERMResult
-from dpjax.erm.solver import prepare_data, require_x64
+from dpjax.erm.solver import prepare_data, public_dataset_size, require_x64
 from dpjax.optimizers import laplace_dpsgd, laplace_dpsgd_event
-from dpjax.relation import ADD_OR_REMOVE_ONE, REPLACE_ONE, NeighbouringRelation, as_relation
+from dpjax.relation import REPLACE_ONE, NeighbouringRelation, as_relation
 from dpjax.transforms import add_gaussian_noise
 
 __all__ = [
@@ -118,24 +118,6 @@ def noisy_gradient_descent(
     init = (w0, jnp.zeros_like(w0), noise.init(w0))
     (w_last, w_avg, _), _ = jax.lax.scan(step, init, (step_sizes, weights, sample_keys))
     return w_avg, w_last
-
-
-def public_dataset_size(n: int, dataset_size: int | None, relation: NeighbouringRelation) -> int:
-    """The n that normalises gradients and sets schedules: it must be PUBLIC.
-
-    Under replace-one, len(X) is the same on neighbours and may be used. Under add/remove-one
-    it differs by one between neighbours, so dividing by it (or choosing T or η from it) would
-    make the release depend on a private quantity: the caller must pass ``dataset_size``.
-    """
-    if dataset_size is not None:
-        return _validate.positive_int("dataset_size", dataset_size)
-    if relation == ADD_OR_REMOVE_ONE:
-        raise ValueError(
-            "dataset_size must be a public positive integer under relation='add_or_remove_one' "
-            "(len(X) differs between neighbours, so it may not set the normaliser q·n, T or the "
-            "step sizes); got None"
-        )
-    return int(n)
 
 
 def _check_common(loss, mu, radius, epsilon, delta, relation):
