@@ -136,16 +136,35 @@ def _check_common(loss, mu, radius, epsilon, delta, relation):
     return as_relation(relation)
 
 
-def _finish(w_avg, w_last, output, bound, event, relation, stddev, sens, public_batch):
+def bound_assumption_note(*, clip: float, lipschitz: float, output: str) -> str | None:
+    """Why the DP-GD/DP-SGD theorem does not apply to this call, or None when it does.
+
+    The bound (literature §1.4) is for SGD on unbiased estimates of ∇J, returned as the
+    average. With C < L the clipped field clip_C∇ℓ is not ∇ℓ (the iterates minimise
+    something else, and J(w̄) − J* need not shrink), and the last iterate is not what the
+    theorem bounds.
+    """
+    if clip < lipschitz:
+        return (
+            f"clip_norm C = {clip:g} < L = {lipschitz:g}: the clipped gradients are not unbiased "
+            "estimates of ∇J, so the DP-GD/DP-SGD excess-risk theorem does not apply"
+        )
+    if output != "average":
+        return "output='last': the theorem bounds the (weighted) average of the iterates only"
+    return None
+
+
+def _finish(w_avg, w_last, output, bound, event, relation, stddev, sens, public_batch, note):
     params = w_avg if output == "average" else w_last
     return ERMResult(
         params=params,
         certificate=jnp.zeros((), params.dtype),
-        excess_risk_bound=bound if output == "average" else math.inf,
+        excess_risk_bound=math.inf if note is not None else bound,
         event=event,
         relation=relation,
         sensitivity=sens,
         noise_scale=stddev / public_batch,
+        bound_note=note,
     )
 
 
@@ -183,25 +202,35 @@ def dp_gd(
         radius: D, projection radius (should contain w*: D ≥ ‖w*‖; ≥ L/μ if μ > 0).
         mu: μ ≥ 0; μ = 0 → convex schedule, μ > 0 → strongly convex schedule.
         steps: T; default ⌈n²ρ/(2d)⌉ (:func:`default_steps`).
-        clip_norm: C; default L (clipping never active on valid data).
+        clip_norm: C; default L (clipping never active on valid data). With C < L the
+            release is still private, but ``excess_risk_bound`` is ``inf`` and ``bound_note``
+            says why (the clipped field is not ∇J: the theorem's assumption fails).
         relation: neighbouring relation of the guarantee.
         conversion: zCDP → (ε, δ) conversion.
-        output: ``"average"`` (the theory's output; default) or ``"last"`` (no bound: inf).
+        output: ``"average"`` (the theory's output; default) or ``"last"`` (no bound: inf,
+            with ``bound_note``).
         dataset_size: the PUBLIC n used as normaliser and in T, η (default len(X) under
             replace-one; required under add/remove-one, see :func:`public_dataset_size`).
 
     Returns:
         :class:`ERMResult` with ``GaussianEvent(noise_multiplier=σ_s/Δ, count=T)``.
 
+    Raises:
+        ValueError: bad parameters, invalid concrete data (empty, non-finite, ‖x_i‖ > 1,
+            margin labels not ±1; :func:`dpjax.erm.solver.prepare_data`), or add/remove-one
+            without ``dataset_size``.
+
     Formal guarantees:
         Privacy: T Gaussian mechanisms on a sum of sensitivity Δ (003 "DP Gradient Descent",
         "Improved Analysis with Concentrated DP"): ρ-zCDP ⇒ (ε, δ)-DP under ``relation``.
-        Utility (literature §1.4, with σ = σ_s/n on the average gradient, G = C + μD):
+        Utility (literature §1.4, with σ = σ_s/n on the average gradient, G = C + μD), stated
+        only when C ≥ L (then clip_C∇ℓ = ∇ℓ and ĝ is unbiased for ∇J) and output="average":
         convex: E[J(w̄)] − J* ≤ D√((G² + dσ²)/T); μ-SC: ≤ 2(G² + dσ²)/(μ(T+1)), J* = min_W J.
     """
     relation = _check_common(loss, mu, radius, epsilon, delta, relation)
     _validate.one_of("output", output, ("average", "last"))
-    n, d = jnp.shape(X)
+    X, y = prepare_data(X, y, loss)
+    n, d = X.shape
     n = public_dataset_size(n, dataset_size, relation)
     rho = zcdp_rho_for_epsilon(epsilon=epsilon, delta=delta, conversion=conversion)
     steps = _validate.positive_int(
@@ -217,7 +246,7 @@ def dp_gd(
     sched = schedule(steps=steps, mu=float(mu), radius=radius, grad_bound_sq=g2)
     bound = _iterative_bound(d, steps, stddev / n, clip, mu, radius, 0.0)
     event = GaussianEvent(noise_multiplier=multiplier, count=steps, relation=relation)
-    X, y = prepare_data(X, y, loss)
+    note = bound_assumption_note(clip=clip, lipschitz=loss.lipschitz, output=output)
     w_avg, w_last = noisy_gradient_descent(
         key,
         X,
@@ -232,7 +261,7 @@ def dp_gd(
         step_sizes=sched.step_sizes,
         weights=sched.weights,
     )
-    return _finish(w_avg, w_last, output, bound, event, relation, stddev, sens, float(n))
+    return _finish(w_avg, w_last, output, bound, event, relation, stddev, sens, float(n), note)
 
 
 def _iterative_bound(d, steps, sigma_avg, clip, mu, radius, variance):
@@ -284,14 +313,15 @@ def dp_sgd(
     Formal guarantees:
         Privacy: the subsampled Gaussian mechanism composed T times, calibrated by the tight
         accountant (003 "DP SGD: Improved Privacy Analysis"; Abadi et al. 2016).
-        Utility: as :func:`dp_gd` with E‖ĝ‖² ≤ G² + (1 − q)C²/(qn) + dσ² (Poisson sampling
-        variance), σ = σ_s/(qn).
+        Utility: as :func:`dp_gd` (stated only when C ≥ L and output="average") with
+        E‖ĝ‖² ≤ G² + (1 − q)C²/(qn) + dσ² (Poisson sampling variance), σ = σ_s/(qn).
     """
     relation = _check_common(loss, mu, radius, epsilon, delta, relation)
     _validate.probability(sampling_rate, "sampling_rate")
     _validate.one_of("output", output, ("average", "last"))
     steps = _validate.positive_int("steps", steps)
-    n, d = jnp.shape(X)
+    X, y = prepare_data(X, y, loss)
+    n, d = X.shape
     n = public_dataset_size(n, dataset_size, relation)
     clip = float(
         _validate.positive("clip_norm", loss.lipschitz if clip_norm is None else clip_norm)
@@ -316,7 +346,7 @@ def dp_sgd(
         count=steps,
         relation=relation,
     )
-    X, y = prepare_data(X, y, loss)
+    note = bound_assumption_note(clip=clip, lipschitz=loss.lipschitz, output=output)
     w_avg, w_last = noisy_gradient_descent(
         key,
         X,
@@ -333,7 +363,7 @@ def dp_sgd(
         weights=sched.weights,
     )
     sens = (2.0 if relation == REPLACE_ONE else 1.0) * clip
-    return _finish(w_avg, w_last, output, bound, event, relation, stddev, sens, public_batch)
+    return _finish(w_avg, w_last, output, bound, event, relation, stddev, sens, public_batch, note)
 
 
 def laplace_dp_sgd(
@@ -377,7 +407,8 @@ def laplace_dp_sgd(
     _validate.epsilon(epsilon)
     _validate.non_negative("mu", mu)
     steps = _validate.positive_int("steps", steps)
-    n, d = jnp.shape(X)
+    X, y = prepare_data(X, y, loss)
+    n, d = X.shape
     clip = float(
         _validate.positive("clip_norm", loss.lipschitz if clip_norm is None else clip_norm)
     )
@@ -385,7 +416,6 @@ def laplace_dp_sgd(
     event = laplace_dpsgd_event(
         l1_sensitivity=l1, epsilon=epsilon, rho=rho, kappa=kappa, steps=steps
     )
-    X, y = prepare_data(X, y, loss)
     noise_key, index_key = jax.random.split(key)
     opt = laplace_dpsgd(l1_sensitivity=l1, epsilon=epsilon, rho=rho, kappa=kappa, key=noise_key)
     grad_fn = clipped_grad(loss, l2_clip_norm=clip, method="vmap")
@@ -409,4 +439,5 @@ def laplace_dp_sgd(
         relation=REPLACE_ONE,
         sensitivity=l1,
         noise_scale=None,
+        bound_note="Theorem 37 of the lecture on advances in DP has no explicit constant",
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -31,9 +32,16 @@ RELATIVE_ACCURACY = 1e-10
 """Default accuracy τ of the tilted minimiser, as a fraction of L/(μ + Δ) (the scale of w*)."""
 
 
+class TiltedSolution(NamedTuple):
+    """ŵ (within τ of the tilted minimiser) and ‖∇J̃(ŵ)‖²/(2μ), a diagnostic only."""
+
+    params: jax.Array
+    certificate: jax.Array
+
+
 def tilted_minimiser(
     X: jax.Array, y: jax.Array, *, loss: Loss, mu: float, tilt: jax.Array, accuracy: float
-) -> tuple[jax.Array, jax.Array]:
+) -> TiltedSolution:
     """ŵ with ‖ŵ − argmin(J + ⟨tilt, ·⟩)‖ ≤ τ for EVERY data set, and its diagnostic certificate.
 
     J(w) = (1/n)Σℓ + (μ/2)‖w‖² is μ-strongly convex and (c + μ)-smooth; its tilted minimiser
@@ -48,7 +56,7 @@ def tilted_minimiser(
     J = objective(loss, float(mu), X, y, tilt)
     w = accelerated_minimiser(J, jnp.zeros_like(tilt), mu=mu, beta=beta, steps=steps)
     g = jax.grad(J)(w)
-    return w, jnp.dot(g, g) / (2.0 * float(mu))
+    return TiltedSolution(w, jnp.dot(g, g) / (2.0 * float(mu)))
 
 
 _VARIANTS = ("kst", "lecture", "cms")
@@ -247,10 +255,10 @@ def objective_perturbation(
     bound += _inexact_term(loss, mu_total, cal, n, d, tau)
     sampler = jax.random.normal if cal["noise"] == "gaussian" else gamma_norm_sampler
     b = cal["scale"] * tree_noise_like(key, jnp.zeros(d, dtype=X.dtype), sampler)
-    w, certificate = tilted_minimiser(X, y, loss=loss, mu=mu_total, tilt=b / n, accuracy=tau)
+    sol = tilted_minimiser(X, y, loss=loss, mu=mu_total, tilt=b / n, accuracy=tau)
     return ERMResult(
-        params=w,
-        certificate=certificate,
+        params=sol.params,
+        certificate=sol.certificate,
         excess_risk_bound=bound,
         event=event,
         relation=REPLACE_ONE,
@@ -363,13 +371,11 @@ def approximate_objective_perturbation(
     )
     tilt_key, out_key = jax.random.split(key)
     b = sigma_b * tree_noise_like(tilt_key, jnp.zeros(d, dtype=X.dtype), jax.random.normal)
-    w, certificate = tilted_minimiser(
-        X, y, loss=loss, mu=mu_total, tilt=b / n, accuracy=gamma / mu_total
-    )
-    noisy = w + sigma_out * tree_noise_like(out_key, w, jax.random.normal)
+    sol = tilted_minimiser(X, y, loss=loss, mu=mu_total, tilt=b / n, accuracy=gamma / mu_total)
+    noisy = sol.params + sigma_out * tree_noise_like(out_key, sol.params, jax.random.normal)
     return ERMResult(
         params=noisy,
-        certificate=certificate,
+        certificate=sol.certificate,
         excess_risk_bound=bound,
         event=EpsilonDeltaEvent(epsilon=float(epsilon), delta=float(delta), relation=REPLACE_ONE),
         relation=REPLACE_ONE,
