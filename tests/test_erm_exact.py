@@ -21,9 +21,14 @@ import pytest
 from scipy import stats
 
 from dpjax import ADD_OR_REMOVE_ONE, REPLACE_ONE
-from dpjax.erm import exponential_mechanism_grid, losses, noisy_sufficient_statistics_regression
-from dpjax.erm.hypothesis_grid import grid_score_sensitivity, grid_scores, hypothesis_grid
-from dpjax.erm.linear_regression import sufficient_statistics
+from dpjax.erm import (
+    exponential_mechanism_grid,
+    linear_regression,
+    losses,
+    noisy_sufficient_statistics_regression,
+)
+from dpjax.erm import hypothesis_grid as grid_module
+from dpjax.erm.hypothesis_grid import grid_score_sensitivity, hypothesis_grid
 
 EPSILON = 1.0
 N, MU, RADIUS, RESOLUTION = 20, 1.0, 5.0, 65
@@ -65,7 +70,7 @@ def grid_log_pmf(X, y, dataset_size, relation):
     sens = grid_score_sensitivity(
         loss=losses.logistic, n=dataset_size, d=1, radius=RADIUS, relation=relation
     )
-    u = grid_scores(X, y, grid, loss=losses.logistic, mu=MU, dataset_size=dataset_size)
+    u = grid_module.grid_scores(X, y, grid, loss=losses.logistic, mu=MU, dataset_size=dataset_size)
     return np.asarray(jax.nn.log_softmax(EPSILON * u / (2.0 * sens)))
 
 
@@ -119,7 +124,7 @@ def test_grid_release_samples_the_exact_law():
         sens = grid_score_sensitivity(
             loss=losses.logistic, n=size, d=1, radius=RADIUS, relation=ADD_OR_REMOVE_ONE
         )
-        u = grid_scores(X, y, jnp.asarray(grid)[:, None], loss=losses.logistic, mu=MU,
+        u = grid_module.grid_scores(X, y, jnp.asarray(grid)[:, None], loss=losses.logistic, mu=MU,
                         dataset_size=size)  # fmt: skip
         p = np.asarray(jax.nn.softmax(EPSILON * u / (2.0 * sens)))
         keep = p * counts.sum() >= 5
@@ -164,7 +169,7 @@ def test_regression_exact_epsilon(relation, n, mu, delta):
     assert res.event.noise_multiplier == pytest.approx(sigma / res.sensitivity)
 
     def statistics(X, y):
-        sxx, sxy = sufficient_statistics(X, y, label_bound=1.0)
+        sxx, sxy = linear_regression.sufficient_statistics(X, y, label_bound=1.0)
         return np.array([float(sxx[0, 0]), float(sxy[0])])
 
     worst_delta, worst_shift = 0.0, 0.0

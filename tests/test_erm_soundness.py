@@ -25,7 +25,6 @@ from dpjax.erm import (
     output_perturbation,
     solve,
 )
-from dpjax.erm.accelerated import accelerated_minimiser, accelerated_steps, smoothness_bound
 from tests.test_erm_solver import sphere_data
 
 
@@ -64,6 +63,8 @@ def test_output_perturbation_has_no_convergence_branch(loss):
 def test_accelerated_minimiser_reaches_the_public_accuracy():
     """‖ŵ − w*‖ ≤ τ after the public step count, on an ill-conditioned logistic problem (checked
     against a Newton reference certified to √(2·cert/μ))."""
+    from dpjax.erm.accelerated import accelerated_minimiser, accelerated_steps, smoothness_bound
+
     n, d, mu, tau = 300, 4, 1e-4, 1e-6
     X, y = sphere_data(n, d, seed=31, w_norm=8.0)
     ref = solve(X, y, loss=losses.logistic, mu=mu)
