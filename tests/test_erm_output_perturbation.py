@@ -66,7 +66,7 @@ def test_noise_scale_equals_formula():
     classic = output_perturbation(
         key, X, y, loss=losses.logistic, mu=mu, epsilon=eps, delta=delta, calibration="classic"
     )
-    expected = 2 * 1.0 * math.sqrt(2 * math.log(1.25 / delta)) / (eps * mu * n)  # 000
+    expected = 2 * 1.0 * math.sqrt(2 * math.log(1.25 / delta)) / (eps * mu * n)  # lecture's σ
     assert classic.noise_scale == pytest.approx(expected, rel=1e-6)
     assert classic.sensitivity == pytest.approx(sens, rel=1e-6)
     analytic = output_perturbation(key, X, y, loss=losses.logistic, mu=mu, epsilon=eps, delta=delta)

@@ -1,4 +1,4 @@
-"""Iterative private ERM: projected DP-GD / DP-SGD (003; literature §1.4) and Laplace DP-SGD (004).
+"""Iterative private ERM: projected DP-GD / DP-SGD (lit. §1.4), Laplace DP-SGD (advances lecture).
 
 All three are built from the shared DP-SGD pieces — :func:`dpjax.clipped_grad` (per-example
 clipped SUM), :func:`dpjax.add_gaussian_noise` / :func:`dpjax.laplace_dpsgd` (the one noise
@@ -221,8 +221,9 @@ def dp_gd(
             without ``dataset_size``.
 
     Formal guarantees:
-        Privacy: T Gaussian mechanisms on a sum of sensitivity Δ (003 "DP Gradient Descent",
-        "Improved Analysis with Concentrated DP"): ρ-zCDP ⇒ (ε, δ)-DP under ``relation``.
+        Privacy: T Gaussian mechanisms on a sum of sensitivity Δ (lecture on ML under DP,
+        DP gradient descent and its improved analysis with concentrated DP): ρ-zCDP ⇒ (ε, δ)-DP
+        under ``relation``.
         Utility (literature §1.4, with σ = σ_s/n on the average gradient, G = C + μD), stated
         only when C ≥ L (then clip_C∇ℓ = ∇ℓ and ĝ is unbiased for ∇J) and output="average":
         convex: E[J(w̄)] − J* ≤ D√((G² + dσ²)/T); μ-SC: ≤ 2(G² + dσ²)/(μ(T+1)), J* = min_W J.
@@ -312,7 +313,7 @@ def dp_sgd(
 
     Formal guarantees:
         Privacy: the subsampled Gaussian mechanism composed T times, calibrated by the tight
-        accountant (003 "DP SGD: Improved Privacy Analysis"; Abadi et al. 2016).
+        accountant (lecture on ML under DP, DP-SGD privacy analysis; Abadi et al. 2016).
         Utility: as :func:`dp_gd` (stated only when C ≥ L and output="average") with
         E‖ĝ‖² ≤ G² + (1 − q)C²/(qn) + dσ² (Poisson sampling variance), σ = σ_s/(qn).
     """
@@ -379,7 +380,7 @@ def laplace_dp_sgd(
     mu: float = 0.0,
     clip_norm: float | None = None,
 ) -> ERMResult:
-    r"""The Laplace-noise batch-1 DP-SGD of 004 (Theorems 36–37), via :func:`dpjax.laplace_dpsgd`.
+    r"""The Laplace-noise batch-1 DP-SGD of the advances lecture (Thms 36–37), via laplace_dpsgd.
 
     .. math::  \beta^{(h)} = \beta^{(h-1)} - \gamma_{h-1}\big(\mathrm{clip}_C\nabla\ell(
                \beta^{(h-1)}; z_{\Omega_h}) + \mu\beta^{(h-1)} + \theta_h Z_h\big),\quad
@@ -399,8 +400,9 @@ def laplace_dp_sgd(
         ``excess_risk_bound = inf`` (Theorem 37's constant C is not explicit).
 
     Formal guarantees:
-        Replace-one. Per step the Laplace mechanism (001) with b = θ_h on a gradient of ℓ1
-        sensitivity Δ₁; basic composition over the N releases (000). Theorem 36 of 004 states
+        Replace-one. Per step the Laplace mechanism (lecture on privacy background) with
+        b = θ_h on a gradient of ℓ1 sensitivity Δ₁; basic composition over the N releases
+        (lecture on the properties of DP). Theorem 36 (advances lecture) states
         ε·a_h-DP for the h-th iterate alone; dpjax records the composition, which covers β̄.
     """
     require_x64()

@@ -9,11 +9,13 @@ model w ∈ R^d. Every loss here is a *linear-model* loss, ℓ(w, x, y) = φ(s) 
 so ∇_w ℓ = φ'(s)·(±x) and ∇²_w ℓ = φ''(s)·x xᵀ has rank one. With ‖x‖ ≤ 1 (and |y| ≤ 1 for
 margin losses) the constants are
 
-* ``lipschitz`` L = sup|φ'| — the Lipschitz constant of ℓ(·, x, y) (000, 002);
+* ``lipschitz`` L = sup|φ'| — the Lipschitz constant of ℓ(·, x, y) (output-
+  and objective-perturbation lectures);
 * ``smoothness`` c = sup|φ''| — the bound on the second derivative used by CMS11 Algorithm 2 and
   KST12 (literature §1.1–1.2); ``None`` when φ is not differentiable (hinge, absolute);
 * ``twice_differentiable`` — whether the change-of-variables proof of objective perturbation
-  applies (002's median example is what goes wrong without it).
+  applies (the median example of the objective-perturbation lecture is what goes wrong
+  without it).
 
 Example:
     >>> import jax.numpy as jnp
@@ -187,8 +189,8 @@ absolute = Loss(
     label_bound=None,
     dual="absolute",
 )
-"""Absolute loss |⟨w, x⟩ − y|: L = 1, sharp (002's median example; refused by objective
-perturbation)."""
+"""Absolute loss |⟨w, x⟩ − y|: L = 1, sharp (the objective-perturbation lecture's median
+example; refused by objective perturbation)."""
 
 linear = Loss(
     name="linear",

@@ -69,7 +69,8 @@ def check_objective_perturbation_loss(loss: Loss, mu: float) -> None:
         ValueError: μ ≤ 0, a loss that is not twice differentiable or has no bound c on φ'',
             a non-linear-model loss (Hessian rank > 1) or a loss Lipschitz only on a ball.
     """
-    why = "002's median example: for J(w) = (1/n)Σ|w − x_i| on D = {0, 100} vs {0, 101} the "
+    why = "the median example of the lecture on objective perturbation: for "
+    why += "J(w) = (1/n)Σ|w − x_i| on D = {0, 100} vs {0, 101} the "
     why += "tilted argmin reveals the data with probability 1/2"
     if not (_validate.is_concrete(mu) and float(mu) > 0):
         raise ValueError(
@@ -109,9 +110,10 @@ def calibrate(
 ) -> dict:
     """Host-side constants of each variant: noise scale, noise kind, extra ridge Δ, spent (ε, δ).
 
-    * ``"lecture"`` (002): b ~ N(0, σ²I), σ² = 8L² ln(1.25/δ)/ε² (classic; ε < 1) or the
-      analytic σ for Δ₂ = 2L. The lecture's argument omits the Jacobian of b ↦ w_priv; dpjax
-      records ε + ln(1 + 2c/(nμ) + c²/(n²μ²)) (CMS11's Jacobian term) in the event.
+    * ``"lecture"`` (objective-perturbation lecture): b ~ N(0, σ²I), σ² = 8L² ln(1.25/δ)/ε²
+      (classic; ε < 1) or the analytic σ for Δ₂ = 2L. The lecture's argument omits the Jacobian
+      of b ↦ w_priv; dpjax records ε + ln(1 + 2c/(nμ) + c²/(n²μ²)) (CMS11's Jacobian term)
+      in the event.
     * ``"kst"`` (KST12 Alg. 1, literature §1.2): σ = L√(8 ln(2/δ) + 4ε)/ε, extra ridge so the
       total is ≥ 2c/(εn) (average scale of KST's Δ = 2λ/ε).
     * ``"cms"`` (CMS11 Alg. 2, pure ε): ε' = ε − ln(1 + 2c/(nμ) + c²/(n²μ²)); if ε' ≤ 0 then
@@ -180,7 +182,7 @@ def objective_perturbation(
         mu: μ > 0 (public).
         epsilon, delta: the budget (``variant="cms"`` is pure ε and ignores δ).
         relation: only ``REPLACE_ONE`` (the relation CMS11 and KST12 prove).
-        variant: ``"kst"`` (default, KST12 Gaussian), ``"lecture"`` (002 as taught) or
+        variant: ``"kst"`` (default, KST12 Gaussian), ``"lecture"`` (the lecture as taught) or
             ``"cms"`` (CMS11 Algorithm 2, pure ε). See :func:`calibrate`.
         calibration: for ``"lecture"`` only: ``"classic"`` (σ² = 8L² ln(1.25/δ)/ε², ε < 1)
             or ``"analytic"``.

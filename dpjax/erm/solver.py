@@ -2,24 +2,16 @@
 
     J(w) = (1/n) Σ_i ℓ(w, x_i, y_i) + (μ/2)‖w‖² [+ ⟨t, w⟩, a public or private linear tilt]
 
-Every private solver of ``dpjax.erm`` that needs an argmin (output and objective perturbation)
-calls this one, with the same tolerance, so the "exact" in their proofs has one meaning.
+This solver is the REFERENCE: experiments and tests measure excess risk against its certified
+optimum. The private solvers do not use it: a stopping rule on a certificate is reached or
+not depending on the data, and a release that fails (NaN, or an exception) on D but not on D′
+tells them apart with probability 1. They use :mod:`dpjax.erm.accelerated` instead (a public
+step count that guarantees ‖ŵ − w*‖ ≤ τ on every input).
 
-How exact is exact enough (and how it is enforced):
+How exact is exact enough:
     The solver stops on a **certificate** ``cert ≥ J(ŵ) − J*``: ‖∇J(ŵ)‖²/(2μ) for the
     smooth methods (PL inequality of a μ-strongly convex J) and the duality gap for SDCA. By
     strong convexity ‖ŵ − w*‖ ≤ √(2·cert/μ). ``converged`` is ``cert ≤ tol``.
-
-    * Output perturbation adds 2√(2·tol/μ) to the argmin sensitivity 2L/(μn) (two neighbouring
-      data sets, each solved to within √(2·tol/μ) of its exact argmin), so its guarantee covers
-      the computed ŵ, not only the ideal w*.
-    * Objective perturbation (CMS11, KST12) is proved for the exact minimiser only. dpjax
-      requires float64 and solves to the default tol = 1e-18, i.e. ‖∇J‖ ≤ √(2μ)·1e-9 and
-      ŵ within √(2·tol/μ) ≈ 1.4e-9/√μ of the exact minimiser; the private solvers **fail
-      closed** (parameters become NaN, and a concrete call raises) when the certificate misses
-      the tolerance. That residual is NOT covered by CMS11/KST12 (an inexact minimiser could in
-      principle encode data); ``approximate_objective_perturbation`` covers it with a small
-      Gaussian output noise for sensitivity 2γ/μ (AMP's idea, Iyengar et al. 2019).
 
 Methods: damped Newton in float64 (default for smooth losses, moderate d), optax L-BFGS
 (``method="lbfgs"``, large d), and SDCA with a duality-gap certificate for the non-smooth
