@@ -89,11 +89,12 @@ def distance_bound(certificate: float, mu: float) -> float:
     return (2.0 * float(certificate) / float(mu)) ** 0.5
 
 
-def prepare_data(X, y, loss: Loss) -> tuple[jax.Array, jax.Array]:
+def prepare_data(X, y, loss: Loss, *, sign_labels: bool = True) -> tuple[jax.Array, jax.Array]:
     """Cast (X, y) to float64 and check the bounds the loss constants assume.
 
     Concrete data are checked (``ValueError``): at least one row, finite entries, ‖x_i‖ ≤ 1,
-    |y_i| ≤ ``loss.label_bound`` and, for margin losses, y_i ∈ {−1, +1}. Traced data (inside
+    |y_i| ≤ ``loss.label_bound`` and, for margin losses with ``sign_labels`` (every private
+    solver), y_i ∈ {−1, +1} (the reference :func:`solve` accepts |y_i| ≤ 1). Traced data (inside
     ``jax.jit``) cannot be checked; they are mapped onto the assumptions instead, a no-op on
     valid data: non-finite entries become 0 (a fixed public value), rows are scaled to
     ‖x_i‖ ≤ 1 and labels clipped to [−B, B]. A traced margin label y_i = 0 is kept and makes
@@ -101,7 +102,8 @@ def prepare_data(X, y, loss: Loss) -> tuple[jax.Array, jax.Array]:
     """
     concrete = _validate.is_concrete(X) and _validate.is_concrete(y)
     if concrete:
-        _check_bounds(np.asarray(X, dtype=np.float64), np.asarray(y, dtype=np.float64), loss)
+        X_np, y_np = np.asarray(X, dtype=np.float64), np.asarray(y, dtype=np.float64)
+        _check_bounds(X_np, y_np, loss, sign_labels)
     X = jnp.asarray(X, dtype=jnp.float64)
     y = jnp.asarray(y, dtype=jnp.float64)
     if X.ndim != 2 or y.shape != (X.shape[0],):
@@ -118,7 +120,7 @@ def finite_or_zero(a: jax.Array) -> jax.Array:
     return jnp.where(jnp.isfinite(a), a, jnp.zeros_like(a))
 
 
-def _check_bounds(X: np.ndarray, y: np.ndarray, loss: Loss) -> None:
+def _check_bounds(X: np.ndarray, y: np.ndarray, loss: Loss, sign_labels: bool) -> None:
     if X.ndim != 2 or y.shape != (X.shape[0],):
         _validate.fail("X, y", (X.shape, y.shape), "shapes (n, d) and (n,)")
     if X.shape[0] == 0:
@@ -130,7 +132,7 @@ def _check_bounds(X: np.ndarray, y: np.ndarray, loss: Loss) -> None:
     max_norm = float(np.max(np.linalg.norm(X, axis=1)))
     if max_norm > 1.0 + 1e-9:
         _validate.fail("X", f"max row norm {max_norm:.6g}", "rows with ‖x_i‖ ≤ 1")
-    if loss.kind == "margin" and not np.all(np.abs(y) == 1.0):
+    if sign_labels and loss.kind == "margin" and not np.all(np.abs(y) == 1.0):
         bad = np.unique(y[np.abs(y) != 1.0])[:5].tolist()
         _validate.fail(
             "y",
@@ -406,7 +408,7 @@ def solve(
         max_iter = {"newton": 100, "lbfgs": 5000, "sdca": 2000}[method]
     max_iter = _validate.positive_int("max_iter", max_iter)
     check_domain(loss, mu)
-    X, y = prepare_data(X, y, loss)
+    X, y = prepare_data(X, y, loss, sign_labels=False)
     if normalizer is not None:
         normalizer = _validate.positive_int("normalizer", normalizer)
     return solve_prepared(
