@@ -54,7 +54,7 @@ def test_dp_gd_calibration_and_event():
         steps=50,
     )
     rho = zcdp_rho_for_epsilon(epsilon=eps, delta=delta)
-    # ρ = T Δ²/(2σ²) with Δ = 2L (replace-one) on the sum (003, zCDP)
+    # ρ = T Δ²/(2σ²) with Δ = 2L (replace-one) on the sum (lecture on ML under DP, zCDP)
     assert 50 * (2.0) ** 2 / (2 * (res.noise_scale * n) ** 2) == pytest.approx(rho, rel=1e-9)
     assert res.event == GaussianEvent(
         noise_multiplier=math.sqrt(50 / (2 * rho)), count=50, relation=REPLACE_ONE

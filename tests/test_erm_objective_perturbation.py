@@ -55,7 +55,9 @@ def test_refuses_missing_strong_convexity_and_bad_input():
 def test_variant_constants_match_the_papers():
     n, L, c, mu, eps, delta = 500, 1.0, 0.25, 0.1, 0.5, 1e-5
     lec = calibrate("lecture", n=n, lipschitz=L, smoothness=c, mu=mu, epsilon=eps, delta=delta)
-    assert lec["scale"] ** 2 == pytest.approx(8 * L**2 * math.log(1.25 / delta) / eps**2)  # 002
+    assert lec["scale"] ** 2 == pytest.approx(
+        8 * L**2 * math.log(1.25 / delta) / eps**2
+    )  # objective-perturbation lecture
     assert lec["epsilon"] == pytest.approx(
         eps + math.log(1 + 2 * c / (n * mu) + (c / (n * mu)) ** 2)
     )
@@ -131,7 +133,7 @@ def test_mean_excess_risk_below_bound(variant, eps):
         expected = bounds.objective_perturbation(
             n=n, d=d, epsilon=eps, delta=1e-6, lipschitz=1.0, mu=mu
         )
-        assert res.excess_risk_bound == pytest.approx(expected)  # dσ²/(2n²μ), 002
+        assert res.excess_risk_bound == pytest.approx(expected)  # dσ²/(2n²μ), lecture
 
 
 def test_tuned_objective_perturbation_bound():

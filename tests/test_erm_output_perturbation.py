@@ -66,7 +66,7 @@ def test_noise_scale_equals_formula():
     classic = output_perturbation(
         key, X, y, loss=losses.logistic, mu=mu, epsilon=eps, delta=delta, calibration="classic"
     )
-    expected = 2 * 1.0 * math.sqrt(2 * math.log(1.25 / delta)) / (eps * mu * n)  # 000
+    expected = 2 * 1.0 * math.sqrt(2 * math.log(1.25 / delta)) / (eps * mu * n)  # lecture's σ
     assert classic.noise_scale == pytest.approx(expected, rel=1e-6)
     assert classic.sensitivity == pytest.approx(sens, rel=1e-6)
     analytic = output_perturbation(key, X, y, loss=losses.logistic, mu=mu, epsilon=eps, delta=delta)
@@ -76,7 +76,15 @@ def test_noise_scale_equals_formula():
     assert isinstance(analytic.event, GaussianEvent)
     assert analytic.event.noise_multiplier == pytest.approx(ref / sens, rel=1e-6)
     add_remove = output_perturbation(
-        key, X, y, loss=losses.logistic, mu=mu, epsilon=eps, delta=delta, relation=ADD_OR_REMOVE_ONE
+        key,
+        X,
+        y,
+        loss=losses.logistic,
+        mu=mu,
+        epsilon=eps,
+        delta=delta,
+        relation=ADD_OR_REMOVE_ONE,
+        normalizer=n,
     )
     assert add_remove.sensitivity == pytest.approx(sens / 2, rel=1e-6)
     assert add_remove.event.relation == ADD_OR_REMOVE_ONE
@@ -189,5 +197,7 @@ def test_output_perturbation_refuses_bad_input():
         output_perturbation(key, X, y, **{**kw, "epsilon": 2.0}, calibration="classic")
     with pytest.raises(ValueError, match="X must be"):
         output_perturbation(key, 3 * X, y, **kw)
-    with pytest.raises(RuntimeError, match="certificate"):
-        output_perturbation(key, X, y, **{**kw, "mu": 1e-3}, max_iter=1)
+    with pytest.raises(ValueError, match="accuracy"):
+        output_perturbation(key, X, y, **kw, accuracy=0.0)
+    with pytest.raises(ValueError, match="smoothing"):
+        output_perturbation(key, X, y, **{**kw, "loss": losses.hinge}, smoothing=-1.0)

@@ -6,7 +6,9 @@ Every solver takes (key, X, y) plus static hyperparameters, returns an :class:`E
 (``.params``, ``.excess_risk_bound``, ``.event``, ``.relation``) and runs under ``jax.jit`` and
 ``jax.vmap`` over keys. Float64 is required (``jax.config.update("jax_enable_x64", True)``).
 
-Modules: ``losses`` (losses with L, c), ``solver`` (certified exact minimiser), ``bounds``
+Modules: ``losses`` (losses with L, c), ``solver`` (certified exact minimiser, for reference
+optima; data checks), ``accelerated`` (the private solvers' inner minimiser: a public step count
+that guarantees its accuracy on every input, no failure branch), ``bounds``
 (theorem bounds as functions of n, d, ε, δ, L, μ, D), ``output_perturbation``,
 ``objective_perturbation``, ``iterative`` (DP-GD / DP-SGD / Laplace DP-SGD),
 ``linear_regression`` (noisy sufficient statistics), ``hypothesis_grid`` (exponential mechanism).

@@ -7,10 +7,11 @@ these directly. Noise scales are inputs where the solver may calibrate them seve
 (``*_from_scale``); the convenience wrappers use the lecture calibrations.
 
 Formal guarantees (each function names its own):
-    * output perturbation: E[J(w*+b)] − J(w*) ≤ L·E‖b‖ + (μ/2)E‖b‖² (L-Lipschitz F; 000's
-      utility theorem, proof "Output perturbation: utility" in 000_a9865af81d0677e1.txt),
+    * output perturbation: E[J(w*+b)] − J(w*) ≤ L·E‖b‖ + (μ/2)E‖b‖² (L-Lipschitz F; lecture
+      on output perturbation, utility theorem and its proof),
       and ≤ ((c+μ)/2)E‖b‖² when F is c-smooth (literature §1.1);
-    * objective perturbation: E[J(w_p)] − J(w*) ≤ E‖b‖²/(2n²μ) (002, "Utility analysis");
+    * objective perturbation: E[J(w_p)] − J(w*) ≤ E‖b‖²/(2n²μ) (objective-pert.
+      lecture, utility analysis);
     * DP-GD: literature §1.4 (projected GD, averaging; zCDP).
 """
 
@@ -49,7 +50,7 @@ def argmin_sensitivity(
     """ℓ2 sensitivity of w* = argmin J: 2L/(μn) (replace-one), L/(μn) (add/remove-one).
 
     Formal guarantees:
-        Sensitivity lemma of 000_a9865af81d0677e1.txt (CMS11 Corollary 8): for L-Lipschitz
+        Sensitivity lemma of the lecture on output perturbation (CMS11 Corollary 8): for L-Lipschitz
         convex ℓ and μ-strongly convex regulariser, ‖w*(D) − w*(D′)‖ ≤ 2L/(μn) under replace-one.
         Under add/remove-one with the public normaliser n (J = (1/n)Σ_{i∈D} ℓ + (μ/2)‖w‖² for
         |D| = n ± 1) the two objectives differ by one term ℓ/n, whence L/(μn) by the same proof.
@@ -94,7 +95,7 @@ def output_perturbation_from_scale(
 
     Formal guarantees:
         J(w*+b) − J(w*) = F(w*+b) − F(w*) + μ⟨w*, b⟩ + (μ/2)‖b‖² with E⟨w*, b⟩ = 0 and
-        F(w*+b) − F(w*) ≤ L‖b‖ (000, output perturbation utility; literature §1.1); for a
+        F(w*+b) − F(w*) ≤ L‖b‖ (lecture on output perturbation, utility; literature §1.1); for a
         c-smooth F, F(w*+b) − F(w*) ≤ ⟨∇F(w*), b⟩ + (c/2)‖b‖².
     """
     d = _validate.positive_int("d", d)
@@ -120,8 +121,9 @@ def output_perturbation(
 ) -> float:
     """The Gaussian output-perturbation bound with the lecture's σ = Δ√(2 ln(1.25/δ))/ε.
 
-    ≈ 3L²√(d ln(1.25/δ))/(εμn) (000) while √(d ln(1.25/δ))/(εn) ≤ 0.043; the two-term form is
-    returned (literature §1.1). The solver's own bound uses its actual (e.g. analytic) σ.
+    ≈ 3L²√(d ln(1.25/δ))/(εμn) (output-perturbation lecture) while √(d ln(1.25/δ))/(εn)
+    ≤ 0.043; the two-term form is returned (literature §1.1). The solver's own bound uses its
+    actual (e.g. analytic) σ.
     """
     sens = argmin_sensitivity(lipschitz=lipschitz, mu=mu, n=n, relation=relation)
     sigma = classic_sigma(sensitivity=sens, epsilon=epsilon, delta=delta)
@@ -168,7 +170,8 @@ def objective_perturbation_from_scale(
     .. math::  \frac{E\|b\|^2}{2n^2(\mu+\Delta)} + \frac{\Delta L^2}{2\mu^2}
 
     Formal guarantees:
-        Strong convexity of the perturbed objective (002, "Utility analysis") gives
+        Strong convexity of the perturbed objective (objective-perturbation lecture, utility
+        analysis) gives
         J_Δ(w_p) − J_Δ(w_Δ*) ≤ ‖b‖²/(2n²(μ+Δ)); the extra ridge costs (Δ/2)‖w*‖² ≤ ΔL²/(2μ²)
         since ‖w*‖ = ‖∇F(w*)‖/μ ≤ L/μ.
     """
@@ -186,7 +189,7 @@ def objective_perturbation_from_scale(
 def objective_perturbation(
     *, n: int, d: int, epsilon: float, delta: float, lipschitz: float, mu: float
 ) -> float:
-    """The lecture's bound dσ²/(2n²μ) with σ² = 8L² ln(1.25/δ)/ε² (002)."""
+    """The lecture's bound dσ²/(2n²μ) with σ² = 8L² ln(1.25/δ)/ε² (objective-pert. lecture)."""
     sigma = classic_sigma(sensitivity=2.0 * float(lipschitz), epsilon=epsilon, delta=delta)
     return objective_perturbation_from_scale(n=n, d=d, scale=sigma, mu=mu, lipschitz=lipschitz)
 
@@ -203,7 +206,7 @@ def _log_term(n: int, d: int, epsilon: float, delta: float) -> float:
 def tuned_mu_output_perturbation(
     *, n: int, d: int, epsilon: float, delta: float, lipschitz: float, radius: float
 ) -> float:
-    """μ* = √(2B)/R, B = 2√2 L²√(d ln(1.25/δ))/(εn): balances μR²/2 against B/μ (000).
+    """μ* = √(2B)/R, B = 2√2 L²√(d ln(1.25/δ))/(εn): balances μR²/2 against B/μ (output-pert.).
 
     For a merely convex L-Lipschitz loss with ‖w*_F‖ ≤ R (literature §1.1, "Convex (mu tuned)").
     """
@@ -218,7 +221,8 @@ def tuned_output_perturbation(
     """E[F(w_priv)] − F* at μ*: μ*R²/2 + Lσ√d + μ*dσ²/2 (≈ 2^{5/4} L R √s, s as above).
 
     Formal guarantees:
-        F(w) − F* ≤ J(w) − J(w_J*) + μR²/2 (000, "What if we had no regularizer"; literature §1.1)
+        F(w) − F* ≤ J(w) − J(w_J*) + μR²/2 (output-perturbation lecture,
+        "what if we had no regularizer"; literature §1.1)
         plus the strongly convex output-perturbation bound at μ*.
     """
     mu = tuned_mu_output_perturbation(
@@ -231,7 +235,7 @@ def tuned_output_perturbation(
 def tuned_mu_objective_perturbation(
     *, n: int, d: int, epsilon: float, delta: float, lipschitz: float, radius: float
 ) -> float:
-    """μ* = √d σ/(nR), σ² = 8L² ln(1.25/δ)/ε² (002; literature §1.1)."""
+    """μ* = √d σ/(nR), σ² = 8L² ln(1.25/δ)/ε² (objective-pert. lecture; lit. §1.1)."""
     _validate.positive("radius", radius)
     sigma = classic_sigma(sensitivity=2.0 * float(lipschitz), epsilon=epsilon, delta=delta)
     return math.sqrt(_validate.positive_int("d", d)) * sigma / (n * float(radius))
@@ -240,7 +244,10 @@ def tuned_mu_objective_perturbation(
 def tuned_objective_perturbation(
     *, n: int, d: int, epsilon: float, delta: float, lipschitz: float, radius: float
 ) -> float:
-    """E[F(w_p)] − F* ≤ R√d σ/n = 2√2 L R √(d ln(1.25/δ))/(εn) at μ* (002; literature §1.1)."""
+    """E[F(w_p)] − F* ≤ R√d σ/n = 2√2 L R √(d ln(1.25/δ))/(εn) at μ*.
+
+    Objective-perturbation lecture; literature §1.1.
+    """
     return 2.0 * math.sqrt(2.0) * float(lipschitz) * float(radius) * _log_term(n, d, epsilon, delta)
 
 
@@ -262,8 +269,8 @@ def epsilon_from_rho(rho: float, delta: float) -> float:
 def dp_gd_sigma(*, n: int, steps: int, rho: float, lipschitz: float, relation=REPLACE_ONE) -> float:
     """σ of the noise on the *average* gradient so that T steps are ρ-zCDP.
 
-    ρ = T·Δ²/(2σ²) with Δ = 2L/n (replace-one) or L/n (add/remove) (003, "Concentrated DP";
-    literature §1.4) ⇒ σ = Δ√(T/(2ρ)).
+    ρ = T·Δ²/(2σ²) with Δ = 2L/n (replace-one) or L/n (add/remove) (lecture on ML under
+    DP, concentrated DP; literature §1.4) ⇒ σ = Δ√(T/(2ρ)).
     """
     n = _validate.positive_int("n", n)
     steps = _validate.positive_int("steps", steps)

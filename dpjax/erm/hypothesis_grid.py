@@ -1,4 +1,4 @@
-"""The exponential mechanism for learning over a finite hypothesis grid (003, KLNRS11), d ≤ 2."""
+"""The exponential mechanism for learning over a finite hypothesis grid (KLNRS11), d ≤ 2."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from dpjax import _validate
 from dpjax.accounting.events import EpsilonDeltaEvent
 from dpjax.erm.losses import Loss
 from dpjax.erm.result import ERMResult
-from dpjax.erm.solver import objective, prepare_data, require_x64
+from dpjax.erm.solver import objective, prepare_data, public_dataset_size, require_x64
 from dpjax.mechanisms import exponential_mechanism, exponential_mechanism_expected_gap_bound
 from dpjax.relation import REPLACE_ONE, NeighbouringRelation, as_relation
 
-__all__ = ["hypothesis_grid", "grid_score_sensitivity", "exponential_mechanism_grid"]
+__all__ = ["hypothesis_grid", "grid_score_sensitivity", "grid_scores", "exponential_mechanism_grid"]
 
 
 def hypothesis_grid(*, d: int, radius: float, resolution: int) -> jax.Array:
@@ -49,6 +49,16 @@ def grid_score_sensitivity(
     return factor * loss.lipschitz * reach / _validate.positive_int("n", n)
 
 
+def grid_scores(X, y, grid: jax.Array, *, loss: Loss, mu: float, dataset_size: int) -> jax.Array:
+    """The score u(w) = −J_N(w) of every grid point, J_N = (1/N)Σℓ + (μ/2)‖w‖², N PUBLIC.
+
+    Data pass through :func:`dpjax.erm.solver.prepare_data` (concrete data checked; traced
+    data mapped into the loss's bounds, non-finite entries to 0).
+    """
+    X, y = prepare_data(X, y, loss)
+    return -jax.vmap(objective(loss, float(mu), X, y, normalizer=dataset_size))(grid)
+
+
 def exponential_mechanism_grid(
     key: jax.Array,
     X,
@@ -60,34 +70,47 @@ def exponential_mechanism_grid(
     mu: float = 0.0,
     resolution: int = 65,
     relation: NeighbouringRelation | str = REPLACE_ONE,
+    dataset_size: int | None = None,
 ) -> ERMResult:
-    r"""Pick w from a grid with probability ∝ exp(−εJ(w)/(2Δ)) (KLNRS11; 003 "Exponential
-    Mechanism for ML"), via :func:`dpjax.mechanisms.exponential_mechanism`.
+    r"""Pick w from a grid with probability ∝ exp(−εJ_N(w)/(2Δ)) (KLNRS11; lecture on ML under
+    DP, exponential mechanism for ML), via :func:`dpjax.mechanisms.exponential_mechanism`.
 
     Args:
         key: PRNG key, used once.
-        X, y: data, ‖x_i‖ ≤ 1 (d ≤ 2 features).
+        X, y: data, ‖x_i‖ ≤ 1 (d ≤ 2 features), finite; ±1 labels for margin losses.
         loss: a linear-model loss (only L is used).
         epsilon: ε > 0 (pure DP).
         radius: D, the half-width of the cube [−D, D]^d the grid covers.
         mu: μ ≥ 0, data-independent ridge added to the score.
         resolution: grid points per axis (spacing h = 2D/(resolution − 1)).
         relation: neighbouring relation; the sensitivity follows it.
+        dataset_size: the PUBLIC N of J_N = (1/N)Σℓ + (μ/2)‖w‖² and of Δ; default len(X)
+            under replace-one, REQUIRED under add/remove-one (len(X) differs between
+            neighbours: a score and a Δ normalised by it leak it).
 
     Returns:
         :class:`ERMResult` with ``EpsilonDeltaEvent(ε, 0)`` and ``excess_risk_bound`` =
         2Δ ln(m)/ε + (L + μD√d)·h√d/2 ≥ E[J(ŵ)] − min_{cube} J (m grid points).
 
+    Raises:
+        ValueError: bad parameters, invalid concrete data, or add/remove-one without
+            ``dataset_size``.
+
     Formal guarantees:
-        ε-DP: exponential mechanism with score sensitivity Δ (:func:`grid_score_sensitivity`;
-        004 Theorem 27; McSherry & Talwar 2007). Utility: E-gap ≤ 2Δ ln m/ε (004 Lemma 28,
-        expectation form) plus the grid error: the nearest grid point is within h√d/2 of the
-        cube minimiser and J is (L + μD√d)-Lipschitz on the cube.
+        ε-DP under ``relation``: exponential mechanism with score sensitivity Δ
+        (:func:`grid_score_sensitivity` with the public N; lecture on advances in DP, Theorem 27
+        (exponential mechanism); McSherry & Talwar 2007). With a public N, neighbours' scores
+        differ by one term ℓ/N (plus a constant common to all candidates). Utility:
+        E-gap ≤ 2Δ ln m/ε (lecture on advances in DP, Lemma 28, expectation form) plus the grid
+        error: the nearest grid point is within h√d/2 of the cube minimiser and J is
+        (L + μD√d)-Lipschitz on the cube.
     """
     require_x64()
     _validate.epsilon(epsilon)
     _validate.non_negative("mu", mu)
+    relation = as_relation(relation)
     n, d = jnp.shape(X)
+    n = public_dataset_size(n, dataset_size, relation)
     grid = hypothesis_grid(d=d, radius=radius, resolution=resolution)
     sens = grid_score_sensitivity(loss=loss, n=n, d=d, radius=radius, relation=relation)
     spacing = 2.0 * float(radius) / (resolution - 1)
@@ -98,8 +121,7 @@ def exponential_mechanism_grid(
         )
         + lip * spacing * math.sqrt(d) / 2.0
     )
-    X, y = prepare_data(X, y, loss)
-    scores = -jax.vmap(objective(loss, float(mu), X, y))(grid)
+    scores = grid_scores(X, y, grid, loss=loss, mu=mu, dataset_size=n)
     index = exponential_mechanism(key, scores, sensitivity=sens, epsilon=epsilon)
     return ERMResult(
         params=grid[index],

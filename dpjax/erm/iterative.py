@@ -1,4 +1,4 @@
-"""Iterative private ERM: projected DP-GD / DP-SGD (003; literature §1.4) and Laplace DP-SGD (004).
+"""Iterative private ERM: projected DP-GD / DP-SGD (lit. §1.4), Laplace DP-SGD (advances lecture).
 
 All three are built from the shared DP-SGD pieces — :func:`dpjax.clipped_grad` (per-example
 clipped SUM), :func:`dpjax.add_gaussian_noise` / :func:`dpjax.laplace_dpsgd` (the one noise
@@ -27,9 +27,9 @@ from dpjax.clipping import clipped_grad
 from dpjax.erm import bounds
 from dpjax.erm.losses import Loss
 from dpjax.erm.result import ERMResult
-from dpjax.erm.solver import prepare_data, require_x64
+from dpjax.erm.solver import prepare_data, public_dataset_size, require_x64
 from dpjax.optimizers import laplace_dpsgd, laplace_dpsgd_event
-from dpjax.relation import ADD_OR_REMOVE_ONE, REPLACE_ONE, NeighbouringRelation, as_relation
+from dpjax.relation import REPLACE_ONE, NeighbouringRelation, as_relation
 from dpjax.transforms import add_gaussian_noise
 
 __all__ = [
@@ -120,24 +120,6 @@ def noisy_gradient_descent(
     return w_avg, w_last
 
 
-def public_dataset_size(n: int, dataset_size: int | None, relation: NeighbouringRelation) -> int:
-    """The n that normalises gradients and sets schedules: it must be PUBLIC.
-
-    Under replace-one, len(X) is the same on neighbours and may be used. Under add/remove-one
-    it differs by one between neighbours, so dividing by it (or choosing T or η from it) would
-    make the release depend on a private quantity: the caller must pass ``dataset_size``.
-    """
-    if dataset_size is not None:
-        return _validate.positive_int("dataset_size", dataset_size)
-    if relation == ADD_OR_REMOVE_ONE:
-        raise ValueError(
-            "dataset_size must be a public positive integer under relation='add_or_remove_one' "
-            "(len(X) differs between neighbours, so it may not set the normaliser q·n, T or the "
-            "step sizes); got None"
-        )
-    return int(n)
-
-
 def _check_common(loss, mu, radius, epsilon, delta, relation):
     require_x64()
     _validate.non_negative("mu", mu)
@@ -154,16 +136,35 @@ def _check_common(loss, mu, radius, epsilon, delta, relation):
     return as_relation(relation)
 
 
-def _finish(w_avg, w_last, output, bound, event, relation, stddev, sens, public_batch):
+def bound_assumption_note(*, clip: float, lipschitz: float, output: str) -> str | None:
+    """Why the DP-GD/DP-SGD theorem does not apply to this call, or None when it does.
+
+    The bound (literature §1.4) is for SGD on unbiased estimates of ∇J, returned as the
+    average. With C < L the clipped field clip_C∇ℓ is not ∇ℓ (the iterates minimise
+    something else, and J(w̄) − J* need not shrink), and the last iterate is not what the
+    theorem bounds.
+    """
+    if clip < lipschitz:
+        return (
+            f"clip_norm C = {clip:g} < L = {lipschitz:g}: the clipped gradients are not unbiased "
+            "estimates of ∇J, so the DP-GD/DP-SGD excess-risk theorem does not apply"
+        )
+    if output != "average":
+        return "output='last': the theorem bounds the (weighted) average of the iterates only"
+    return None
+
+
+def _finish(w_avg, w_last, output, bound, event, relation, stddev, sens, public_batch, note):
     params = w_avg if output == "average" else w_last
     return ERMResult(
         params=params,
         certificate=jnp.zeros((), params.dtype),
-        excess_risk_bound=bound if output == "average" else math.inf,
+        excess_risk_bound=math.inf if note is not None else bound,
         event=event,
         relation=relation,
         sensitivity=sens,
         noise_scale=stddev / public_batch,
+        bound_note=note,
     )
 
 
@@ -201,25 +202,36 @@ def dp_gd(
         radius: D, projection radius (should contain w*: D ≥ ‖w*‖; ≥ L/μ if μ > 0).
         mu: μ ≥ 0; μ = 0 → convex schedule, μ > 0 → strongly convex schedule.
         steps: T; default ⌈n²ρ/(2d)⌉ (:func:`default_steps`).
-        clip_norm: C; default L (clipping never active on valid data).
+        clip_norm: C; default L (clipping never active on valid data). With C < L the
+            release is still private, but ``excess_risk_bound`` is ``inf`` and ``bound_note``
+            says why (the clipped field is not ∇J: the theorem's assumption fails).
         relation: neighbouring relation of the guarantee.
         conversion: zCDP → (ε, δ) conversion.
-        output: ``"average"`` (the theory's output; default) or ``"last"`` (no bound: inf).
+        output: ``"average"`` (the theory's output; default) or ``"last"`` (no bound: inf,
+            with ``bound_note``).
         dataset_size: the PUBLIC n used as normaliser and in T, η (default len(X) under
             replace-one; required under add/remove-one, see :func:`public_dataset_size`).
 
     Returns:
         :class:`ERMResult` with ``GaussianEvent(noise_multiplier=σ_s/Δ, count=T)``.
 
+    Raises:
+        ValueError: bad parameters, invalid concrete data (empty, non-finite, ‖x_i‖ > 1,
+            margin labels not ±1; :func:`dpjax.erm.solver.prepare_data`), or add/remove-one
+            without ``dataset_size``.
+
     Formal guarantees:
-        Privacy: T Gaussian mechanisms on a sum of sensitivity Δ (003 "DP Gradient Descent",
-        "Improved Analysis with Concentrated DP"): ρ-zCDP ⇒ (ε, δ)-DP under ``relation``.
-        Utility (literature §1.4, with σ = σ_s/n on the average gradient, G = C + μD):
+        Privacy: T Gaussian mechanisms on a sum of sensitivity Δ (lecture on ML under DP,
+        DP gradient descent and its improved analysis with concentrated DP): ρ-zCDP ⇒ (ε, δ)-DP
+        under ``relation``.
+        Utility (literature §1.4, with σ = σ_s/n on the average gradient, G = C + μD), stated
+        only when C ≥ L (then clip_C∇ℓ = ∇ℓ and ĝ is unbiased for ∇J) and output="average":
         convex: E[J(w̄)] − J* ≤ D√((G² + dσ²)/T); μ-SC: ≤ 2(G² + dσ²)/(μ(T+1)), J* = min_W J.
     """
     relation = _check_common(loss, mu, radius, epsilon, delta, relation)
     _validate.one_of("output", output, ("average", "last"))
-    n, d = jnp.shape(X)
+    X, y = prepare_data(X, y, loss)
+    n, d = X.shape
     n = public_dataset_size(n, dataset_size, relation)
     rho = zcdp_rho_for_epsilon(epsilon=epsilon, delta=delta, conversion=conversion)
     steps = _validate.positive_int(
@@ -235,7 +247,7 @@ def dp_gd(
     sched = schedule(steps=steps, mu=float(mu), radius=radius, grad_bound_sq=g2)
     bound = _iterative_bound(d, steps, stddev / n, clip, mu, radius, 0.0)
     event = GaussianEvent(noise_multiplier=multiplier, count=steps, relation=relation)
-    X, y = prepare_data(X, y, loss)
+    note = bound_assumption_note(clip=clip, lipschitz=loss.lipschitz, output=output)
     w_avg, w_last = noisy_gradient_descent(
         key,
         X,
@@ -250,7 +262,7 @@ def dp_gd(
         step_sizes=sched.step_sizes,
         weights=sched.weights,
     )
-    return _finish(w_avg, w_last, output, bound, event, relation, stddev, sens, float(n))
+    return _finish(w_avg, w_last, output, bound, event, relation, stddev, sens, float(n), note)
 
 
 def _iterative_bound(d, steps, sigma_avg, clip, mu, radius, variance):
@@ -301,15 +313,16 @@ def dp_sgd(
 
     Formal guarantees:
         Privacy: the subsampled Gaussian mechanism composed T times, calibrated by the tight
-        accountant (003 "DP SGD: Improved Privacy Analysis"; Abadi et al. 2016).
-        Utility: as :func:`dp_gd` with E‖ĝ‖² ≤ G² + (1 − q)C²/(qn) + dσ² (Poisson sampling
-        variance), σ = σ_s/(qn).
+        accountant (lecture on ML under DP, DP-SGD privacy analysis; Abadi et al. 2016).
+        Utility: as :func:`dp_gd` (stated only when C ≥ L and output="average") with
+        E‖ĝ‖² ≤ G² + (1 − q)C²/(qn) + dσ² (Poisson sampling variance), σ = σ_s/(qn).
     """
     relation = _check_common(loss, mu, radius, epsilon, delta, relation)
     _validate.probability(sampling_rate, "sampling_rate")
     _validate.one_of("output", output, ("average", "last"))
     steps = _validate.positive_int("steps", steps)
-    n, d = jnp.shape(X)
+    X, y = prepare_data(X, y, loss)
+    n, d = X.shape
     n = public_dataset_size(n, dataset_size, relation)
     clip = float(
         _validate.positive("clip_norm", loss.lipschitz if clip_norm is None else clip_norm)
@@ -334,7 +347,7 @@ def dp_sgd(
         count=steps,
         relation=relation,
     )
-    X, y = prepare_data(X, y, loss)
+    note = bound_assumption_note(clip=clip, lipschitz=loss.lipschitz, output=output)
     w_avg, w_last = noisy_gradient_descent(
         key,
         X,
@@ -351,7 +364,7 @@ def dp_sgd(
         weights=sched.weights,
     )
     sens = (2.0 if relation == REPLACE_ONE else 1.0) * clip
-    return _finish(w_avg, w_last, output, bound, event, relation, stddev, sens, public_batch)
+    return _finish(w_avg, w_last, output, bound, event, relation, stddev, sens, public_batch, note)
 
 
 def laplace_dp_sgd(
@@ -367,7 +380,7 @@ def laplace_dp_sgd(
     mu: float = 0.0,
     clip_norm: float | None = None,
 ) -> ERMResult:
-    r"""The Laplace-noise batch-1 DP-SGD of 004 (Theorems 36–37), via :func:`dpjax.laplace_dpsgd`.
+    r"""The Laplace-noise batch-1 DP-SGD of the advances lecture (Thms 36–37), via laplace_dpsgd.
 
     .. math::  \beta^{(h)} = \beta^{(h-1)} - \gamma_{h-1}\big(\mathrm{clip}_C\nabla\ell(
                \beta^{(h-1)}; z_{\Omega_h}) + \mu\beta^{(h-1)} + \theta_h Z_h\big),\quad
@@ -387,15 +400,17 @@ def laplace_dp_sgd(
         ``excess_risk_bound = inf`` (Theorem 37's constant C is not explicit).
 
     Formal guarantees:
-        Replace-one. Per step the Laplace mechanism (001) with b = θ_h on a gradient of ℓ1
-        sensitivity Δ₁; basic composition over the N releases (000). Theorem 36 of 004 states
+        Replace-one. Per step the Laplace mechanism (lecture on privacy background) with
+        b = θ_h on a gradient of ℓ1 sensitivity Δ₁; basic composition over the N releases
+        (lecture on the properties of DP). Theorem 36 (advances lecture) states
         ε·a_h-DP for the h-th iterate alone; dpjax records the composition, which covers β̄.
     """
     require_x64()
     _validate.epsilon(epsilon)
     _validate.non_negative("mu", mu)
     steps = _validate.positive_int("steps", steps)
-    n, d = jnp.shape(X)
+    X, y = prepare_data(X, y, loss)
+    n, d = X.shape
     clip = float(
         _validate.positive("clip_norm", loss.lipschitz if clip_norm is None else clip_norm)
     )
@@ -403,7 +418,6 @@ def laplace_dp_sgd(
     event = laplace_dpsgd_event(
         l1_sensitivity=l1, epsilon=epsilon, rho=rho, kappa=kappa, steps=steps
     )
-    X, y = prepare_data(X, y, loss)
     noise_key, index_key = jax.random.split(key)
     opt = laplace_dpsgd(l1_sensitivity=l1, epsilon=epsilon, rho=rho, kappa=kappa, key=noise_key)
     grad_fn = clipped_grad(loss, l2_clip_norm=clip, method="vmap")
@@ -427,4 +441,5 @@ def laplace_dp_sgd(
         relation=REPLACE_ONE,
         sensitivity=l1,
         noise_scale=None,
+        bound_note="Theorem 37 of the lecture on advances in DP has no explicit constant",
     )

@@ -1,4 +1,4 @@
-"""Private linear regression from noisy sufficient statistics (003, "Modifying ML algorithms")."""
+"""Private linear regression from noisy sufficient statistics (lecture on ML under DP)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,16 @@ from dpjax import _validate
 from dpjax._noise import tree_add_noise
 from dpjax.accounting.events import GaussianEvent
 from dpjax.erm.result import ERMResult
-from dpjax.erm.solver import require_x64
+from dpjax.erm.solver import finite_or_zero, public_dataset_size, require_x64
 from dpjax.mechanisms import gaussian_sigma
 from dpjax.relation import REPLACE_ONE, NeighbouringRelation, as_relation
 
-__all__ = ["sufficient_statistics_sensitivity", "noisy_sufficient_statistics_regression"]
+__all__ = [
+    "sufficient_statistics_sensitivity",
+    "bounded_records",
+    "sufficient_statistics",
+    "noisy_sufficient_statistics_regression",
+]
 
 
 def sufficient_statistics_sensitivity(
@@ -29,6 +34,28 @@ def sufficient_statistics_sensitivity(
     _validate.positive("label_bound", label_bound)
     base = math.sqrt(1.0 + float(label_bound) ** 2)
     return 2.0 * base if as_relation(relation) == REPLACE_ONE else base
+
+
+def bounded_records(X, y, *, label_bound: float) -> tuple[jax.Array, jax.Array]:
+    """The records as the release sees them: every record mapped into its bounds.
+
+    Non-finite entries of X and y become 0 (a fixed public value), rows are scaled to ‖x‖ ≤ 1
+    and labels clipped to [−B, B], in that order, so ONE record — whatever its values,
+    NaN and ±inf included — moves the statistics vector by at most the sensitivity.
+    """
+    X = finite_or_zero(jnp.asarray(X, dtype=jnp.float64))
+    y = finite_or_zero(jnp.asarray(y, dtype=jnp.float64))
+    if X.ndim != 2 or y.shape != (X.shape[0],):
+        _validate.fail("X, y", (X.shape, y.shape), "shapes (n, d) and (n,)")
+    y = jnp.clip(y, -float(label_bound), float(label_bound))
+    X = X / jnp.maximum(jnp.linalg.norm(X, axis=1), 1.0)[:, None]
+    return X, y
+
+
+def sufficient_statistics(X, y, *, label_bound: float) -> tuple[jax.Array, jax.Array]:
+    """(XᵀX, Xᵀy) of :func:`bounded_records`: the vector the Gaussian noise is added to."""
+    X, y = bounded_records(X, y, label_bound=label_bound)
+    return X.T @ X, X.T @ y
 
 
 def _upper_mask(d: int) -> jax.Array:
@@ -46,14 +73,17 @@ def noisy_sufficient_statistics_regression(
     label_bound: float = 1.0,
     relation: NeighbouringRelation | str = REPLACE_ONE,
     calibration: str = "analytic",
+    dataset_size: int | None = None,
 ) -> ERMResult:
-    r"""Ridge regression from Gaussian-noised XᵀX and Xᵀy (sufficient statistics, 003).
+    r"""Ridge regression from Gaussian-noised XᵀX and Xᵀy (sufficient statistics).
 
-    .. math::  \hat w = (\Pi_{\succeq 0}(X^\top X + E)/n + \mu I)^{-1}(X^\top y + e)/n
+    .. math::  \hat w = (\Pi_{\succeq 0}(X^\top X + E)/N + \mu I)^{-1}(X^\top y + e)/N
 
     with E symmetric (noise on the upper triangle, mirrored), e ~ N(0, σ²I), σ calibrated to
     :func:`sufficient_statistics_sensitivity`, and Π the projection onto PSD matrices
-    (post-processing). Rows are clipped to ‖x‖ ≤ 1 and labels to [−B, B] first.
+    (post-processing). :func:`bounded_records` maps every record into its bounds first
+    (non-finite entries → 0, rows scaled to ‖x‖ ≤ 1, labels clipped to [−B, B]), so a NaN or
+    infinite record cannot make the release NaN. N is the PUBLIC ``dataset_size``.
 
     Args:
         key: PRNG key, used once.
@@ -63,15 +93,23 @@ def noisy_sufficient_statistics_regression(
         label_bound: B, the public bound on |y|.
         relation: neighbouring relation; the sensitivity follows it.
         calibration: ``"analytic"`` or ``"classic"`` (:func:`dpjax.mechanisms.gaussian_sigma`).
+        dataset_size: the PUBLIC N of the post-processing; default len(X) under replace-one,
+            REQUIRED under add/remove-one (len(X) differs between neighbours; normalising by it
+            would make the post-processing depend on private data).
 
     Returns:
         :class:`ERMResult` with ``GaussianEvent(σ/Δ)``; ``excess_risk_bound`` is ``inf`` (the
-        lectures give no bound for this estimator; measure it).
+        lectures give no bound for this estimator; measure it), ``bound_note`` says so.
+
+    Raises:
+        ValueError: bad parameters, or add/remove-one without ``dataset_size``.
 
     Formal guarantees:
-        One Gaussian mechanism on the statistics vector of ℓ2 sensitivity Δ (000, Gaussian
-        mechanism; 003 "Modifying ML Algorithms": S_xx, S_xy are statistical queries); the
-        estimate is post-processing. The public normaliser n (= len(X)) is treated as public.
+        One Gaussian mechanism on the statistics vector of ℓ2 sensitivity Δ
+        (:func:`sufficient_statistics_sensitivity`; lecture on the properties of DP, Gaussian
+        mechanism; lecture on ML under DP, sufficient-statistics regression: S_xx, S_xy are
+        statistical queries), under ``relation``; the estimate is post-processing by a map
+        fixed by public values only (μ, N).
     """
     require_x64()
     _validate.positive("mu", mu)
@@ -80,10 +118,9 @@ def noisy_sufficient_statistics_regression(
     relation = as_relation(relation)
     sens = sufficient_statistics_sensitivity(label_bound=label_bound, relation=relation)
     sigma = gaussian_sigma(sensitivity=sens, epsilon=epsilon, delta=delta, calibration=calibration)
-    X = jnp.asarray(X, dtype=jnp.float64)
-    y = jnp.clip(jnp.asarray(y, dtype=jnp.float64), -label_bound, label_bound)
-    X = X / jnp.maximum(jnp.linalg.norm(X, axis=1), 1.0)[:, None]
-    n, d = X.shape
+    X, y = bounded_records(X, y, label_bound=label_bound)
+    d = X.shape[1]
+    n = public_dataset_size(X.shape[0], dataset_size, relation)
     sxx, sxy = tree_add_noise(key, (X.T @ X, X.T @ y), jax.random.normal, sigma)
     upper = jnp.where(_upper_mask(d), sxx, 0.0)
     sym = upper + upper.T - jnp.diag(jnp.diag(upper))
@@ -98,4 +135,5 @@ def noisy_sufficient_statistics_regression(
         relation=relation,
         sensitivity=sens,
         noise_scale=sigma,
+        bound_note="no excess-risk theorem for this estimator (measure it)",
     )

@@ -9,11 +9,13 @@ model w ∈ R^d. Every loss here is a *linear-model* loss, ℓ(w, x, y) = φ(s) 
 so ∇_w ℓ = φ'(s)·(±x) and ∇²_w ℓ = φ''(s)·x xᵀ has rank one. With ‖x‖ ≤ 1 (and |y| ≤ 1 for
 margin losses) the constants are
 
-* ``lipschitz`` L = sup|φ'| — the Lipschitz constant of ℓ(·, x, y) (000, 002);
+* ``lipschitz`` L = sup|φ'| — the Lipschitz constant of ℓ(·, x, y) (output-
+  and objective-perturbation lectures);
 * ``smoothness`` c = sup|φ''| — the bound on the second derivative used by CMS11 Algorithm 2 and
   KST12 (literature §1.1–1.2); ``None`` when φ is not differentiable (hinge, absolute);
 * ``twice_differentiable`` — whether the change-of-variables proof of objective perturbation
-  applies (002's median example is what goes wrong without it).
+  applies (the median example of the objective-perturbation lecture is what goes wrong
+  without it).
 
 Example:
     >>> import jax.numpy as jnp
@@ -41,6 +43,7 @@ __all__ = [
     "squared",
     "bounded_squared",
     "linear",
+    "moreau_smoothed",
 ]
 
 
@@ -186,8 +189,8 @@ absolute = Loss(
     label_bound=None,
     dual="absolute",
 )
-"""Absolute loss |⟨w, x⟩ − y|: L = 1, sharp (002's median example; refused by objective
-perturbation)."""
+"""Absolute loss |⟨w, x⟩ − y|: L = 1, sharp (the objective-perturbation lecture's median
+example; refused by objective perturbation)."""
 
 linear = Loss(
     name="linear",
@@ -236,3 +239,49 @@ def bounded_squared(radius: float, label_bound: float) -> Loss:
 squared = bounded_squared(radius=1.0, label_bound=1.0)
 """½(⟨w, x⟩ − y)² with the default bounds ‖w‖ ≤ 1, |y| ≤ 1 (L = 2, c = 1; needs μ ≥ 1).
 Use :func:`bounded_squared` for other bounds."""
+
+
+def moreau_smoothed(loss: Loss, width: float) -> Loss:
+    """The Moreau envelope φ_h(s) = min_u φ(u) + (s − u)²/(2h) of the hinge or absolute loss.
+
+    * hinge: φ_h(z) = 0 (z ≥ 1), (1 − z)²/(2h) (1 − h ≤ z < 1), 1 − z − h/2 (z < 1 − h);
+    * absolute: φ_h(r) = r²/(2h) (|r| ≤ h), |r| − h/2 otherwise (the Huber function).
+
+    The envelope of a convex L-Lipschitz φ is convex, L-Lipschitz, with a (1/h)-Lipschitz
+    derivative (Beck 2017, "First-Order Methods in Optimization", §6.7), and
+    φ − L²h/2 ≤ φ_h ≤ φ (u = s gives φ_h ≤ φ; φ(u) ≥ φ(s) − L|s − u| and
+    min_t (t²/(2h) − Lt) = −L²h/2 give the other side), so the minimiser ŵ_h of the smoothed
+    objective has J_φ(ŵ_h) − min J_φ ≤ L²h/2.
+
+    Args:
+        loss: :data:`hinge` or :data:`absolute` (a loss with an SDCA ``dual``).
+        width: h > 0, public.
+
+    Returns:
+        The smoothed loss (same kind, L and label bound; c = 1/h; twice differentiable).
+    """
+    h = float(_validate.positive("width", width))
+    if loss.dual == "hinge":
+
+        def phi(z: jax.Array) -> jax.Array:
+            gap = 1.0 - z
+            quad = gap**2 / (2.0 * h)
+            return jnp.where(gap <= 0.0, jnp.zeros_like(z), jnp.where(gap < h, quad, gap - 0.5 * h))
+
+    elif loss.dual == "absolute":
+
+        def phi(r: jax.Array) -> jax.Array:
+            return jnp.where(jnp.abs(r) <= h, r**2 / (2.0 * h), jnp.abs(r) - 0.5 * h)
+
+    else:
+        _validate.fail("loss", loss.name, "hinge or absolute (the non-smooth losses)")
+    return Loss(
+        name=f"moreau({loss.name}, h={h:g})",
+        phi=phi,
+        kind=loss.kind,
+        lipschitz=loss.lipschitz,
+        smoothness=1.0 / h,
+        twice_differentiable=True,
+        label_bound=loss.label_bound,
+        continuous_hessian=False,
+    )

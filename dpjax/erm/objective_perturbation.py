@@ -1,8 +1,9 @@
-"""Objective perturbation (002; CMS11 Algorithm 2; KST12 Algorithm 1): tilt, then solve exactly."""
+"""Objective perturbation (lecture on objective perturbation; CMS11 Alg. 2; KST12 Alg. 1)."""
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -11,10 +12,11 @@ from dpjax import _validate
 from dpjax._noise import tree_noise_like
 from dpjax.accounting.events import EpsilonDeltaEvent
 from dpjax.erm import bounds
+from dpjax.erm.accelerated import accelerated_minimiser, accelerated_steps, smoothness_bound
 from dpjax.erm.losses import Loss
-from dpjax.erm.output_perturbation import fail_closed, gamma_norm_sampler
+from dpjax.erm.output_perturbation import gamma_norm_sampler
 from dpjax.erm.result import ERMResult
-from dpjax.erm.solver import DEFAULT_TOL, prepare_data, require_x64, solve_prepared
+from dpjax.erm.solver import objective, prepare_data, require_x64
 from dpjax.relation import REPLACE_ONE, NeighbouringRelation, as_relation
 
 __all__ = [
@@ -22,7 +24,40 @@ __all__ = [
     "approximate_objective_perturbation",
     "check_objective_perturbation_loss",
     "calibrate",
+    "tilted_minimiser",
+    "RELATIVE_ACCURACY",
 ]
+
+RELATIVE_ACCURACY = 1e-10
+"""Default accuracy τ of the tilted minimiser, as a fraction of L/(μ + Δ) (the scale of w*)."""
+
+
+class TiltedSolution(NamedTuple):
+    """ŵ (within τ of the tilted minimiser) and ‖∇J̃(ŵ)‖²/(2μ), a diagnostic only."""
+
+    params: jax.Array
+    certificate: jax.Array
+
+
+def tilted_minimiser(
+    X: jax.Array, y: jax.Array, *, loss: Loss, mu: float, tilt: jax.Array, accuracy: float
+) -> TiltedSolution:
+    """ŵ with ‖ŵ − argmin(J + ⟨tilt, ·⟩)‖ ≤ τ for EVERY data set, and its diagnostic certificate.
+
+    J(w) = (1/n)Σℓ + (μ/2)‖w‖² is μ-strongly convex and (c + μ)-smooth; its tilted minimiser
+    has ‖w_p‖ ≤ (L + ‖tilt‖)/μ = R. Nesterov's AGD from 0 for K(R) steps
+    (:func:`dpjax.erm.accelerated.accelerated_steps`) reaches τ (Bubeck 2015 Thm 3.18). K depends
+    on the noise through ‖tilt‖, never on the data; there is no convergence test and no
+    failure branch.
+    """
+    beta = smoothness_bound(loss_smoothness=loss.smoothness, mu=mu)
+    radius = (float(loss.lipschitz) + jnp.linalg.norm(tilt)) / float(mu)
+    steps = accelerated_steps(mu=mu, beta=beta, radius=radius, accuracy=accuracy)
+    J = objective(loss, float(mu), X, y, tilt)
+    w = accelerated_minimiser(J, jnp.zeros_like(tilt), mu=mu, beta=beta, steps=steps)
+    g = jax.grad(J)(w)
+    return TiltedSolution(w, jnp.dot(g, g) / (2.0 * float(mu)))
+
 
 _VARIANTS = ("kst", "lecture", "cms")
 
@@ -34,7 +69,8 @@ def check_objective_perturbation_loss(loss: Loss, mu: float) -> None:
         ValueError: μ ≤ 0, a loss that is not twice differentiable or has no bound c on φ'',
             a non-linear-model loss (Hessian rank > 1) or a loss Lipschitz only on a ball.
     """
-    why = "002's median example: for J(w) = (1/n)Σ|w − x_i| on D = {0, 100} vs {0, 101} the "
+    why = "the median example of the lecture on objective perturbation: for "
+    why += "J(w) = (1/n)Σ|w − x_i| on D = {0, 100} vs {0, 101} the "
     why += "tilted argmin reveals the data with probability 1/2"
     if not (_validate.is_concrete(mu) and float(mu) > 0):
         raise ValueError(
@@ -74,9 +110,10 @@ def calibrate(
 ) -> dict:
     """Host-side constants of each variant: noise scale, noise kind, extra ridge Δ, spent (ε, δ).
 
-    * ``"lecture"`` (002): b ~ N(0, σ²I), σ² = 8L² ln(1.25/δ)/ε² (classic; ε < 1) or the
-      analytic σ for Δ₂ = 2L. The lecture's argument omits the Jacobian of b ↦ w_priv; dpjax
-      records ε + ln(1 + 2c/(nμ) + c²/(n²μ²)) (CMS11's Jacobian term) in the event.
+    * ``"lecture"`` (objective-perturbation lecture): b ~ N(0, σ²I), σ² = 8L² ln(1.25/δ)/ε²
+      (classic; ε < 1) or the analytic σ for Δ₂ = 2L. The lecture's argument omits the Jacobian
+      of b ↦ w_priv; dpjax records ε + ln(1 + 2c/(nμ) + c²/(n²μ²)) (CMS11's Jacobian term)
+      in the event.
     * ``"kst"`` (KST12 Alg. 1, literature §1.2): σ = L√(8 ln(2/δ) + 4ε)/ε, extra ridge so the
       total is ≥ 2c/(εn) (average scale of KST's Δ = 2λ/ε).
     * ``"cms"`` (CMS11 Alg. 2, pure ε): ε' = ε − ln(1 + 2c/(nμ) + c²/(n²μ²)); if ε' ≤ 0 then
@@ -122,32 +159,35 @@ def objective_perturbation(
     relation: NeighbouringRelation | str = REPLACE_ONE,
     variant: str = "kst",
     calibration: str = "classic",
-    tol: float = DEFAULT_TOL,
-    max_iter: int = 100,
+    accuracy: float | None = None,
 ) -> ERMResult:
     r"""Private ERM by objective perturbation: w_priv = argmin J(w) + (Δ/2)‖w‖² + bᵀw/n.
 
     .. math::  J(w) = \frac1n\sum_i \ell(w, x_i, y_i) + \frac{\mu}{2}\|w\|^2
 
-    The perturbed problem is solved by the same certified damped Newton as
-    :func:`dpjax.erm.solve` (float64, certificate ‖∇J̃‖²/(2(μ+Δ)) ≤ tol = 1e-18 by default);
-    the output is NaN if the certificate fails (fail closed), because the proofs cover the
-    exact minimiser only (see :mod:`dpjax.erm.solver`).
+    The perturbed problem is solved by :func:`tilted_minimiser`: Nesterov's accelerated gradient
+    descent for a step count fixed by public constants and ‖b‖ (never by the data), which
+    guarantees ‖ŵ − w_p‖ ≤ τ (default τ = 1e-10·L/(μ+Δ)) on every data set. There is no
+    convergence test and no failure branch: an output that is NaN (or an exception) on D and
+    not on D′ would tell them apart with probability 1.
 
     Args:
         key: PRNG key, used once.
-        X: features (n, d), ‖x_i‖ ≤ 1. y: labels (n,) (±1 for margin losses).
+        X: features (n, d), finite, ‖x_i‖ ≤ 1. y: labels (n,), ±1 for margin losses
+            (checked on concrete labels; under ``jax.jit`` a label 0 silently drops its row).
         loss: a twice-differentiable linear-model loss with a bound c on φ'' (logistic,
             linear; huber_svm(h) with ``variant="cms"``/``"lecture"`` only, its φ'' jumps);
-            others are refused with the reason (002's median example).
+            others are refused with the reason (the median example of the lecture on objective
+            perturbation).
         mu: μ > 0 (public).
         epsilon, delta: the budget (``variant="cms"`` is pure ε and ignores δ).
         relation: only ``REPLACE_ONE`` (the relation CMS11 and KST12 prove).
-        variant: ``"kst"`` (default, KST12 Gaussian), ``"lecture"`` (002 as taught) or
+        variant: ``"kst"`` (default, KST12 Gaussian), ``"lecture"`` (the lecture as taught) or
             ``"cms"`` (CMS11 Algorithm 2, pure ε). See :func:`calibrate`.
         calibration: for ``"lecture"`` only: ``"classic"`` (σ² = 8L² ln(1.25/δ)/ε², ε < 1)
             or ``"analytic"``.
-        tol, max_iter: the Newton certificate tolerance and iteration cap.
+        accuracy: τ > 0, the guaranteed distance of ŵ to the exact tilted minimiser w_p;
+            default 1e-10·L/(μ+Δ).
 
     Returns:
         An :class:`ERMResult`; ``event`` is an ``EpsilonDeltaEvent`` with the (ε, δ) spent and
@@ -155,12 +195,19 @@ def objective_perturbation(
 
     Formal guarantees:
         Privacy (replace-one; ℓ convex, twice differentiable, |φ'| ≤ L, |φ''| ≤ c, ‖x‖ ≤ 1,
-        rank-one Hessian, exact argmin): ``"cms"`` ε-DP (CMS11 Theorem 9); ``"kst"``
-        (ε, δ)-DP (KST12 Theorem 2, Gaussian case); ``"lecture"``: 002's Gaussian-mechanism
-        argument for n∇J (sensitivity 2L), recorded as (ε + ln(1 + c/(nμ))², δ) to account for
-        the Jacobian term the lecture omits — prefer ``"kst"`` for a published guarantee.
-        Utility: E[J(w_priv)] − J(w*) ≤ E‖b‖²/(2n²(μ+Δ)) + ΔL²/(2μ²) (002 "Utility analysis"
-        = dσ²/(2n²μ) when Δ = 0) — :func:`dpjax.erm.bounds.objective_perturbation_from_scale`.
+        rank-one Hessian) for the exact tilted minimiser w_p: ``"cms"`` ε-DP (CMS11 Theorem 9);
+        ``"kst"``
+        (ε, δ)-DP (KST12 Theorem 2, Gaussian case); ``"lecture"``: the Gaussian-mechanism
+        argument of the lecture on objective perturbation for n∇J (sensitivity 2L), recorded as
+        (ε + ln(1 + c/(nμ))², δ) to account for the Jacobian term the lecture omits — prefer
+        ``"kst"`` for a published guarantee. The released ŵ is a deterministic function of
+        (D, b) within τ of w_p on every D (no data-dependent failure); that τ-residual is not
+        covered by CMS11/KST12 (who assume the exact minimiser) —
+        :func:`approximate_objective_perturbation` covers it with a small output noise.
+        Utility: E[J(w_priv)] − J(w*) ≤ E‖b‖²/(2n²(μ+Δ)) + ΔL²/(2μ²) (lecture on objective
+        perturbation, utility analysis; = dσ²/(2n²μ) when Δ = 0) —
+        :func:`dpjax.erm.bounds.objective_perturbation_from_scale` — plus
+        (L + μ(2L/μ' + E‖b‖/(nμ')))τ + (c+μ)τ²/2 for the inexact ŵ.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -183,9 +230,8 @@ def objective_perturbation(
         )
     if as_relation(relation) != REPLACE_ONE:
         _validate.fail("relation", relation, "REPLACE_ONE (the relation CMS11/KST12 prove)")
-    _validate.positive("tol", tol)
-    max_iter = _validate.positive_int("max_iter", max_iter)
-    n, d = jnp.shape(X)
+    X, y = prepare_data(X, y, loss)
+    n, d = X.shape
     cal = calibrate(
         variant,
         n=n,
@@ -206,15 +252,14 @@ def objective_perturbation(
         noise=cal["noise"],
     )
     event = EpsilonDeltaEvent(epsilon=cal["epsilon"], delta=cal["delta"], relation=REPLACE_ONE)
-    X, y = prepare_data(X, y, loss)
+    mu_total = float(mu) + cal["extra"]
+    tau = _accuracy(accuracy, loss, mu_total)
+    bound += _inexact_term(loss, mu_total, cal, n, d, tau)
     sampler = jax.random.normal if cal["noise"] == "gaussian" else gamma_norm_sampler
     b = cal["scale"] * tree_noise_like(key, jnp.zeros(d, dtype=X.dtype), sampler)
-    mu_total = float(mu) + cal["extra"]
-    sol = solve_prepared(
-        X, y, loss=loss, mu=mu_total, tilt=b / n, method="newton", tol=float(tol), max_iter=max_iter
-    )
+    sol = tilted_minimiser(X, y, loss=loss, mu=mu_total, tilt=b / n, accuracy=tau)
     return ERMResult(
-        params=fail_closed(sol.params, sol.converged),
+        params=sol.params,
         certificate=sol.certificate,
         excess_risk_bound=bound,
         event=event,
@@ -223,6 +268,19 @@ def objective_perturbation(
         noise_scale=cal["scale"],
         extra_regularization=cal["extra"],
     )
+
+
+def _accuracy(accuracy, loss: Loss, mu_total: float) -> float:
+    if accuracy is None:
+        return RELATIVE_ACCURACY * float(loss.lipschitz) / mu_total
+    return float(_validate.positive("accuracy", accuracy))
+
+
+def _inexact_term(loss: Loss, mu_total: float, cal: dict, n: int, d: int, tau: float) -> float:
+    """J(ŵ) − J(w_p) ≤ ‖∇J(w_p)‖τ + ((c+μ)/2)τ², ‖∇J(w_p)‖ = ‖Δw_p + b/n‖, in expectation."""
+    mean_b = cal["scale"] * (math.sqrt(d) if cal["noise"] == "gaussian" else d) / n
+    grad_at_wp = mean_b + cal["extra"] * (float(loss.lipschitz) + mean_b) / mu_total
+    return grad_at_wp * tau + 0.5 * (float(loss.smoothness) + mu_total) * tau**2
 
 
 def approximate_objective_perturbation(
@@ -236,36 +294,37 @@ def approximate_objective_perturbation(
     delta: float,
     gradient_tolerance: float | None = None,
     output_fraction: float = 0.01,
-    max_iter: int = 5000,
 ) -> ERMResult:
-    r"""Objective perturbation solved only approximately (L-BFGS), made private again by output
+    r"""Objective perturbation solved only approximately, made private again by output
     noise — the idea of Approximate Minima Perturbation (Iyengar et al. 2019), with KST12's
     tilt and dpjax's own composition argument instead of AMP's constants.
 
     1. (ε₁, δ₁) = (1 − f)(ε, δ): KST12 tilt b ~ N(0, σ_b²I) and extra ridge, exactly as
        ``objective_perturbation(variant="kst")``, defining the (never computed) exact
        minimiser w_p of J̃(w) = J(w) + (Δ/2)‖w‖² + bᵀw/n.
-    2. L-BFGS stops at ŵ with ‖∇J̃(ŵ)‖ ≤ γ, so ‖ŵ − w_p‖ ≤ γ/(μ+Δ). Default γ = 1e-9, which
-       float64 L-BFGS reaches and which makes the output noise negligible (AMP's 1/n² with
-       f = 0.01 would dominate the excess risk for n ≲ 10⁴).
+    2. :func:`tilted_minimiser` (Nesterov's AGD for a step count fixed by public constants and
+       ‖b‖) returns ŵ with ‖ŵ − w_p‖ ≤ τ = γ/(μ+Δ) on EVERY data set — no convergence test,
+       no failure branch. Default γ = 1e-9, which makes the output noise negligible (AMP's
+       1/n² with f = 0.01 would dominate the excess risk for n ≲ 10⁴).
     3. Release ŵ + N(0, σ_o²I), σ_o analytic-Gaussian for Δ₂ = 2γ/(μ+Δ) at (ε₂, δ₂) = f(ε, δ).
 
     Args:
         key: PRNG key (split into the tilt key and the output-noise key).
         X, y, loss, mu, epsilon, delta: as :func:`objective_perturbation`; δ ∈ (0, 1).
-        gradient_tolerance: γ > 0; default 1e-9.
+        gradient_tolerance: γ > 0, sets the guaranteed distance τ = γ/(μ+Δ); default 1e-9.
         output_fraction: f ∈ (0, 1), the share of (ε, δ) spent on the output noise.
-        max_iter: L-BFGS iteration cap (NaN output, fail closed, if γ is not reached).
 
     Returns:
         :class:`ERMResult` with ``EpsilonDeltaEvent(ε, δ)`` and the bound below.
 
     Formal guarantees:
         Privacy (replace-one): step 1 is (ε₁, δ₁)-DP (KST12 Theorem 2). Given w_p, the tilt is
-        b = −n∇(J + Δ/2‖·‖²)(w_p) and ŵ is a deterministic function of (D, b), within γ/(μ+Δ)
-        of w_p for every D; so for fixed w_p the map D ↦ ŵ has ℓ2 sensitivity 2γ/(μ+Δ) and
-        step 3 is an (ε₂, δ₂) Gaussian mechanism (Balle & Wang 2018). Adaptive composition
-        (000) of the release (w_p, ŵ + z) gives (ε, δ); dropping w_p is post-processing.
+        b = −n∇(J + Δ/2‖·‖²)(w_p) and ŵ is a deterministic function of (D, b), within τ = γ/(μ+Δ)
+        of w_p for every D (Bubeck 2015 Thm 3.18 with the step count of :func:`tilted_minimiser`;
+        exact-arithmetic theorem, the float64 floor is far below τ); so for fixed w_p the map
+        D ↦ ŵ has ℓ2 sensitivity 2γ/(μ+Δ) and step 3 is an (ε₂, δ₂) Gaussian mechanism (Balle
+        & Wang 2018). Adaptive composition (lecture on the properties of DP) of the release
+        (w_p, ŵ + z) gives (ε, δ); dropping w_p is post-processing.
         Utility: with J (c+μ)-smooth and ŵ + z − w_p independent of the sign of z,
         E[J(ŵ+z)] − J* ≤ B_obj + E‖∇J(w_p)‖·γ/μ' + ((c+μ)/2)(γ²/μ'² + dσ_o²), μ' = μ+Δ,
         E‖∇J(w_p)‖ ≤ σ_b√d/n + Δ(L + σ_b√d/n)/μ', B_obj the objective-perturbation bound.
@@ -277,8 +336,8 @@ def approximate_objective_perturbation(
     _validate.epsilon(epsilon)
     _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
     _validate.in_range("output_fraction", output_fraction, 0.0, 1.0, low_inclusive=False)
-    max_iter = _validate.positive_int("max_iter", max_iter)
-    n, d = jnp.shape(X)
+    X, y = prepare_data(X, y, loss)
+    n, d = X.shape
     gamma = 1e-9 if gradient_tolerance is None else gradient_tolerance
     gamma = float(_validate.positive("gradient_tolerance", gamma))
     f = float(output_fraction)
@@ -312,22 +371,12 @@ def approximate_objective_perturbation(
         + grad_at_wp * gamma / mu_total
         + 0.5 * (loss.smoothness + float(mu)) * ((gamma / mu_total) ** 2 + d * sigma_out**2)
     )
-    X, y = prepare_data(X, y, loss)
     tilt_key, out_key = jax.random.split(key)
     b = sigma_b * tree_noise_like(tilt_key, jnp.zeros(d, dtype=X.dtype), jax.random.normal)
-    sol = solve_prepared(
-        X,
-        y,
-        loss=loss,
-        mu=mu_total,
-        tilt=b / n,
-        method="lbfgs",
-        tol=gamma**2 / (2.0 * mu_total),
-        max_iter=max_iter,
-    )
+    sol = tilted_minimiser(X, y, loss=loss, mu=mu_total, tilt=b / n, accuracy=gamma / mu_total)
     noisy = sol.params + sigma_out * tree_noise_like(out_key, sol.params, jax.random.normal)
     return ERMResult(
-        params=fail_closed(noisy, sol.converged),
+        params=noisy,
         certificate=sol.certificate,
         excess_risk_bound=bound,
         event=EpsilonDeltaEvent(epsilon=float(epsilon), delta=float(delta), relation=REPLACE_ONE),

@@ -1,4 +1,4 @@
-"""Output perturbation (000; CMS11 Algorithm 1): solve exactly, then add calibrated noise."""
+"""Output perturbation (lecture on output perturbation; CMS11 Algorithm 1): solve, add noise."""
 
 from __future__ import annotations
 
@@ -11,21 +11,20 @@ from dpjax import _validate
 from dpjax._noise import tree_add_noise
 from dpjax.accounting.events import EpsilonDeltaEvent, GaussianEvent
 from dpjax.erm import bounds
-from dpjax.erm.losses import Loss
+from dpjax.erm.accelerated import accelerated_minimiser, accelerated_steps, smoothness_bound
+from dpjax.erm.losses import Loss, moreau_smoothed
 from dpjax.erm.result import ERMResult
 from dpjax.erm.solver import (
     check_domain,
-    default_tol,
-    distance_bound,
+    objective,
     prepare_data,
+    public_dataset_size,
     require_x64,
-    resolve_method,
-    solve_prepared,
 )
 from dpjax.mechanisms import gaussian_sigma
 from dpjax.relation import REPLACE_ONE, NeighbouringRelation, as_relation
 
-__all__ = ["output_perturbation", "gamma_norm_sampler", "fail_closed"]
+__all__ = ["output_perturbation", "gamma_norm_sampler", "smoothing_width", "default_accuracy"]
 
 _VARIANTS = ("gaussian", "cms")
 
@@ -40,16 +39,6 @@ def gamma_norm_sampler(key: jax.Array, shape: tuple[int, ...], dtype) -> jax.Arr
     g = jax.random.normal(k_dir, shape, dtype)
     radius = jax.random.gamma(k_norm, jnp.asarray(float(size), dtype), dtype=dtype)
     return g / jnp.linalg.norm(g) * radius
-
-
-def fail_closed(params: jax.Array, converged: jax.Array) -> jax.Array:
-    """NaN parameters when the exact solve missed its certificate (raise on concrete values)."""
-    if _validate.is_concrete(converged) and not bool(converged):
-        raise RuntimeError(
-            "the exact solver missed its certificate tolerance, so the privacy proof does not "
-            "cover its output; raise max_iter or loosen tol (nothing was released)"
-        )
-    return jnp.where(converged, params, jnp.full_like(params, jnp.nan))
 
 
 def _calibrate(variant, sensitivity, epsilon, delta, calibration, relation):
@@ -67,6 +56,34 @@ def _calibrate(variant, sensitivity, epsilon, delta, calibration, relation):
     return sigma, jax.random.normal, event
 
 
+RELATIVE_ACCURACY = 1e-7
+"""Default inner-solver accuracy τ as a fraction of the argmin sensitivity (adds 2τ to it)."""
+
+SMOOTHING_FRACTION = 0.1
+"""Default Moreau width h of hinge/absolute as a fraction of the noise's E‖b‖ bound."""
+
+
+def default_accuracy(sensitivity: float) -> float:
+    """τ = 1e-7·Δ₂: the inner solver's guaranteed distance to the exact minimiser."""
+    return RELATIVE_ACCURACY * float(sensitivity)
+
+
+def smoothing_width(*, d: int, scale: float, variant: str) -> float:
+    """Default public Moreau width h = 0.1·E‖b‖-bound (σ√d, or d/β for the Gamma-norm noise).
+
+    The smoothing costs at most L²h/2 = 0.05·L·E‖b‖ of excess risk (a twentieth of the noise
+    term L·E‖b‖ of the bound), and keeps κ = β/μ = 1/(hμ) moderate, so the public step count
+    of the inner solver stays small.
+    """
+    mean_norm = scale * math.sqrt(d) if variant == "gaussian" else d * scale
+    return SMOOTHING_FRACTION * mean_norm
+
+
+def _inexact_term(*, lipschitz: float, mu: float, mean_norm: float, accuracy: float) -> float:
+    """E[J(ŵ + b)] − E[J(w + b)] for ‖ŵ − w‖ ≤ τ, ‖w‖ ≤ L/μ: ≤ (2L + μE‖b‖)τ + μτ²/2."""
+    return (2.0 * lipschitz + mu * mean_norm) * accuracy + 0.5 * mu * accuracy**2
+
+
 def output_perturbation(
     key: jax.Array,
     X,
@@ -79,48 +96,69 @@ def output_perturbation(
     relation: NeighbouringRelation | str = REPLACE_ONE,
     variant: str = "gaussian",
     calibration: str = "analytic",
-    method: str = "auto",
-    tol: float | None = None,
-    max_iter: int | None = None,
     normalizer: int | None = None,
+    accuracy: float | None = None,
+    smoothing: float | None = None,
 ) -> ERMResult:
-    r"""Private ERM by output perturbation: w_priv = argmin J + b.
+    r"""Private ERM by output perturbation: w_priv = ŵ + b, ŵ within τ of argmin J.
 
-    .. math::  J(w) = \frac1n\sum_i \ell(w, x_i, y_i) + \frac{\mu}{2}\|w\|^2,\qquad
-               \Delta_2 = 2L/(\mu n)\ (\text{replace-one}),\ L/(\mu n)\ (\text{add/remove})
+    .. math::  J(w) = \frac1N\sum_i \ell(w, x_i, y_i) + \frac{\mu}{2}\|w\|^2,\qquad
+               \Delta_2 = 2L/(\mu N) + 2\tau\ (\text{replace-one}),\ L/(\mu N) + 2\tau
+               \ (\text{add/remove})
+
+    The minimiser is computed by Nesterov's accelerated gradient descent run for a PUBLIC
+    number of steps K (from μ, the smoothness bound β, L/μ and τ; :mod:`dpjax.erm.accelerated`)
+    that guarantees ‖ŵ − w*‖ ≤ τ for every data set: there is no convergence test and no
+    failure branch (a NaN or an exception that appears on D but not on D′ would reveal which).
+    For the non-smooth ``hinge`` and ``absolute`` losses ℓ is replaced by its Moreau envelope
+    ℓ_h (:func:`dpjax.erm.losses.moreau_smoothed`, public width h): still convex and
+    L-Lipschitz, so the argmin sensitivity holds for ITS minimiser, and the bound pays L²h/2.
 
     Args:
         key: PRNG key, used once (split inside the shared noise path).
-        X: features (n, d), ‖x_i‖ ≤ 1. y: labels (n,) within the loss's label bound.
-        loss: any :mod:`dpjax.erm.losses` loss (convex, L-Lipschitz; smoothness not needed).
+        X: features (n, d), finite, ‖x_i‖ ≤ 1, at least one row. y: labels (n,) within the
+            loss's label bound; ±1 for margin losses (concrete labels are checked; under
+            ``jax.jit`` they cannot be: a label 0 then silently drops its row's gradient).
+        loss: any :mod:`dpjax.erm.losses` loss (convex, L-Lipschitz).
         mu: μ > 0, strong convexity of the regulariser (public).
         epsilon, delta: the budget; ``variant="cms"`` is pure ε and ignores δ.
         relation: neighbouring relation of the guarantee; the sensitivity follows it.
         variant: ``"gaussian"`` (b ~ N(0, σ²I)) or ``"cms"`` (CMS11 Alg. 1: density
             ∝ exp(−β‖b‖), β = ε/Δ₂, i.e. ‖b‖ ~ Gamma(d, β) with a uniform direction).
         calibration: ``"analytic"`` (Balle–Wang, every ε; default) or ``"classic"``
-            (σ = Δ₂√(2 ln(1.25/δ))/ε of 000, ε < 1 only).
-        method, tol, max_iter: passed to the exact solver (:func:`dpjax.erm.solve`).
-        normalizer: the PUBLIC N of J = (1/N)Σℓ + (μ/2)‖w‖² (default n = len(X)). Under
-            ``ADD_OR_REMOVE_ONE`` the guarantee compares this release with the same function
-            (same N, same σ) on D plus or minus one record: then J_D and J_D′ differ by one
-            term ℓ/N and Δ₂ = L/(μN). (Dividing by the realised size instead would give
-            Δ₂ ≈ 2L/(μn) and a noise scale that depends on the private size.)
+            (σ = Δ₂√(2 ln(1.25/δ))/ε of the lecture on the Gaussian mechanism, ε < 1 only).
+        normalizer: the PUBLIC N of J (default n = len(X) under replace-one; REQUIRED under
+            ``ADD_OR_REMOVE_ONE``, where len(X) differs between neighbours: dividing by it
+            would double the sensitivity and make σ depend on the private size). With a public
+            N, J_D and J_D′ differ by one term ℓ/N and Δ₂ = L/(μN).
+        accuracy: τ > 0, the guaranteed ‖ŵ − w*‖; default 1e-7 × the argmin sensitivity.
+        smoothing: h > 0 for hinge/absolute (ignored otherwise); default
+            :func:`smoothing_width` (a tenth of the noise's mean norm).
 
     Returns:
         An :class:`ERMResult` with ``event`` = ``GaussianEvent(σ/Δ₂)`` or
-        ``EpsilonDeltaEvent(ε, 0)`` and ``excess_risk_bound`` ≥ E[J(w_priv)] − J(w*).
+        ``EpsilonDeltaEvent(ε, 0)`` and ``excess_risk_bound`` ≥ E[J(w_priv)] − J(w*)
+        (``certificate`` = ‖∇J_h(ŵ)‖²/(2μ), a diagnostic the release does not depend on).
+
+    Raises:
+        ValueError: bad parameters, invalid concrete data (see
+            :func:`dpjax.erm.solver.prepare_data`), or add/remove-one without ``normalizer``.
 
     Formal guarantees:
         Privacy: (ε, δ)-DP (Gaussian) or ε-DP (cms) under ``relation``, for L-Lipschitz convex ℓ
-        with ‖x‖ ≤ 1 and μ > 0: sensitivity lemma of 000_a9865af81d0677e1.txt (CMS11
-        Corollary 8) + Gaussian mechanism (000; Balle & Wang 2018 Thm 8) or CMS11 Theorem 6.
-        The solver is inexact by at most √(2·tol/μ) on each data set, so Δ₂ is inflated by
-        2√(2·tol/μ) (≈1e-8 relative by default) and the guarantee covers the computed output;
-        the output is NaN if the certificate fails (fail closed).
+        (or its Moreau envelope) with ‖x‖ ≤ 1 and μ > 0. Argmin sensitivity 2L/(μN)
+        (replace-one) or L/(μN) (add/remove with public N): lecture on output perturbation,
+        sensitivity lemma (CMS11 Corollary 8). The released ŵ is within τ of the exact argmin
+        on every data set (Bubeck 2015 Thm 3.18 with the public step count, see
+        :mod:`dpjax.erm.accelerated`), so ‖ŵ(D) − ŵ(D′)‖ ≤ Δ₂ with the 2τ included; then the
+        Gaussian mechanism (Balle & Wang 2018 Thm 8) or CMS11 Theorem 6. Invalid traced data
+        are mapped onto the assumptions first (non-finite → 0, rows scaled to ‖x‖ ≤ 1), so the
+        sensitivity holds for every input. (Exact-arithmetic theorem; the float64 rounding floor
+        of the iteration is orders of magnitude below the default τ.)
         Utility: E[J(w_priv)] − J(w*) ≤ L·E‖b‖ + (μ/2)E‖b‖², or ((c+μ)/2)E‖b‖² for a c-smooth
-        loss (000 "Output perturbation: utility"; literature §1.1) — see
-        :func:`dpjax.erm.bounds.output_perturbation_from_scale`.
+        loss (lecture on output perturbation, utility; literature §1.1; see
+        :func:`dpjax.erm.bounds.output_perturbation_from_scale`), plus L²h/2 for the smoothing
+        and (2L + μE‖b‖)τ + μτ²/2 for the inexact minimiser (stated for N = n).
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -138,36 +176,51 @@ def output_perturbation(
     _validate.delta(delta)
     _validate.one_of("variant", variant, _VARIANTS)
     relation = as_relation(relation)
-    method = resolve_method(loss, method)
-    tol = default_tol(method) if tol is None else float(_validate.positive("tol", tol))
-    if max_iter is None:
-        max_iter = 100 if method == "newton" else 2000
-    max_iter = _validate.positive_int("max_iter", max_iter)
     check_domain(loss, mu)
-    n, d = jnp.shape(X)
-    n = n if normalizer is None else _validate.positive_int("normalizer", normalizer)
-    sens = bounds.argmin_sensitivity(lipschitz=loss.lipschitz, mu=mu, n=n, relation=relation)
-    sens += 2.0 * distance_bound(tol, mu)
-    scale, sampler, event = _calibrate(variant, sens, epsilon, delta, calibration, relation)
-    bound = bounds.output_perturbation_from_scale(
-        d=d,
-        scale=scale,
-        lipschitz=loss.lipschitz,
-        mu=mu,
-        smoothness=loss.smoothness,
-        noise="gaussian" if variant == "gaussian" else "gamma_norm",
-    )
     X, y = prepare_data(X, y, loss)
-    exact = solve_prepared(
-        X, y, loss=loss, mu=float(mu), method=method, tol=tol, max_iter=max_iter, normalizer=n
+    n, d = X.shape
+    big_n = public_dataset_size(n, normalizer, relation, name="normalizer")
+    mu, lip = float(mu), float(loss.lipschitz)
+    base = bounds.argmin_sensitivity(lipschitz=lip, mu=mu, n=big_n, relation=relation)
+    tau = (
+        default_accuracy(base)
+        if accuracy is None
+        else float(_validate.positive("accuracy", accuracy))
     )
-    noisy = tree_add_noise(key, exact.params, sampler, scale)
+    sens = base + 2.0 * tau
+    scale, sampler, event = _calibrate(variant, sens, epsilon, delta, calibration, relation)
+    noise = "gaussian" if variant == "gaussian" else "gamma_norm"
+    smooth, width = _smoothed_loss(loss, smoothing, d=d, scale=scale, variant=variant)
+    mean_norm = scale * math.sqrt(d) if variant == "gaussian" else d * scale
+    bound = bounds.output_perturbation_from_scale(
+        d=d, scale=scale, lipschitz=lip, mu=mu, smoothness=loss.smoothness, noise=noise
+    )
+    bound += 0.5 * lip**2 * width + _inexact_term(
+        lipschitz=lip, mu=mu, mean_norm=mean_norm, accuracy=tau
+    )
+    ratio = n / big_n  # a static shape: it sets the step count, never the output law
+    beta = smoothness_bound(loss_smoothness=smooth.smoothness, mu=mu, data_ratio=ratio)
+    steps = accelerated_steps(mu=mu, beta=beta, radius=ratio * lip / mu, accuracy=tau)
+    J = objective(smooth, mu, X, y, normalizer=big_n)
+    w_hat = accelerated_minimiser(J, jnp.zeros(d, dtype=X.dtype), mu=mu, beta=beta, steps=steps)
+    grad = jax.grad(J)(w_hat)
     return ERMResult(
-        params=fail_closed(noisy, exact.converged),
-        certificate=exact.certificate,
+        params=tree_add_noise(key, w_hat, sampler, scale),
+        certificate=jnp.dot(grad, grad) / (2.0 * mu),
         excess_risk_bound=bound,
         event=event,
         relation=relation,
         sensitivity=sens,
         noise_scale=scale,
     )
+
+
+def _smoothed_loss(loss: Loss, smoothing, *, d: int, scale: float, variant: str):
+    """(the loss the inner solver minimises, its Moreau width h; 0 for smooth losses)."""
+    if loss.twice_differentiable and loss.smoothness is not None:
+        return loss, 0.0
+    if smoothing is None:
+        width = smoothing_width(d=d, scale=scale, variant=variant)
+    else:
+        width = float(_validate.positive("smoothing", smoothing))
+    return moreau_smoothed(loss, width), width

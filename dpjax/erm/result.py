@@ -21,16 +21,20 @@ class ERMResult:
 
     Attributes:
         params: the private weights w_priv, shape (d,).
-        certificate: the exact solver's certificate (bound on J(ŵ) − J* of the problem it
-            solved; 0 for the iterative solvers, whose optimisation error is in the bound).
-            Params are NaN when it missed the tolerance (the solver fails closed).
+        certificate: a diagnostic, ‖∇J(ŵ)‖²/(2μ) ≥ J(ŵ) − J* of the problem the inner solver
+            solved (0 for the iterative solvers, whose optimisation error is in the bound).
+            The guarantee never depends on it: the inner solvers run a public number of steps
+            that guarantees their accuracy (:mod:`dpjax.erm.accelerated`), with no failure branch.
         excess_risk_bound: the theorem's bound on E[J(w_priv)] − J(w*) for the objective the
-            caller passed (see each solver's docstring for which J).
+            caller passed (see each solver's docstring for which J), or ``inf`` where no
+            theorem's assumptions hold (``bound_note`` then says why).
         event: the privacy event (``dpjax.accounting.events``) the release spent.
         relation: the neighbouring relation of the guarantee (same as ``event.relation``).
         sensitivity: the sensitivity the noise was calibrated to (ℓ2 unless stated), or None.
         noise_scale: σ (Gaussian), 1/β (Gamma-norm noise) or the Laplace scale.
         extra_regularization: the privacy-required extra ridge Δ added on top of μ (0 if none).
+        bound_note: why ``excess_risk_bound`` is ``inf`` (an assumption of the theorem that
+            this call does not meet), or ``None`` when the bound is stated.
     """
 
     params: jax.Array
@@ -41,6 +45,7 @@ class ERMResult:
     sensitivity: float | None = None
     noise_scale: float | None = None
     extra_regularization: float = 0.0
+    bound_note: str | None = None
 
 
 jax.tree_util.register_dataclass(
@@ -53,5 +58,6 @@ jax.tree_util.register_dataclass(
         "sensitivity",
         "noise_scale",
         "extra_regularization",
+        "bound_note",
     ],
 )

@@ -2,24 +2,16 @@
 
     J(w) = (1/n) Σ_i ℓ(w, x_i, y_i) + (μ/2)‖w‖² [+ ⟨t, w⟩, a public or private linear tilt]
 
-Every private solver of ``dpjax.erm`` that needs an argmin (output and objective perturbation)
-calls this one, with the same tolerance, so the "exact" in their proofs has one meaning.
+This solver is the REFERENCE: experiments and tests measure excess risk against its certified
+optimum. The private solvers do not use it: a stopping rule on a certificate is reached or
+not depending on the data, and a release that fails (NaN, or an exception) on D but not on D′
+tells them apart with probability 1. They use :mod:`dpjax.erm.accelerated` instead (a public
+step count that guarantees ‖ŵ − w*‖ ≤ τ on every input).
 
-How exact is exact enough (and how it is enforced):
+How exact is exact enough:
     The solver stops on a **certificate** ``cert ≥ J(ŵ) − J*``: ‖∇J(ŵ)‖²/(2μ) for the
     smooth methods (PL inequality of a μ-strongly convex J) and the duality gap for SDCA. By
     strong convexity ‖ŵ − w*‖ ≤ √(2·cert/μ). ``converged`` is ``cert ≤ tol``.
-
-    * Output perturbation adds 2√(2·tol/μ) to the argmin sensitivity 2L/(μn) (two neighbouring
-      data sets, each solved to within √(2·tol/μ) of its exact argmin), so its guarantee covers
-      the computed ŵ, not only the ideal w*.
-    * Objective perturbation (CMS11, KST12) is proved for the exact minimiser only. dpjax
-      requires float64 and solves to the default tol = 1e-18, i.e. ‖∇J‖ ≤ √(2μ)·1e-9 and
-      ŵ within √(2·tol/μ) ≈ 1.4e-9/√μ of the exact minimiser; the private solvers **fail
-      closed** (parameters become NaN, and a concrete call raises) when the certificate misses
-      the tolerance. That residual is NOT covered by CMS11/KST12 (an inexact minimiser could in
-      principle encode data); ``approximate_objective_perturbation`` covers it with a small
-      Gaussian output noise for sensitivity 2γ/μ (AMP's idea, Iyengar et al. 2019).
 
 Methods: damped Newton in float64 (default for smooth losses, moderate d), optax L-BFGS
 (``method="lbfgs"``, large d), and SDCA with a duality-gap certificate for the non-smooth
@@ -41,6 +33,7 @@ import optax
 
 from dpjax import _validate
 from dpjax.erm.losses import Loss, huber_svm
+from dpjax.relation import ADD_OR_REMOVE_ONE, NeighbouringRelation
 
 __all__ = [
     "SolveResult",
@@ -49,6 +42,8 @@ __all__ = [
     "distance_bound",
     "require_x64",
     "prepare_data",
+    "finite_or_zero",
+    "public_dataset_size",
     "DEFAULT_TOL",
     "SDCA_TOL",
 ]
@@ -94,32 +89,57 @@ def distance_bound(certificate: float, mu: float) -> float:
     return (2.0 * float(certificate) / float(mu)) ** 0.5
 
 
-def prepare_data(X, y, loss: Loss) -> tuple[jax.Array, jax.Array]:
+def prepare_data(X, y, loss: Loss, *, sign_labels: bool = True) -> tuple[jax.Array, jax.Array]:
     """Cast (X, y) to float64 and check the bounds the loss constants assume.
 
-    Checks ‖x_i‖ ≤ 1 and |y_i| ≤ ``loss.label_bound`` on concrete data (ValueError); traced data
-    are projected onto those bounds instead (a no-op on valid data), so a guarantee never rests
-    on an unchecked assumption.
+    Concrete data are checked (``ValueError``): at least one row, finite entries, ‖x_i‖ ≤ 1,
+    |y_i| ≤ ``loss.label_bound`` and, for margin losses with ``sign_labels`` (every private
+    solver), y_i ∈ {−1, +1} (the reference :func:`solve` accepts |y_i| ≤ 1). Traced data (inside
+    ``jax.jit``) cannot be checked; they are mapped onto the assumptions instead, a no-op on
+    valid data: non-finite entries become 0 (a fixed public value), rows are scaled to
+    ‖x_i‖ ≤ 1 and labels clipped to [−B, B]. A traced margin label y_i = 0 is kept and makes
+    row i contribute nothing (no gradient): pass ±1 labels.
     """
     concrete = _validate.is_concrete(X) and _validate.is_concrete(y)
     if concrete:
-        _check_bounds(np.asarray(X, dtype=np.float64), np.asarray(y, dtype=np.float64), loss)
+        X_np, y_np = np.asarray(X, dtype=np.float64), np.asarray(y, dtype=np.float64)
+        _check_bounds(X_np, y_np, loss, sign_labels)
     X = jnp.asarray(X, dtype=jnp.float64)
     y = jnp.asarray(y, dtype=jnp.float64)
     if X.ndim != 2 or y.shape != (X.shape[0],):
         _validate.fail("X, y", (X.shape, y.shape), "shapes (n, d) and (n,)")
+    X, y = finite_or_zero(X), finite_or_zero(y)
     X = X / jnp.maximum(jnp.linalg.norm(X, axis=1), 1.0)[:, None]
     if loss.label_bound is not None:
         y = jnp.clip(y, -loss.label_bound, loss.label_bound)
     return X, y
 
 
-def _check_bounds(X: np.ndarray, y: np.ndarray, loss: Loss) -> None:
+def finite_or_zero(a: jax.Array) -> jax.Array:
+    """Replace NaN and ±inf entries by 0 (a fixed public value, before any bounded step)."""
+    return jnp.where(jnp.isfinite(a), a, jnp.zeros_like(a))
+
+
+def _check_bounds(X: np.ndarray, y: np.ndarray, loss: Loss, sign_labels: bool) -> None:
     if X.ndim != 2 or y.shape != (X.shape[0],):
         _validate.fail("X, y", (X.shape, y.shape), "shapes (n, d) and (n,)")
+    if X.shape[0] == 0:
+        _validate.fail("X", f"{X.shape[0]} rows", "a non-empty array (at least one row)")
+    if not np.all(np.isfinite(X)):
+        _validate.fail("X", f"{int(np.sum(~np.isfinite(X)))} non-finite entries", "finite")
+    if not np.all(np.isfinite(y)):
+        _validate.fail("y", f"{int(np.sum(~np.isfinite(y)))} non-finite entries", "finite")
     max_norm = float(np.max(np.linalg.norm(X, axis=1)))
     if max_norm > 1.0 + 1e-9:
         _validate.fail("X", f"max row norm {max_norm:.6g}", "rows with ‖x_i‖ ≤ 1")
+    if sign_labels and loss.kind == "margin" and not np.all(np.abs(y) == 1.0):
+        bad = np.unique(y[np.abs(y) != 1.0])[:5].tolist()
+        _validate.fail(
+            "y",
+            f"labels {bad}",
+            f"in {{−1, +1}} for the margin loss {loss.name} (a 0 label "
+            "carries no gradient; map {0, 1} labels to {−1, +1})",
+        )
     bound = loss.label_bound
     if bound is not None and float(np.max(np.abs(y))) > bound + 1e-12:
         _validate.fail("y", f"max |y_i| {float(np.max(np.abs(y))):.6g}", f"|y_i| ≤ {bound}")
@@ -388,7 +408,7 @@ def solve(
         max_iter = {"newton": 100, "lbfgs": 5000, "sdca": 2000}[method]
     max_iter = _validate.positive_int("max_iter", max_iter)
     check_domain(loss, mu)
-    X, y = prepare_data(X, y, loss)
+    X, y = prepare_data(X, y, loss, sign_labels=False)
     if normalizer is not None:
         normalizer = _validate.positive_int("normalizer", normalizer)
     return solve_prepared(
@@ -415,3 +435,26 @@ def check_domain(loss: Loss, mu: float) -> None:
             f">= label_bound/radius = {needed:g} for {loss.name} (‖w*‖ ≤ B/μ must lie in the "
             "ball where its Lipschitz constant holds)",
         )
+
+
+def public_dataset_size(
+    n: int, dataset_size: int | None, relation: NeighbouringRelation, name: str = "dataset_size"
+) -> int:
+    """The n that normalises objectives and gradients and sets schedules: it must be PUBLIC.
+
+    Under replace-one, len(X) is the same on neighbours and may be used. Under add/remove-one
+    it differs by one between neighbours, so dividing by it (or choosing T, η or a sensitivity
+    from it) would make the release depend on a private quantity: the caller must pass it.
+
+    Raises:
+        ValueError: ``name`` is None under add/remove-one, or not a positive integer.
+    """
+    if dataset_size is not None:
+        return _validate.positive_int(name, dataset_size)
+    if relation == ADD_OR_REMOVE_ONE:
+        raise ValueError(
+            f"{name} must be a public positive integer under relation='add_or_remove_one' "
+            "(len(X) differs between neighbours, so it may not set the normaliser, the "
+            "sensitivity, T or the step sizes); got None"
+        )
+    return int(n)
