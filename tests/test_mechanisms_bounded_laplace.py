@@ -141,3 +141,33 @@ def test_jit_and_vmap_match_eager(key):
 def test_bad_inputs_raise(kwargs):
     with pytest.raises(ValueError, match="must be"):
         M.bounded_laplace_scale(**kwargs)
+
+
+def test_support_ends_of_neighbours_agree_without_x64():
+    # x64 off: the quantile is evaluated in float32 at a 64-bit CDF position. The ends of the
+    # support (all-zero / all-one random words) of q = 0 and q′ = 0.1 (Δ = 0.1, ε = 1 on
+    # [0, 10]) must leave at most e^ε·2⁻⁶⁵ real mass of q′ above q's top. Fails on the old
+    # code: q's top was 2.5709 (float32 uniform 1 − 2⁻²³), leaving mass ≈ 1.5e-7.
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import jax, jax.numpy as jnp
+from dpjax import mechanisms as M
+from dpjax._random import constant_bits_key
+assert not jax.config.jax_enable_x64
+kw = dict(sensitivity=0.1, epsilon=1.0, lower=0.0, upper=10.0)
+print(M.bounded_laplace_scale(**kw),
+      float(M.bounded_laplace(constant_bits_key(0xFFFFFFFF), jnp.float32(0.0), **kw)))
+"""
+    env = dict(os.environ, JAX_ENABLE_X64="0", PYTHONPATH=os.getcwd())
+    run = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    b, top = map(float, run.stdout.split())
+    q2 = 0.1
+    c = 1.0 - 0.5 * (math.exp(-q2 / b) + math.exp(-(10.0 - q2) / b))
+    above = 0.5 * (math.exp(-(top - q2) / b) - math.exp(-(10.0 - q2) / b)) / c
+    assert above <= math.exp(1.0) * 2.0**-65 * (1 + 1e-4), (top, above)

@@ -300,3 +300,55 @@ def test_default_cauchy_release_has_the_tight_scale(key):
         return lambda x: stats.cauchy.cdf(x, scale=s)
 
     assert_distribution(noise_draws, cdf(scale), wrong_cdfs=[cdf(1.5 * scale), cdf(scale / 1.5)])
+
+
+def test_float32_collapse_case_keeps_noise_without_x64():
+    # x64 off (S_β computed in float32): 1001 records, 910 zeros, rest Λ = 1, default recipe.
+    # Fails on the old code: S_β underflowed to 0 and every release was exactly the median.
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import jax, jax.numpy as jnp, numpy as np
+from dpjax import mechanisms as M
+assert not jax.config.jax_enable_x64
+x = jnp.asarray(np.r_[np.zeros(910), np.ones(91)], jnp.float32)
+p = M.smooth_noise_parameters(epsilon=1.0)
+s = float(M.smooth_sensitivity_median(x, upper=1.0, beta=p.beta))
+f = jax.jit(jax.vmap(lambda k: M.smooth_median(k, x, upper=1.0, epsilon=1.0)))
+out = np.asarray(f(jax.random.split(jax.random.key(0), 2000)))
+print(s, float(np.mean(out != 0.0)))
+"""
+    env = dict(os.environ, JAX_ENABLE_X64="0", PYTHONPATH=os.getcwd())
+    run = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    s, noisy = map(float, run.stdout.split())
+    assert s > 0.0
+    assert noisy >= 0.99  # in real numbers P[output ≠ median] = 1
+
+
+def test_non_finite_refusal_message_is_data_free(key):
+    # Fails on the old code: "an array with 2 non-finite entries (e.g. nan)" counted the
+    # private records. The message names the argument and the valid range only.
+    data = jnp.asarray([0.1, jnp.nan, jnp.inf, 0.3, 0.5])
+    with pytest.raises(ValueError, match="data must be finite") as info:
+        M.smooth_median(key, data, upper=1.0, epsilon=1.0)
+    message = str(info.value)
+    assert "2 non-finite" not in message and "e.g." not in message, message
+    assert not any(ch.isdigit() for ch in message), message
+
+
+def test_smooth_sensitivity_floor_keeps_it_smooth():
+    # max(S, c) for S from the library on neighbouring 0/1 data sets around the underflow
+    # point: LS ≤ S and S(x) ≤ e^β S(y) in both directions (float64, β = 2: S reaches e^-700).
+    beta = 2.0
+    values = []
+    for zeros in range(849, 860):
+        x = jnp.asarray(np.r_[np.zeros(zeros), np.ones(1001 - zeros)])
+        values.append(float(M.smooth_sensitivity_median(x, upper=1.0, beta=beta)))
+    for a, b in zip(values, values[1:], strict=False):
+        assert 0.0 < a and 0.0 < b
+        assert a <= math.exp(beta) * b * (1 + 1e-12) and b <= math.exp(beta) * a * (1 + 1e-12)

@@ -216,3 +216,65 @@ def test_clipped_mean_non_finite_row_under_jit(key, bad, public):
 def test_clipped_mean_refuses_concrete_non_finite_rows(key, bad):
     with pytest.raises(ValueError, match="values must be finite"):
         M.clipped_mean(key, jnp.array([0.2, bad]), lower=0.0, upper=1.0, epsilon=1.0)
+
+
+def _run_without_x64(code):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, JAX_ENABLE_X64="0", PYTHONPATH=os.getcwd())
+    run = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    return run.stdout.strip().splitlines()[-1]
+
+
+def test_float32_sum_moves_the_mean_at_most_the_calibrated_sensitivity_without_x64():
+    # x64 off: everything is float32. The pre-noise mean t (captured where it meets the Laplace
+    # mechanism) of neighbours must move by at most the sensitivity the noise is calibrated
+    # to. Fails on the old code: the unshifted float32 mean moved by 12.5 (u − l)/k at
+    # [1e6, 1e6 + 1], k = 100, and the sensitivity used was exactly (u − l)/k.
+    code = """
+import itertools
+import jax, jax.numpy as jnp, numpy as np
+import dpjax.mechanisms.subsample_aggregate as sa
+assert not jax.config.jax_enable_x64
+seen = []
+def capture(key, mean, *, sensitivity, epsilon):
+    seen.append((float(mean), float(sensitivity)))
+    return mean
+sa.laplace = capture
+worst = 0.0
+for lower, upper, k, seed in [(1e6, 1e6 + 1.0, 100, 0), (1000.0, 1001.0, 1000, 25),
+                              (0.0, 1.0, 4096, 3)]:
+    values = np.random.default_rng(seed).uniform(lower, upper, k).astype(np.float32)
+    def mean(v):
+        seen.clear()
+        sa.clipped_mean(jax.random.key(0), jnp.asarray(v), lower=lower, upper=upper,
+                        epsilon=1.0)
+        return seen[0]
+    t, sens = mean(values)
+    for i, r in itertools.product(range(3), (lower, upper)):
+        v = values.copy(); v[i] = np.float32(r)
+        worst = max(worst, abs(mean(v)[0] - t) / sens)
+print(worst)
+"""
+    assert float(_run_without_x64(code)) <= 1.0
+
+
+def test_summation_error_bound_values():
+    # Hand-computed: u = 2⁻²⁴ (float32), k = 1000: γ = 999u/(1 − 999u); 2γw + 2uw(1 + γ).
+    u = 2.0**-24
+    gamma = 999 * u / (1 - 999 * u)
+    want = 2 * gamma + 2 * u * (1 + gamma)
+    got = M.subsample_aggregate.summation_error_bound(num_values=1000, width=1.0, dtype=np.float32)
+    assert got == pytest.approx(want, rel=1e-12)
+    assert M.subsample_aggregate.summation_error_bound(
+        num_values=1, width=1.0, dtype=np.float64
+    ) == pytest.approx(2.0**-52, rel=1e-12)
+    with pytest.raises(ValueError, match="num_values"):
+        M.subsample_aggregate.summation_error_bound(
+            num_values=2**23 + 2, width=1.0, dtype=np.float32
+        )

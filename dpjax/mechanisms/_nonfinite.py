@@ -31,17 +31,22 @@ def _is_inexact(x: Any) -> bool:
 
 
 def refuse_nonfinite(name: str, tree: Any) -> None:
-    """Raise ``ValueError`` if a concrete floating leaf of ``tree`` has a NaN or ±inf entry."""
+    """Raise ``ValueError`` if a concrete floating leaf of ``tree`` has a NaN or ±inf entry.
+
+    The check runs in numpy on the concrete array, so it is also correct when the array is a
+    constant closed over by a function that an outer ``jit``/``vmap`` is tracing (``jnp`` on it
+    would give a tracer there). The message is data-free: it names the argument and the valid
+    range, never how many entries are bad or their values (private data must not leave through
+    an exception message).
+    """
     for leaf in jax.tree.leaves(tree):
         if not _validate.is_concrete(leaf) or not _is_inexact(leaf):
             continue
         values = np.asarray(leaf).ravel()  # numpy: also correct while an outer jit traces
-        bad = ~np.isfinite(values)
-        if np.any(bad):
-            _validate.fail(
-                name,
-                f"an array with {int(bad.sum())} non-finite entries (e.g. {values[bad][0]})",
-                "finite in every entry (NaN/inf have unbounded sensitivity)",
+        if not np.all(np.isfinite(values)):
+            raise ValueError(
+                f"{name} must be finite in every entry (NaN/inf have unbounded sensitivity); "
+                "got an array with non-finite entries (their number and values are not shown)"
             )
 
 

@@ -30,9 +30,10 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from dpjax import _validate
-from dpjax._noise import tree_add_noise
+from dpjax._noise import noise_dtype_of, tree_add_noise
 from dpjax.mechanisms._nonfinite import refuse_nonfinite
 from dpjax.mechanisms.sensitivity import clip_into_range
 
@@ -304,13 +305,25 @@ def _sorted_data(data: jax.Array, upper: float) -> jax.Array:
     if not jnp.issubdtype(data.dtype, jnp.floating):
         data = data.astype(jnp.result_type(float))
     if _validate.is_concrete(data):
-        refuse_nonfinite("data", data)
-        lo, hi = float(jnp.min(data)), float(jnp.max(data))
-        if lo < 0.0 or hi > float(upper):
-            _validate.fail("data", (lo, hi), f"inside [0, upper={upper!r}] (min, max shown)")
+        _refuse_out_of_range(data, float(upper))
     # The non-finite rule is a no-op on valid data and keeps a traced call inside the proof's
     # domain: NaN ↦ Λ/2, ±inf and out-of-range values clipped to [0, Λ].
     return jnp.sort(clip_into_range(data, lower=0.0, upper=float(upper)))
+
+
+def _refuse_out_of_range(data: jax.Array, upper: float) -> None:
+    """Eager usage check on concrete data, in numpy (also under an outer ``jit`` trace).
+
+    The message names the argument and the valid range only: it never shows a value, a min or
+    max, or a count computed from the private data.
+    """
+    refuse_nonfinite("data", data)
+    values = np.asarray(data)
+    if np.any(values < 0.0) or np.any(values > upper):
+        raise ValueError(
+            f"data must be inside [0, upper={upper!r}] in every entry; got an array with "
+            "entries outside it (the values are not shown)"
+        )
 
 
 def _padded(sorted_x: jax.Array, upper: float) -> jax.Array:
@@ -341,12 +354,17 @@ def local_sensitivity_median(data: jax.Array, *, upper: float) -> jax.Array:
 def smooth_sensitivity_median(data: jax.Array, *, upper: float, beta: float) -> jax.Array:
     r"""β-smooth sensitivity S*_β(x) of the median of data in [0, Λ] (lecture equation (4)).
 
-    .. math:: S^*_\beta(x) = \max_{k=0,\dots,n} e^{-k\beta}
-        \max_{t=0,\dots,k+1}\bigl(x_{(m+t)} - x_{(m+t-k-1)}\bigr)
+    .. math:: S^*_\beta(x) = \max\Bigl(c,\ \max_{k=0,\dots,n} e^{-k\beta}
+        \max_{t=0,\dots,k+1}\bigl(x_{(m+t)} - x_{(m+t-k-1)}\bigr)\Bigr)
 
     Evaluated with a ``lax.while_loop`` over k that stops once Λe^{−kβ} cannot beat the
     running maximum, so it is exact, jit-able and vmap-able. Cost O(n·K) for the K ≤ n + 1
     distances visited (K ≈ ln(Λ/S)/β on typical data; up to n/2 when most values coincide).
+    It is computed in the working dtype (float64 when x64 is on, else float32, whatever the
+    data's dtype) with the weights e^{−kβ} tabulated on the host, and floored at the public
+    constant c = max(2Λ·tiny, tiny) (tiny: the working dtype's smallest normal number), so
+    that it never underflows to 0: S ≥ Λe^{−nβ} > 0 in real numbers, but with many records
+    tied at the median (0/1 data) that is e^{−200} and below.
 
     Args:
         data: 1-D array of n values in [0, upper] (non-finite values: see the module docstring).
@@ -354,13 +372,23 @@ def smooth_sensitivity_median(data: jax.Array, *, upper: float, beta: float) -> 
         beta: β > 0.
 
     Returns:
-        S*_β(x), a scalar array.
+        S*_β(x) (floored at c), a scalar array of the working dtype.
 
     Formal guarantees:
-        Exactly the β-smooth sensitivity of Definition 14 (the smallest β-smooth upper bound
-        on the local sensitivity, Lemma 15) under ``REPLACE_ONE``: lecture on advances in DP,
-        Example 20 (smooth sensitivity of the median), equation (4); Nissim, Raskhodnikova &
-        Smith 2007, Proposition 3.4.
+        The unfloored value is exactly the β-smooth sensitivity of Definition 14 (the smallest
+        β-smooth upper bound on the local sensitivity, Lemma 15) under ``REPLACE_ONE``:
+        lecture on advances in DP, Example 20 (smooth sensitivity of the median), equation
+        (4); Nissim, Raskhodnikova & Smith 2007, Proposition 3.4. The floor keeps both
+        properties, for any constant c ≥ 0 that does not depend on the data: (i)
+        LS(x) ≤ S(x) ≤ max(S(x), c); (ii) for neighbours x, y,
+        max(S(x), c) ≤ max(e^β S(y), c) ≤ e^β max(S(y), c) (as e^β ≥ 1). So max(S, c) is a
+        β-smooth upper bound on LS and every recipe of ``smooth_noise_parameters`` applies to
+        it unchanged. Rounding: every term is rounded to nearest in the working dtype, and
+        fl(a − b) and fl(w·a) are monotone, so A⁽ᵏ⁾(x) ≤ A⁽ᵏ⁺¹⁾(y) survives rounding; the
+        weights' relative error (2⁻⁵³ in float64, absorbed by the 1e-12 margin of
+        ``heavy_tailed_privacy_loss``) is covered in float32 by tabulating e^{−kβ'} with
+        β' = β − 2⁻²⁰ (or β/2 for β < 2⁻¹⁹) and inflating the result by 1 + 2⁻²⁰. A term
+        whose weight is subnormal is below 2Λ·tiny ≤ c, so it cannot matter.
 
     Example:
         >>> import jax.numpy as jnp
@@ -369,35 +397,72 @@ def smooth_sensitivity_median(data: jax.Array, *, upper: float, beta: float) -> 
         1.0
     """
     _validate.positive("beta", beta)
-    return _smooth_sensitivity_sorted(_sorted_data(data, upper), float(upper), float(beta))
+    x = _sorted_data(data, upper)
+    floor = _underflow_floor(float(upper), _working_dtype())
+    return _smooth_sensitivity_sorted(x, float(upper), float(beta), floor)
 
 
-@functools.partial(jax.jit, static_argnames=("upper", "beta"))
-def _smooth_sensitivity_sorted(x: jax.Array, upper: float, beta: float) -> jax.Array:
-    """Equation (4) on sorted, in-range data (jitted once per shape, Λ and β)."""
+def _working_dtype() -> Any:
+    """float64 when x64 is on, else float32 (S_β never lives in float16 / bfloat16)."""
+    return jax.dtypes.canonicalize_dtype(jnp.float64)
+
+
+def _underflow_floor(upper: float, dtype: Any) -> float:
+    """c = max(2Λ·tiny, tiny) in ``dtype``: above every term with a subnormal weight."""
+    tiny = float(jnp.finfo(dtype).tiny)
+    return max(2.0 * upper * tiny, tiny)
+
+
+def _release_floor(upper: float, multiplier: float, noise_dtype: Any) -> float:
+    """Floor on S_β for a release: multiplier·S ≥ 2³²·tiny of the noise dtype (and ≥ c).
+
+    Then multiplier·S·Z is a normal number of the noise dtype unless |Z| < 2⁻³², an event of
+    probability ≤ 2⁻³¹·h(0) ≤ 2⁻³¹ that is the same for every data set whose S is at the floor.
+    """
+    tiny = float(jnp.finfo(noise_dtype).tiny)
+    return max(_underflow_floor(upper, _working_dtype()), 2.0**32 * tiny / multiplier)
+
+
+def _decay_weights(n: int, beta: float, dtype: Any) -> np.ndarray:
+    """e^{−kβ'} for k = 0..n, on the host in float64; β' = β in float64, smaller in float32.
+
+    In float32 the rounded weights satisfy w_k/w_{k+1} ≤ e^{β'}(1 + 2⁻²⁴)²/(1 − 2⁻²⁴)² ≤ e^β
+    with β' = β − 2⁻²⁰ (β/2 for tiny β), so the tabulated weights are still β-smooth.
+    """
+    if np.dtype(dtype) != np.dtype(np.float64):
+        beta = beta - 2.0**-20 if beta > 2.0**-19 else 0.5 * beta
+    return np.exp(-beta * np.arange(n + 1, dtype=np.float64)).astype(dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("upper", "beta", "floor"))
+def _smooth_sensitivity_sorted(x: jax.Array, upper: float, beta: float, floor: float) -> jax.Array:
+    """Equation (4) on sorted, in-range data, floored at ``floor`` (jitted per shape, Λ, β, c)."""
+    dtype = _working_dtype()
     n = x.shape[0]
-    p = _padded(x, upper)
+    p = _padded(x.astype(dtype), upper)
     m = _median_index(n)
     j = jnp.arange(p.shape[0])
-    decay = math.exp(-float(beta))
+    weights = jnp.asarray(_decay_weights(n, beta, dtype))
 
     def width_at_distance(k: jax.Array) -> jax.Array:
         """A⁽ᵏ⁾(x) = max_{t=0..k+1} x_(m+t) − x_(m+t−k−1): lower index j = m+t−k−1+n."""
         top = jnp.minimum(j + k + 1, p.shape[0] - 1)
         valid = (j >= m - k - 1 + n) & (j <= m + n)
-        return jnp.max(jnp.where(valid, p[top] - p, 0.0))
+        return jnp.max(jnp.where(valid, p[top] - p, jnp.zeros((), dtype)))
 
     def cond(state):
-        k, weight, best = state
-        return (k <= n) & (weight * upper > best)
+        k, best = state
+        return (k <= n) & (weights[jnp.minimum(k, n)] * upper > best)
 
     def body(state):
-        k, weight, best = state
-        best = jnp.maximum(best, weight * width_at_distance(k))
-        return k + 1, weight * decay, best
+        k, best = state
+        return k + 1, jnp.maximum(best, weights[k] * width_at_distance(k))
 
-    init = (jnp.asarray(0), jnp.asarray(1.0, p.dtype), jnp.asarray(0.0, p.dtype))
-    return jax.lax.while_loop(cond, body, init)[2]
+    init = (jnp.asarray(0), jnp.asarray(0.0, dtype))
+    best = jax.lax.while_loop(cond, body, init)[1]
+    if np.dtype(dtype) != np.dtype(np.float64):
+        best = best * jnp.asarray(1.0 + 2.0**-20, dtype)
+    return jnp.maximum(best, jnp.asarray(floor, dtype))
 
 
 def smooth_median(
@@ -438,8 +503,16 @@ def smooth_median(
         (``heavy_tailed_privacy_loss`` for the tight recipe) and (ε, δ)-DP for ``"laplace"``
         (lecture on advances in DP, Proposition 16, Corollary 17) and ``"gaussian"`` (the
         lecture's Gaussian recipe; Nissim, Raskhodnikova & Smith 2007, Lemma 2.9 and
-        Theorem 2.6). Floating-point caveat: the scale is data dependent, so
-        porous-float attacks (Mironov 2012) apply a fortiori; research use only.
+        Theorem 2.6). S_β is computed in float64 (x64 on; float32 otherwise) and floored at
+        the public constant c = max(2Λ·tiny_w, 2³²·tiny_z/multiplier) (tiny_w, tiny_z: the
+        smallest normal numbers of the working and noise dtypes; ``smooth_sensitivity_median``
+        proves that max(S_β, c) is still a β-smooth upper bound on LS), and the noise is drawn
+        and added in at least float32, then cast to the data's dtype (post-processing). So
+        multiplier·S·Z never underflows to 0: without the floor, 1001 records of which 910
+        are 0 (the rest Λ) released exactly the median in float32 while the neighbour with
+        909 zeros got noise (δ ≈ 0.8 at a claimed pure ε). Floating-point caveat: the scale
+        is data dependent, so porous-float attacks (Mironov 2012) apply a fortiori; the
+        guarantee is for the real-valued mechanism; research use only.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -453,7 +526,8 @@ def smooth_median(
     )
     x = _sorted_data(data, upper)
     median = x[_median_index(x.shape[0]) - 1]
-    s = _smooth_sensitivity_sorted(x, float(upper), params.beta)
+    floor = _release_floor(float(upper), params.multiplier, noise_dtype_of(median))
+    s = _smooth_sensitivity_sorted(x, float(upper), params.beta, floor)
     sampler = {
         "heavy_tailed": functools.partial(heavy_tailed_noise, gamma=gamma),
         "laplace": jax.random.laplace,
