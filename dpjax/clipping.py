@@ -40,7 +40,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from dpjax import _validate
+from dpjax import _certified, _validate
+from dpjax._certified import HIGHEST
 from dpjax.relation import ADD_OR_REMOVE_ONE, REPLACE_ONE, NeighbouringRelation, as_relation
 
 __all__ = ["ClippingInfo", "ClippedGrad", "clipped_grad", "clip_pytree"]
@@ -66,31 +67,17 @@ class ClippingInfo(NamedTuple):
 # ----------------------------------------------------------------------------- tree helpers
 
 
-def _norm_dtype(tree: Any) -> Any:
-    """float64 if any leaf is float64, else float32 (norms of low-precision leaves in float32)."""
-    dtypes = [jnp.result_type(x) for x in jax.tree.leaves(tree)]
-    return jnp.float64 if any(d == jnp.float64 for d in dtypes) else jnp.float32
-
-
-def _leaf_sq_norms(tree: Any, dtype: Any) -> list[jax.Array]:
-    return [jnp.sum(jnp.square(jnp.asarray(x, dtype))) for x in jax.tree.leaves(tree)]
-
-
-def _global_norm(tree: Any) -> jax.Array:
-    dtype = _norm_dtype(tree)
-    sq = _leaf_sq_norms(tree, dtype)
-    return jnp.sqrt(sum(sq, jnp.zeros((), dtype)))
-
-
 def clip_pytree(tree: Any, l2_clip_norm: float) -> tuple[Any, jax.Array]:
-    """Clip a whole pytree to global ℓ2 norm ≤ ``l2_clip_norm``.
+    """Clip a whole pytree to global ℓ2 norm ≤ ``l2_clip_norm`` (certified, rounding included).
 
     Args:
         tree: a pytree of arrays (one example's gradient).
         l2_clip_norm: C > 0.
 
     Returns:
-        ``(clipped_tree, norm)`` with ``clipped = tree · min(1, C/‖tree‖)`` and the pre-clip norm.
+        ``(clipped_tree, norm)``: ``tree · min(1, C/(U·(1+η)))`` with U a certified upper bound
+        of ‖tree‖ (so the returned tree, as stored in its own dtypes, has norm ≤ C), and the
+        estimated pre-clip norm in the wide dtype (float32, or float64 under x64).
 
     Example:
         >>> import jax.numpy as jnp
@@ -99,15 +86,32 @@ def clip_pytree(tree: Any, l2_clip_norm: float) -> tuple[Any, jax.Array]:
         (5.0, [0.6, 0.8])
     """
     _validate.positive("l2_clip_norm", l2_clip_norm)
-    norm = _global_norm(tree)
-    scale = _clip_scale(norm, l2_clip_norm)
-    return jax.tree.map(lambda x: x * scale.astype(jnp.result_type(x)), tree), norm
+    leaves, treedef = jax.tree.flatten(tree)
+    leaves = [jnp.asarray(x) for x in leaves]
+    rows = [x.reshape((1,) + x.shape) for x in leaves]
+    wide = _certified.wide_dtype()
+    sq, upper = _norms_and_bound(rows, wide)
+    sds = [_certified.sum_dtype(x.dtype) for x in leaves]
+    outs = [_out_dtype(x.dtype, sd) for x, sd in zip(leaves, sds, strict=True)]
+    eta = _certified.shrink(wide, sds, outs)
+    scale = _certified.certified_scale(upper, l2_clip_norm, eta)[0]
+    clipped = [
+        (x.astype(sd) * scale.astype(sd)).astype(o)
+        for x, sd, o in zip(leaves, sds, outs, strict=True)
+    ]
+    return jax.tree.unflatten(treedef, clipped), jnp.sqrt(sq)[0]
 
 
-def _clip_scale(norm: jax.Array, c: Any) -> jax.Array:
-    """min(1, c/norm), safe at norm = 0 (returns 1)."""
-    c = jnp.asarray(c, norm.dtype)
-    return c / jnp.maximum(norm, c)
+def _out_dtype(dtype: Any, sum_dt: Any) -> Any:
+    """A clipped leaf keeps a float dtype; integer leaves come back in the sum dtype."""
+    return jnp.dtype(dtype) if jnp.issubdtype(dtype, jnp.floating) else jnp.dtype(sum_dt)
+
+
+def _norms_and_bound(rows: list[jax.Array], wide: Any) -> tuple[jax.Array, jax.Array]:
+    """Per-example squared-norm estimate (B,) and certified norm upper bound (B,) of row leaves."""
+    parts = [_certified.row_sq_norms(x, wide) for x in rows]
+    sq = sum((p[0] for p in parts[1:]), parts[0][0])
+    return sq, _certified.combine_norms([p[1] for p in parts])
 
 
 # ----------------------------------------------------------------------------- validation
@@ -183,9 +187,12 @@ def _zero_rows(tree: Any, keep: jax.Array) -> Any:
     return jax.tree.map(zero, tree)
 
 
-def _weighted_row_sum(tree: Any, weights: Any) -> Any:
-    """Σ_i w_i g_i as a tensordot over the batch axis (not jnp.sum of a scaled (B, ...) tensor)."""
-    return jax.tree.map(lambda w, x: jnp.tensordot(w.astype(x.dtype), x, axes=1), weights, tree)
+def _weighted_row_sum(leaves: list, weights: list, sum_dts: list) -> list:
+    """Σ_i w_i g_i per leaf: a tensordot over the batch axis in the sum dtype, cast back after."""
+    return [
+        jnp.tensordot(w.astype(sd), x.astype(sd), axes=1, precision=HIGHEST).astype(x.dtype)
+        for x, w, sd in zip(leaves, weights, sum_dts, strict=True)
+    ]
 
 
 def _vmap_clipped_sum(
@@ -198,27 +205,33 @@ def _vmap_clipped_sum(
     nan_safe: bool,
     per_layer: bool = False,
 ) -> tuple[Any, jax.Array, jax.Array]:
-    """Materialise per-example gradients with vmap, clip, zero bad/padding rows, contract.
+    """Materialise per-example gradients with vmap, clip (certified), zero bad rows, contract.
 
     Returns:
         ``(clipped_sum, per_example_norms, num_nonfinite)``.
     """
     grads = _per_example_grads(loss_fn, params, batch)
-    dtype = _norm_dtype(grads)
+    wide = _certified.wide_dtype()
     leaves, treedef = jax.tree.flatten(grads)
-    leaf_sq = [jnp.sum(jnp.square(x.astype(dtype)), axis=tuple(range(1, x.ndim))) for x in leaves]
-    norms = jnp.sqrt(sum(leaf_sq, jnp.zeros(mask.shape, dtype)))
-    finite = jnp.isfinite(norms)
+    parts = [_certified.row_sq_norms(x, wide) for x in leaves]
+    norms = jnp.sqrt(sum((p[0] for p in parts[1:]), parts[0][0]))
+    upper = _certified.combine_norms([p[1] for p in parts])
+    sum_dts = [_certified.sum_dtype(x.dtype) for x in leaves]
+    eta = _certified.shrink(wide, sum_dts, [x.dtype for x in leaves])
+    finite = jnp.isfinite(upper)
     keep = mask & finite if nan_safe else mask
-    grads = _zero_rows(grads, keep)
+    leaves = jax.tree.leaves(_zero_rows(grads, keep))
     if per_layer:
         clip_norms = treedef.flatten_up_to(l2_clip_norm)
-        scales = [_clip_scale(jnp.sqrt(s), c) for s, c in zip(leaf_sq, clip_norms, strict=True)]
+        scales = [
+            _certified.certified_scale(_certified.sqrt_up(p[1]), c, eta)
+            for p, c in zip(parts, clip_norms, strict=True)
+        ]
     else:
-        scales = [_clip_scale(norms, l2_clip_norm)] * len(leaves)
+        scales = [_certified.certified_scale(upper, l2_clip_norm, eta)] * len(leaves)
     weights = [jnp.where(keep, s, jnp.zeros((), s.dtype)) for s in scales]
-    clipped_sum = _weighted_row_sum(grads, jax.tree.unflatten(treedef, weights))
-    norms = jnp.where(mask, norms, jnp.zeros((), dtype))
+    clipped_sum = jax.tree.unflatten(treedef, _weighted_row_sum(leaves, weights, sum_dts))
+    norms = jnp.where(mask, norms, jnp.zeros((), wide))
     num_nonfinite = jnp.sum(mask & ~finite, dtype=jnp.int32)
     return clipped_sum, norms, num_nonfinite
 
@@ -313,6 +326,7 @@ class ClippedGrad:
         self.method = method
         self.nan_safe = nan_safe
         self.l2_norm_bound = _norm_bound(l2_clip_norm, per_layer)
+        self._jitted = jax.jit(self._call_impl)
 
     def sensitivity(self, relation: NeighbouringRelation | str = ADD_OR_REMOVE_ONE) -> float:
         """ℓ2 sensitivity of the clipped sum: C under add/remove-one, 2C under replace-one.
@@ -355,10 +369,23 @@ class ClippedGrad:
         return core
 
     def __call__(self, params: Any, *batch: Any, mask: Any = None) -> tuple[Any, ClippingInfo]:
-        """Clipped per-example gradient sum over ``batch`` (rows with ``mask`` False excluded)."""
+        """Clipped per-example gradient sum over ``batch`` (rows with ``mask`` False excluded).
+
+        A batch of zero rows returns a zero sum (same structure and dtypes as ``params``).
+        """
         batch_size = _batch_size(batch)
         mask = _check_mask(mask, batch_size)
+        if batch_size == 0:
+            zeros = jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), jnp.result_type(p)), params)
+            norms = jnp.zeros((0,), _certified.wide_dtype())
+            zero = jnp.zeros((), jnp.int32)
+            return zeros, ClippingInfo(norms, zero, zero)
         _check_scalar_loss(self.loss_fn, params, batch)
+        return self._jitted(params, batch, mask)
+
+    def _call_impl(self, params: Any, batch: tuple, mask: jax.Array) -> tuple[Any, ClippingInfo]:
+        """The traced body of ``__call__`` (jitted once per instance: eager calls reuse it)."""
+        batch_size = mask.shape[0]
         core = self._core(self._clip_norms_for(params))
         if self.microbatch_size is None or self.microbatch_size >= batch_size:
             clipped_sum, norms, bad = core(params, batch, mask)
