@@ -10,24 +10,53 @@ together with a :class:`ClippingInfo` (pre-clipping norms, counters). It is a **
 mean: divide by a public constant afterwards (:func:`dpjax.normalize_by`), never by the realised
 batch size (anchors §3.3).
 
-Edge cases (per example):
+Edge cases (per example; U is a certified upper bound of ‖g‖, see below):
 
 ==========================  ===========================================================
 per-example gradient        contribution to the sum
 ==========================  ===========================================================
-‖g‖ ≤ C                     g unchanged
-‖g‖ > C                     g · C/‖g‖ (norm exactly C)
+U·(1+η) ≤ C                 g unchanged
+U·(1+η) > C                 g · C/(U·(1+η)) (norm ≤ C, within ≈ η + rounding of C)
 ‖g‖ = 0                     0
-NaN / inf anywhere          0 and counted in ``num_nonfinite`` (``nan_safe=True``)
+U not finite                0 and counted in ``num_nonfinite`` (``nan_safe=True``)
 mask False (padding row)    exactly 0, not counted anywhere, norm reported as 0
 ==========================  ===========================================================
 
+Certified clip factors. The factor applied to example i is ``min(1, C/(U_i·(1+η)))`` where
+U_i bounds from above the norm of what the sum actually adds for i before scaling: the
+per-example gradient as stored, and in the ghost path the exact ``Σ_t a_tᵀg_t`` plus the
+rounding of its contraction over the T positions. Norms are sums of squares with a rigorous
+relative error γ_n = n·u/(1 − n·u) for any summation order (long rows in two levels, see
+:func:`dpjax._certified.row_sq_norms`); η covers the rounding of the factor (C/(U(1+η)) in the
+wide dtype), of its cast and product in the sum dtype, and of the cast of the finished sum to a
+narrower parameter dtype: η = 3u_wide + 3u_sum + u_param (u_param only where the parameter dtype
+is narrower than the sum dtype: 2⁻⁸ for bfloat16, 2⁻¹¹ for float16, i.e. a conservative shrink
+of C by ≤ 0.4%; ≈ 2·10⁻⁷ for float32, ≈ 10⁻¹⁵ for float64).
+
+Dtype rule. Norms, bounds and clip factors are computed in the wide dtype (float64 when JAX runs
+with x64, else float32), never in the inputs' dtype and never chosen by itemsize; integer and
+low-precision operands are converted first. The clipped sum is formed in the sum dtype (the
+widest float among the operands, at least float32) with ``Precision.HIGHEST`` and cast to each
+parameter's dtype only once, after the sum.
+
+Non-finite rule (both paths). An example is dropped (contribution exactly 0) and counted in
+``num_nonfinite`` iff its certified bound U is NaN or ±inf in the wide dtype: a NaN/inf entry
+in its gradient, or ‖g‖² overflowing the wide dtype. Intermediate overflow that the exact
+gradient does not have (‖a‖² = inf with ‖aᵀg‖ finite in ghost) is not "non-finite": ghost
+recomputes such norms with exponent scaling. ``per_example_norms`` reports the best estimate of
+the pre-clipping norm (not U).
+
 Formal guarantees:
-    Every example contributes a vector of ℓ2 norm ≤ C to the sum (per-layer: ≤ sqrt(Σ_l c_l²)),
-    so the ℓ2 sensitivity of the sum is C under add/remove-one and 2C under replace-one
-    (triangle inequality; DP-GD with per-example clipping, 003_eb46ba05ef56608d.txt; Abadi et al.
-    2016, §3.1). ``grad_fn.sensitivity(relation)`` returns exactly this number; the Gaussian noise
-    of :func:`dpjax.add_gaussian_noise` must be calibrated to it.
+    For every example, the vector that the computed sum receives from it, rounding included,
+    has ℓ2 norm ≤ C (per-layer: ≤ sqrt(Σ_l c_l²)) for dense, convolution, sequence (T > 1) and
+    weight-shared layers and for int, bf16, fp16, f32 and f64 inputs and parameters (measured
+    on a batch of one; the tests allow C·(1 + 1e-6)). So the ℓ2 sensitivity of the exact sum of
+    contributions is C under add/remove-one and 2C under replace-one (triangle inequality;
+    lecture on machine learning under DP, DP-GD with per-example clipping; Abadi et al. 2016,
+    "Deep Learning with Differential Privacy", §3.1). The rounding of the batch sum itself
+    (other examples' terms) is not covered (Casacuberta et al. 2022, CCS). ``grad_fn.
+    sensitivity(relation)`` returns C or 2C; the Gaussian noise of
+    :func:`dpjax.add_gaussian_noise` must be calibrated to it.
 """
 
 from __future__ import annotations
@@ -53,8 +82,8 @@ class ClippingInfo(NamedTuple):
     """Auxiliary (NOT privatised) output of a clipped-gradient call.
 
     Attributes:
-        per_example_norms: (B,) pre-clipping ℓ2 norms of the per-example gradients (0 for masked
-            rows; non-finite where the gradient was non-finite).
+        per_example_norms: (B,) estimated pre-clipping ℓ2 norms of the per-example gradients in
+            the wide dtype (0 for masked rows; non-finite where the gradient was non-finite).
         num_nonfinite: int32 scalar, real examples zeroed because their gradient was NaN/inf.
         num_clipped: int32 scalar, real finite examples whose norm exceeded the clip norm.
     """
@@ -445,13 +474,14 @@ def clipped_grad(
         method: "vmap" (materialise per-example grads), "ghost" (``dpjax.ghost``: norms without
             per-example grads, for supported dense models), "auto" (ghost if it supports the
             loss, else vmap).
-        nan_safe: zero (and count) examples whose gradient is NaN/inf; never release them.
+        nan_safe: zero (and count) examples whose certified norm bound is NaN/inf (a NaN/inf
+            gradient entry, or a squared norm overflowing the wide dtype); never release them.
 
     Returns:
         A :class:`ClippedGrad` ``grad_fn``; ``grad_fn(params, *batch, mask=None)`` returns
         ``(clipped_sum, ClippingInfo)``, every batch argument having leading axis B and ``mask``
-        an optional bool (B,) marking real rows. ``grad_fn.sensitivity(relation)`` is the ℓ2
-        sensitivity of ``clipped_sum``.
+        an optional bool (B,) marking real rows. A batch of B = 0 rows gives a zero sum.
+        ``grad_fn.sensitivity(relation)`` is the ℓ2 sensitivity of ``clipped_sum``.
 
     Raises:
         ValueError: non-positive C, unknown method, batch arguments without a shared leading
@@ -459,9 +489,10 @@ def clipped_grad(
 
     Formal guarantees:
         One example changes ``clipped_sum`` by at most C in ℓ2 (add/remove-one; 2C replace-one),
-        whatever its data, including NaN-producing data (zeroed when ``nan_safe``). Padding rows
-        (mask False) contribute exactly 0. See the module docstring (003_eb46ba05ef56608d.txt,
-        DP-GD with clipping; Abadi et al. 2016).
+        whatever its data, including NaN-producing data (zeroed when ``nan_safe``), with the
+        clip factor taken from a certified upper bound of its norm (rounding included). Padding
+        rows (mask False) contribute exactly 0. See the module docstring (lecture on machine
+        learning under DP, DP-GD with per-example clipping; Abadi et al. 2016, §3.1).
 
     Example:
         >>> import jax.numpy as jnp
