@@ -33,7 +33,9 @@ and low-precision activations are converted first — never a dtype picked by it
 * T > 1, Gram trick: |computed − exact| ≤ γ_G·P², P = Σ_t ‖a_t‖‖g_t‖ (from the Gram
   diagonals), γ_G = (1+γ_{K+2})(1+γ_{N+2})(1+u)(1+γ_{T²}) − 1; the bound is sq + γ_G·P²;
 * T > 1, materialised: the norm of the formed per-example layer gradient (what is summed);
-* the contraction Σ_t a_tᵀ(s·g_t) that forms the sum adds at most γ_{T+3}·s·P (sum dtype).
+* the contraction Σ_{i,t} a_{i,t}ᵀ(s_i·g_{i,t}) that forms the sum adds at most γ_{BT+3}·s·P
+  for an example when T > 1 (its T terms can be far larger than its contribution and round
+  against the other rows' partial sums), γ_4·s·‖a‖‖g‖ when T = 1 (sum dtype).
 
 Where this fast bound is loose by more than 1% on an example that is clipped (Gram cancellation:
 Σ_t a_t ≈ 0 with large a_t), or not finite, one batch-level ``lax.cond`` takes the accurate
@@ -212,9 +214,15 @@ def _row_norms_up(x: jax.Array) -> jax.Array:
     return _certified.sqrt_up(up).reshape(b, t)
 
 
-def _contraction_bound(nup: jax.Array, p_up: jax.Array, t: int, sum_dt: Any) -> jax.Array:
-    """u2 from a norm bound ``nup`` and ``P = Σ_t ‖a_t‖‖g_t‖``: (nup + γ_{T+3}·P)²."""
-    err = _certified.inflate(p_up * jnp.asarray(_certified.gamma(t + 3, sum_dt), p_up.dtype), 0.0)
+def _contraction_bound(nup: jax.Array, p_up: jax.Array, rows: int, sum_dt: Any) -> jax.Array:
+    """u2 from a norm bound ``nup`` and ``P = Σ_t ‖a_t‖‖g_t‖``: (nup + γ_{rows+3}·P)².
+
+    ``rows`` = B·T, all rows of the batch contraction: an example's terms (of total size s·P,
+    far above its contribution when Σ_t a_tᵀg_t cancels) are rounded against the partial sums
+    of the other rows too, so its add/remove effect is bounded only with the whole length.
+    """
+    err = _certified.gamma(rows + 3, sum_dt)
+    err = _certified.inflate(p_up * jnp.asarray(err, p_up.dtype), 0.0)
     upper = _certified.inflate(nup + err, 0.0)
     return _certified.inflate(upper * upper, 0.0)
 
@@ -249,7 +257,8 @@ def _gram_bound(a: jax.Array, g: jax.Array, sum_dt: Any) -> _Bound:
         + jnp.asarray(4 * tiny * (t * t + 1), wide)
     )
     n2 = _certified.inflate(jnp.maximum(sq + err + floor, jnp.zeros((), wide)), 8 * u)
-    return _Bound(sq, n2, _contraction_bound(_certified.sqrt_up(n2), p_up, t, sum_dt))
+    rows = a.shape[0] * t
+    return _Bound(sq, n2, _contraction_bound(_certified.sqrt_up(n2), p_up, rows, sum_dt))
 
 
 def _gk(k: int, dtype: Any) -> float:
@@ -277,7 +286,8 @@ def _materialised_gram_bound(a: jax.Array, g: jax.Array, sum_dt: Any) -> _Bound:
     )
     err = _certified.inflate(p_up * jnp.asarray(_certified.gamma(t + 2, wide), wide), 0.0)
     nup = _certified.inflate(_certified.sqrt_up(sq_up) + err, 0.0)
-    return _Bound(sq, _certified.inflate(nup * nup, 0.0), _contraction_bound(nup, p_up, t, sum_dt))
+    u2 = _contraction_bound(nup, p_up, a.shape[0] * t, sum_dt)
+    return _Bound(sq, _certified.inflate(nup * nup, 0.0), u2)
 
 
 def _scaled(bound_fn: Callable, a: jax.Array, g: jax.Array, sum_dt: Any) -> _Bound:
