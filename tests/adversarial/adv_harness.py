@@ -17,6 +17,7 @@ NumPy seeds and only jitted library calls, so every number they report is reprod
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -54,6 +55,10 @@ PATTERNS = (
 # ----------------------------------------------------------------------------- measurement
 
 
+def _float64(x: Any) -> np.ndarray:
+    return np.asarray(jnp.asarray(x, jnp.float64))
+
+
 def tree_norm64(tree: Any) -> float:
     """ℓ2 norm of a whole pytree, every leaf widened to float64 (NaN/inf propagate)."""
     leaves = [_float64(x) for x in jax.tree.leaves(tree)]
@@ -63,10 +68,6 @@ def tree_norm64(tree: Any) -> float:
 def tree_finite(tree: Any) -> bool:
     """Whether every entry of every leaf is finite."""
     return all(bool(np.all(np.isfinite(np.asarray(x, np.float64)))) for x in jax.tree.leaves(tree))
-
-
-def _float64(x: Any) -> np.ndarray:
-    return np.asarray(jnp.asarray(x, jnp.float64))
 
 
 def tree_diff64(a: Any, b: Any) -> Any:
@@ -82,7 +83,7 @@ def bound(clip: float = C) -> float:
 # ----------------------------------------------------------------------------- targets
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # hashed by identity (the params are a dict)
 class Target:
     """A per-example loss ``loss_fn(params, x, y)`` with ``x: (T, K)`` of ``input_dtype``."""
 
@@ -186,6 +187,19 @@ def lax_conv_target(p_dtype: Any, x_dtype: Any, length: int = 12, channels: int 
     return Target("lax_conv", loss, params, (length, channels), x_dtype, out_dtype)
 
 
+def conv_gram_target(p_dtype: Any, x_dtype: Any, length: int = 12, channels: int = 64) -> Target:
+    """A wide 1-D convolution (K = 64·3, N = 64: K·N > 8192, Gram trick over T = L positions)."""
+    params = _init(jax.random.key(7), {"k": (64, channels, 3), "head": (64,)}, p_dtype, 0.05)
+    out_dtype = _out_dtype(x_dtype, p_dtype)
+
+    def loss(p, x, y):
+        lhs = jnp.transpose(x)[None].astype(out_dtype)  # (1, C, L)
+        out = jax.lax.conv_general_dilated(lhs, p["k"].astype(out_dtype), (1,), "SAME")
+        return _squared(mixed_dot(jnp.mean(out[0], axis=1), p["head"].astype(out_dtype)), y)
+
+    return Target("conv_gram", loss, params, (length, channels), x_dtype, out_dtype)
+
+
 class _LinenMLP(nn.Module):
     dtype: Any
 
@@ -255,6 +269,7 @@ def nnx_target(dtype: Any) -> Target:
     return Target("nnx_linear", loss, params, (1, 16), dtype, dtype)
 
 
+@functools.cache
 def make_target(kind: str, p_dtype: str, x_dtype: str) -> Target:
     """A target by name; flax targets need ``p_dtype == x_dtype`` (flax promotes, we do not)."""
     pd, xd = DTYPES[p_dtype], DTYPES[x_dtype]
@@ -267,6 +282,7 @@ def make_target(kind: str, p_dtype: str, x_dtype: str) -> Target:
         "smallseq": small_sequence_target,
         "shared": shared_target,
         "lax_conv": lax_conv_target,
+        "conv_gram": conv_gram_target,
     }
     if kind in plain:
         return plain[kind](pd, xd)
@@ -344,6 +360,7 @@ def random_label(rng: np.random.Generator) -> float:
 # ----------------------------------------------------------------------------- library calls
 
 
+@functools.cache
 def jitted_grad_fn(target: Target, method: str, clip: float = C) -> Callable:
     """The library's ``clipped_grad`` for ``target``, jitted: ``f(params, x, y) -> (sum, info)``."""
     grad_fn = dpjax.clipped_grad(target.loss_fn, l2_clip_norm=clip, method=method)
@@ -359,6 +376,7 @@ class Attack:
     y: float
     finite: bool = True
     evaluations: int = 0
+    origin: str = ""  # pattern and magnitude of the random start
 
     def violates(self, clip: float = C) -> bool:
         return (not self.finite) or not (self.contribution <= bound(clip))
@@ -393,10 +411,11 @@ def random_search(
     found = []
     for i in range(trials):
         name = patterns[i % len(patterns)]
-        x = pattern(rng, name, shape, 10.0 ** rng.uniform(*log10_mag))
+        mag = 10.0 ** rng.uniform(*log10_mag)
+        x = pattern(rng, name, shape, mag)
         y = random_label(rng)
         norm, finite = evaluate(x, y)
-        found.append(Attack(norm, x, y, finite, 1))
+        found.append(Attack(norm, x, y, finite, 1, f"{name} |x|~{mag:.3g} y={y:.3g}"))
     found.sort(key=lambda a: (a.finite, -a.contribution))
     for a in found[:keep]:
         a.evaluations = trials
@@ -434,7 +453,7 @@ def spsa_ascent(
         gained = False
         for f, ok, cand in ((fp, okp, plus), (fm, okm, minus), (fs, oks, step)):
             if (not ok and best.finite) or f > best.contribution:
-                best = Attack(f, cand, y, ok, 0)
+                best = Attack(f, cand, y, ok, 0, start.origin + " +ascent")
                 gained = True
         x = best.x
         sigma = min(sigma * 1.5, 0.3) if gained else max(sigma * 0.7, 1e-7)

@@ -124,27 +124,28 @@ def test_gram_trick_cancellation_float32(method, kind):
     _assert_within_clip(worst, f"{kind}/{method} Gram cancellation")
 
 
-@pytest.mark.parametrize("method", ["ghost", "auto"])
-def test_gram_trick_cancellation_ascent(method):
-    """SPSA ascent on the contribution from the 3 worst of 24 random alternating/cancelling inputs.
+GRAM_PATTERNS = ("alternating", "alternating_all", "near_cancel", "constant")
+GRAM_TARGETS = [("seq8", "f32"), ("seq16", "f32"), ("seq8", "bf16"), ("conv_gram", "f32")]
 
-    On main the start points already exceed C; after a fix this is the strongest default attack
-    on the Gram path (float32 inputs, also bf16 inputs into float32 weights).
+
+@pytest.mark.parametrize("method", ["ghost", "auto"])
+@pytest.mark.parametrize("kind, x_dtype", GRAM_TARGETS)
+def test_gram_trick_structured_search_and_ascent(kind, x_dtype, method):
+    """Structured inputs (alternating / cancelling / constant positions, |x| in 1…1e6) into
+    float32 weights, then an SPSA ascent on the contribution from the 3 worst points.
+
+    On main: 1049 C (seq8, every feature alternating ±8.2e5: Σ_t a_t = 0, the Gram sum is pure
+    rounding), 2263 C (seq16), 1027 C (seq8, bf16 inputs), 1.0000024 C (a 64→64 channel
+    convolution with kernel 3, Gram over its 12 output positions).
     """
-    for x_dtype in ("f32", "bf16"):
-        target = H.make_target("seq8", "f32", x_dtype)
-        evaluate = H.evaluator(target, method)
-        starts = H.random_search(
-            evaluate,
-            target.x_shape,
-            seed=7,
-            trials=24,
-            patterns=("alternating", "alternating_all", "near_cancel"),
-            log10_mag=(1.0, 5.0),
-        )
-        for i, start in enumerate(starts):
-            best = H.spsa_ascent(evaluate, start, seed=100 + i, steps=15)
-            _assert_within_clip(best, f"seq8 f32/{x_dtype} {method} after ascent")
+    target = H.make_target(kind, "f32", x_dtype)
+    evaluate = H.evaluator(target, method)
+    starts = H.random_search(
+        evaluate, target.x_shape, seed=7, trials=28, patterns=GRAM_PATTERNS, log10_mag=(0.0, 6.0)
+    )
+    ascended = [H.spsa_ascent(evaluate, s, seed=100 + i, steps=15) for i, s in enumerate(starts)]
+    worst = max(ascended, key=lambda a: (not a.finite, a.contribution))
+    _assert_within_clip(worst, f"{kind} f32/{x_dtype} {method} ({worst.origin})")
 
 
 # ----------------------------------------------------------------------------- 3. low precision
@@ -174,7 +175,6 @@ DEFAULT_SWEEP = [
     ("smallseq", "f32", "i32"),  # integer activations, materialised sequence layer
     ("seq8", "bf16", "bf16"),  # Gram trick in bf16
     ("lax_conv", "f32", "f32"),
-    ("linen_conv", "f32", "f32"),
     ("shared", "f32", "f32"),
     ("linen_norm_embed", "f32", "f32"),
     ("nnx_linear", "f32", "f32"),
