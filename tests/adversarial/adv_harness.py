@@ -201,12 +201,16 @@ def conv_gram_target(p_dtype: Any, x_dtype: Any, length: int = 12, channels: int
 
 
 class _LinenMLP(nn.Module):
+    """Dense(16) → relu → Dense(1); ``compute_dtype`` ≠ ``dtype`` is mixed precision."""
+
     dtype: Any
+    compute_dtype: Any = None
 
     @nn.compact
     def __call__(self, x):
-        h = nn.relu(nn.Dense(16, dtype=self.dtype, param_dtype=self.dtype)(x))
-        return nn.Dense(1, dtype=self.dtype, param_dtype=self.dtype)(jnp.mean(h, axis=0))[0]
+        kw = dict(dtype=self.compute_dtype or self.dtype, param_dtype=self.dtype)
+        h = nn.relu(nn.Dense(16, **kw)(x))
+        return nn.Dense(1, **kw)(jnp.mean(h, axis=0))[0]
 
 
 class _LinenConv(nn.Module):
@@ -244,8 +248,12 @@ class _LinenNormEmbed(nn.Module):
         return nn.Dense(1, **kw)(jnp.mean(h, axis=0))[0]
 
 
+def _linen_params(module: nn.Module, x_shape: tuple[int, int], dtype: Any = jnp.float32) -> Any:
+    return module.init(jax.random.key(6), jnp.zeros(x_shape, dtype))["params"]
+
+
 def _linen_target(name: str, module: nn.Module, dtype: Any, x_shape: tuple[int, int]) -> Target:
-    params = module.init(jax.random.key(6), jnp.zeros(x_shape, dtype))["params"]
+    params = _linen_params(module, x_shape, dtype)
 
     def loss(p, x, y):
         return _squared(module.apply({"params": p}, x), y)
@@ -289,6 +297,10 @@ def make_target(kind: str, p_dtype: str, x_dtype: str) -> Target:
     assert p_dtype == x_dtype, "flax targets take inputs of the parameter dtype"
     if kind == "linen_mlp":
         return _linen_target(kind, _LinenMLP(pd), pd, (1, 16))
+    if kind.startswith("linen_mixed_"):  # float32 params, computation in p_dtype (bf16/fp16)
+        compute = DTYPES[kind.removeprefix("linen_mixed_")]
+        target = _linen_target(kind, _LinenMLP(jnp.float32, compute), compute, (1, 16))
+        return dataclasses.replace(target, params=_linen_params(_LinenMLP(jnp.float32), (1, 16)))
     if kind.startswith("linen_seq"):
         t = int(kind.removeprefix("linen_seq"))
         return _linen_target(kind, _LinenSequence(pd), pd, (t, 128))
@@ -361,9 +373,13 @@ def random_label(rng: np.random.Generator) -> float:
 
 
 @functools.cache
-def jitted_grad_fn(target: Target, method: str, clip: float = C) -> Callable:
+def jitted_grad_fn(
+    target: Target, method: str, clip: float = C, microbatch_size: int | None = None
+) -> Callable:
     """The library's ``clipped_grad`` for ``target``, jitted: ``f(params, x, y) -> (sum, info)``."""
-    grad_fn = dpjax.clipped_grad(target.loss_fn, l2_clip_norm=clip, method=method)
+    grad_fn = dpjax.clipped_grad(
+        target.loss_fn, l2_clip_norm=clip, method=method, microbatch_size=microbatch_size
+    )
     return jax.jit(lambda p, x, y: grad_fn(p, x, y))
 
 

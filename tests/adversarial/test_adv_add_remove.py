@@ -37,8 +37,25 @@ def _neighbour_batches(target: H.Target, seed: int, trials: int, rows: int = 4):
 
 @pytest.mark.parametrize("kind, p_dtype, x_dtype, method", CASES)
 def test_add_remove_difference_within_clip(kind, p_dtype, x_dtype, method):
+    _check_neighbours(kind, p_dtype, x_dtype, method, microbatch_size=None)
+
+
+@pytest.mark.parametrize(
+    "kind, p_dtype, x_dtype, method",
+    [
+        ("seq8", "f32", "f32", "ghost"),
+        ("seq8", "f32", "f32", "auto"),
+        ("dense", "f64", "i64", "vmap"),
+    ],
+)
+def test_add_remove_with_microbatches(kind, p_dtype, x_dtype, method):
+    """Chunks of 3 rows (``lax.scan``, padded last chunk): the same bound on the summed chunks."""
+    _check_neighbours(kind, p_dtype, x_dtype, method, microbatch_size=3)
+
+
+def _check_neighbours(kind, p_dtype, x_dtype, method, microbatch_size):
     target = H.make_target(kind, p_dtype, x_dtype)
-    fn = H.jitted_grad_fn(target, method)
+    fn = H.jitted_grad_fn(target, method, H.C, microbatch_size)
     worst, worst_row = 0.0, None
     for x, y, row in _neighbour_batches(target, seed=21, trials=21):
         xb = H.as_input(x, target.input_dtype)
