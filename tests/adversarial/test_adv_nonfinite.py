@@ -5,6 +5,9 @@ whose squares overflow (3e38 in float32) is added to a batch of benign rows. Ass
 library returns: the clipped sum stays finite, and it moves by ≤ C·(1 + 1e-6) in float64 norm
 when the example is removed (add/remove neighbours, same params). A batch holding only that
 example must give a finite sum of norm ≤ C.
+
+On main these hold for every method (the poisoned row is zeroed; the ghost path recomputes with
+zeroed rows when a dropped row leaked NaN): a regression gate for the certified-clipping fix.
 """
 
 import jax.numpy as jnp
