@@ -34,7 +34,9 @@ from tests.adversarial import adv_harness as H
 
 
 def _assert_within_clip(attack: H.Attack, what: str, clip: float = H.C) -> None:
+    """The claim (≤ C(1 + 1e-6), finite), and non-vacuity: the search reached the clip (≥ C/2)."""
     assert attack.finite, f"{what}: non-finite clipped sum at x={attack.x!r}, y={attack.y}"
+    assert attack.contribution >= 0.5 * clip, f"{what}: no example reached the clip norm"
     assert attack.contribution <= H.bound(clip), (
         f"{what}: one example contributes {attack.contribution!r} > C(1+1e-6) = {H.bound(clip)} "
         f"(y={attack.y}, x[:2]={None if attack.x is None else attack.x[:2]!r})"
