@@ -40,6 +40,16 @@ def sum_dtype(*dtypes: Any) -> Any:
     return wide if max(bits, default=32) > 32 else jnp.dtype(jnp.float32)
 
 
+def output_dtype(param_dtype: Any) -> Any:
+    """dtype of a parameter's clipped sum: the parameter's, widened to at least float32.
+
+    bfloat16/float16 sums are returned in float32: rounding the sum of a data set and of its
+    neighbour to 8 or 11 bits separately moves their difference by ≈ 2⁻⁹·‖S‖, far more than the
+    clip norm allows. Add the noise first, then cast (post-processing).
+    """
+    return sum_dtype(param_dtype)
+
+
 def unit_roundoff(dtype: Any) -> float:
     """u = eps/2 of a floating dtype (round to nearest)."""
     return float(jnp.finfo(dtype).eps) / 2.0

@@ -29,15 +29,18 @@ rounding of its contraction over the T positions. Norms are sums of squares with
 relative error γ_n = n·u/(1 − n·u) for any summation order (long rows in two levels, see
 :func:`dpjax._certified.row_sq_norms`); η covers the rounding of the factor (C/(U(1+η)) in the
 wide dtype), of its cast and product in the sum dtype, and of the cast of the finished sum to a
-narrower parameter dtype: η = 3u_wide + 3u_sum + u_param (u_param only where the parameter dtype
-is narrower than the sum dtype: 2⁻⁸ for bfloat16, 2⁻¹¹ for float16, i.e. a conservative shrink
-of C by ≤ 0.4%; ≈ 2·10⁻⁷ for float32, ≈ 10⁻¹⁵ for float64).
+narrower output dtype: η = 3u_wide + 3u_sum + u_out (u_out only where the output is narrower
+than the sum dtype, e.g. float32 weights with float64 activations). η ≈ 2·10⁻⁷ in float32 and
+≈ 10⁻¹⁵ in float64; with the γ's of the norms the factor is ≤ 0.1% below C/‖g‖ for the
+benchmark models in float32 (a conservative shrink we accept for a certified bound).
 
 Dtype rule. Norms, bounds and clip factors are computed in the wide dtype (float64 when JAX runs
 with x64, else float32), never in the inputs' dtype and never chosen by itemsize; integer and
 low-precision operands are converted first. The clipped sum is formed in the sum dtype (the
-widest float among the operands, at least float32) with ``Precision.HIGHEST`` and cast to each
-parameter's dtype only once, after the sum.
+widest float among the operands, at least float32) with ``Precision.HIGHEST`` and cast once,
+after the sum, to the parameter's dtype widened to at least float32: the sum of bfloat16/float16
+parameters is returned in float32 (two neighbouring sums rounded to 8 bits separately differ by
+≈ 2⁻⁹·‖S‖ more than their exact difference); add the noise, then cast (post-processing).
 
 Non-finite rule (both paths). An example is dropped (contribution exactly 0) and counted in
 ``num_nonfinite`` iff its certified bound U is NaN or ±inf in the wide dtype: a NaN/inf entry
@@ -219,7 +222,9 @@ def _zero_rows(tree: Any, keep: jax.Array) -> Any:
 def _weighted_row_sum(leaves: list, weights: list, sum_dts: list) -> list:
     """Σ_i w_i g_i per leaf: a tensordot over the batch axis in the sum dtype, cast back after."""
     return [
-        jnp.tensordot(w.astype(sd), x.astype(sd), axes=1, precision=HIGHEST).astype(x.dtype)
+        jnp.tensordot(w.astype(sd), x.astype(sd), axes=1, precision=HIGHEST).astype(
+            _certified.output_dtype(x.dtype)
+        )
         for x, w, sd in zip(leaves, weights, sum_dts, strict=True)
     ]
 
@@ -246,7 +251,7 @@ def _vmap_clipped_sum(
     norms = jnp.sqrt(sum((p[0] for p in parts[1:]), parts[0][0]))
     upper = _certified.combine_norms([p[1] for p in parts])
     sum_dts = [_certified.sum_dtype(x.dtype) for x in leaves]
-    eta = _certified.shrink(wide, sum_dts, [x.dtype for x in leaves])
+    eta = _certified.shrink(wide, sum_dts, [_certified.output_dtype(x.dtype) for x in leaves])
     finite = jnp.isfinite(upper)
     keep = mask & finite if nan_safe else mask
     leaves = jax.tree.leaves(_zero_rows(grads, keep))
@@ -400,12 +405,12 @@ class ClippedGrad:
     def __call__(self, params: Any, *batch: Any, mask: Any = None) -> tuple[Any, ClippingInfo]:
         """Clipped per-example gradient sum over ``batch`` (rows with ``mask`` False excluded).
 
-        A batch of zero rows returns a zero sum (same structure and dtypes as ``params``).
+        A batch of zero rows returns a zero sum (same structure as ``params``).
         """
         batch_size = _batch_size(batch)
         mask = _check_mask(mask, batch_size)
         if batch_size == 0:
-            zeros = jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), jnp.result_type(p)), params)
+            zeros = jax.tree.map(_zeros_sum, params)
             norms = jnp.zeros((0,), _certified.wide_dtype())
             zero = jnp.zeros((), jnp.int32)
             return zeros, ClippingInfo(norms, zero, zero)
@@ -432,6 +437,11 @@ class ClippedGrad:
             f"ClippedGrad(l2_clip_norm={self.l2_clip_norm!r}, per_layer={self.per_layer}, "
             f"microbatch_size={self.microbatch_size}, method={self.method!r})"
         )
+
+
+def _zeros_sum(p: Any) -> jax.Array:
+    """The clipped sum of an empty batch for parameter ``p``."""
+    return jnp.zeros(jnp.shape(p), _certified.output_dtype(jnp.result_type(p)))
 
 
 def _norm_bound(l2_clip_norm: Any, per_layer: bool) -> float:

@@ -367,9 +367,10 @@ def ghost_clipped_sum(
         nan_safe: zero (and count) examples whose certified norm bound is not finite.
 
     Returns:
-        ``(clipped_sum, per_example_norms, num_nonfinite)``: the sum (same structure and dtypes
-        as ``params``), the estimated unclipped per-example gradient norms ``(B,)`` (0 for masked
-        rows) and the number of unmasked examples with a non-finite norm bound.
+        ``(clipped_sum, per_example_norms, num_nonfinite)``: the sum (structure of ``params``,
+        each leaf in its parameter's dtype widened to at least float32), the estimated
+        unclipped per-example gradient norms ``(B,)`` (0 for masked rows) and the number of
+        unmasked examples with a non-finite norm bound.
 
     Formal guarantees:
         Each example's contribution, as computed (rounding of the norms, of the factor and of
@@ -390,7 +391,9 @@ def ghost_clipped_sum(
     n = jnp.shape(leaves[0])[0] if leaves else 0
     keep = jnp.ones((n,), bool) if mask is None else jnp.asarray(mask, bool)
     if n == 0:
-        zeros = jax.tree.map(jnp.zeros_like, params)
+        zeros = jax.tree.map(
+            lambda p: jnp.zeros(jnp.shape(p), _certified.output_dtype(jnp.result_type(p))), params
+        )
         return zeros, jnp.zeros((0,), _certified.wide_dtype()), jnp.zeros((), jnp.int32)
     clip = jnp.asarray(l2_clip_norm, _certified.wide_dtype())
     return _ghost_jitted(loss_fn, bool(nan_safe), params, batch, clip, keep)
@@ -416,7 +419,7 @@ def _ghost_impl(loss_fn, nan_safe, params, batch, clip, mask):
     wide = _certified.wide_dtype()
     taps = ghost_plan.taps
     raw = [_canonical(t, a, g) for t, a, g in zip(taps, acts, g_perts, strict=True)]
-    out_dts = [jnp.dtype(p_leaves[t.leaf].dtype) for t in taps]
+    out_dts = [_certified.output_dtype(p_leaves[t.leaf].dtype) for t in taps]
     # dtype of each tap's clipped-sum contraction: widest float operand, at least float32
     tap_sd = [
         _certified.sum_dtype(a.dtype, g.dtype, o) for (a, g), o in zip(raw, out_dts, strict=True)
@@ -460,7 +463,7 @@ def _ghost_impl(loss_fn, nan_safe, params, batch, clip, mask):
     eta = _certified.shrink(
         wide,
         tap_sd + [wide] * len(layer) + other_sd,
-        out_dts + [out_dts[j] for j in layer] + [jnp.dtype(p_leaves[i].dtype) for i in other],
+        out_dts + [out_dts[j] for j in layer] + [_out(p_leaves[i]) for i in other],
     )
     finite = jnp.isfinite(upper)
     num_nonfinite = jnp.sum(jnp.logical_and(mask, ~finite), dtype=jnp.int32)
@@ -478,15 +481,19 @@ def _ghost_impl(loss_fn, nan_safe, params, batch, clip, mask):
                 a, g = raw[j]
                 g_scaled = _row_where(keep, g.astype(sd) * scale.astype(sd)[:, None, None])
                 total = _dense_clipped_sum(a.astype(sd), g_scaled, keep, sanitize)
-            sums[tap.leaf] = _to_weight_layout(tap, total, p_leaves[tap.leaf].dtype)
+            sums[tap.leaf] = _to_weight_layout(tap, total, out_dts[j])
         for i, g, sd in zip(other, g_other, other_sd, strict=True):
             w = weights.astype(sd)
-            sums[i] = _weighted_rows(g, w, keep, sanitize).astype(p_leaves[i].dtype)
+            sums[i] = _weighted_rows(g, w, keep, sanitize).astype(_out(p_leaves[i]))
         return sums
 
     sums = _nan_proof(clipped_sums)
     reported = jnp.where(mask, norms, jnp.zeros((), wide))
     return jax.tree.unflatten(p_tree, sums), reported, num_nonfinite
+
+
+def _out(param: Any) -> Any:
+    return _certified.output_dtype(jnp.result_type(param))
 
 
 def _totals(parts: list[_Bound]) -> _Bound:
