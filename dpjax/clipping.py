@@ -245,6 +245,9 @@ def _vmap_clipped_sum(
         ``(clipped_sum, per_example_norms, num_nonfinite)``.
     """
     grads = _per_example_grads(loss_fn, params, batch)
+    # one stored value: the norms and the sum must read the same gradients (XLA may recompute
+    # a producer in each consumer's fusion with excess precision in bf16/fp16)
+    grads = jax.lax.optimization_barrier(grads)
     wide = _certified.wide_dtype()
     leaves, treedef = jax.tree.flatten(grads)
     parts = [_certified.row_sq_norms(x, wide) for x in leaves]
