@@ -513,3 +513,34 @@ def test_eager_ghost_steps_do_not_recompile_or_grow(linen_mlp):
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
     assert growth < 20 * 2**20, growth  # was ≈ 2 MB per step on main
+
+
+def test_bfloat16_dense_with_bias_norm_and_sum_see_the_same_activations():
+    """XLA may recompute bf16 activations with excess precision inside each fusion; the norm and
+    the sum must read one stored copy, else one example contributes ≈ 1.0001 C (found by the
+    adversarial sweep: dense bf16, nearly cancelling inputs of magnitude ~1e3)."""
+    rng = np.random.default_rng(61)
+    params = {
+        "w": jnp.asarray(0.3 * rng.standard_normal((16, 8)), jnp.bfloat16),
+        "b": jnp.asarray(0.3 * rng.standard_normal(8), jnp.bfloat16),
+        "head": jnp.asarray(0.3 * rng.standard_normal(8), jnp.bfloat16),
+    }
+
+    def loss(p, x, y):
+        dims = (((1,), (0,)), ((), ()))
+        h = jax.lax.dot_general(x, p["w"], dims, preferred_element_type=jnp.bfloat16) + p["b"]
+        out = jnp.sum(jax.lax.dot_general(h, p["head"], dims, preferred_element_type=jnp.bfloat16))
+        return 0.5 * (out - y) ** 2
+
+    worst = 0.0
+    for method in ("ghost", "vmap"):
+        fn = jax.jit(dpjax.clipped_grad(loss, l2_clip_norm=1.0, method=method))
+        for _ in range(24):
+            v = 10.0 ** rng.uniform(1, 4) * rng.standard_normal((1, 16))
+            x = np.where(rng.random() < 0.5, v, -v * (1 + 10.0 ** rng.uniform(-7, -2)))
+            x = jnp.asarray(x, jnp.bfloat16)[None]
+            y = jnp.asarray([rng.standard_normal()], jnp.bfloat16)
+            s, _ = fn(params, x, y)
+            norm = np.sqrt(sum(np.sum(np.asarray(u, np.float64) ** 2) for u in s.values()))
+            worst = max(worst, norm)
+    assert worst <= 1.0 + 1e-6, worst
