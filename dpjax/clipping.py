@@ -10,24 +10,56 @@ together with a :class:`ClippingInfo` (pre-clipping norms, counters). It is a **
 mean: divide by a public constant afterwards (:func:`dpjax.normalize_by`), never by the realised
 batch size (anchors §3.3).
 
-Edge cases (per example):
+Edge cases (per example; U is a certified upper bound of ‖g‖, see below):
 
 ==========================  ===========================================================
 per-example gradient        contribution to the sum
 ==========================  ===========================================================
-‖g‖ ≤ C                     g unchanged
-‖g‖ > C                     g · C/‖g‖ (norm exactly C)
+U·(1+η) ≤ C                 g unchanged
+U·(1+η) > C                 g · C/(U·(1+η)) (norm ≤ C, within ≈ η + rounding of C)
 ‖g‖ = 0                     0
-NaN / inf anywhere          0 and counted in ``num_nonfinite`` (``nan_safe=True``)
+U not finite                0 and counted in ``num_nonfinite`` (``nan_safe=True``)
 mask False (padding row)    exactly 0, not counted anywhere, norm reported as 0
 ==========================  ===========================================================
 
+Certified clip factors. The factor applied to example i is ``min(1, C/(U_i·(1+η)))`` where
+U_i bounds from above the norm of what the sum actually adds for i before scaling: the
+per-example gradient as stored, and in the ghost path the exact ``Σ_t a_tᵀg_t`` plus the
+rounding of its contraction over the T positions. Norms are sums of squares with a rigorous
+relative error γ_n = n·u/(1 − n·u) for any summation order (long rows in two levels, see
+:func:`dpjax._certified.row_sq_norms`); η covers the rounding of the factor (C/(U(1+η)) in the
+wide dtype), of its cast and product in the sum dtype, and of the cast of the finished sum to a
+narrower output dtype: η = 3u_wide + 3u_sum + u_out (u_out only where the output is narrower
+than the sum dtype, e.g. float32 weights with float64 activations). η ≈ 2·10⁻⁷ in float32 and
+≈ 10⁻¹⁵ in float64; with the γ's of the norms the factor is ≤ 0.1% below C/‖g‖ for the
+benchmark models in float32 (a conservative shrink we accept for a certified bound).
+
+Dtype rule. Norms, bounds and clip factors are computed in the wide dtype (float64 when JAX runs
+with x64, else float32), never in the inputs' dtype and never chosen by itemsize; integer and
+low-precision operands are converted first. The clipped sum is formed in the sum dtype (the
+widest float among the operands, at least float32) with ``Precision.HIGHEST`` and cast once,
+after the sum, to the parameter's dtype widened to at least float32: the sum of bfloat16/float16
+parameters is returned in float32 (two neighbouring sums rounded to 8 bits separately differ by
+≈ 2⁻⁹·‖S‖ more than their exact difference); add the noise, then cast (post-processing).
+
+Non-finite rule (both paths). An example is dropped (contribution exactly 0) and counted in
+``num_nonfinite`` iff its certified bound U is NaN or ±inf in the wide dtype: a NaN/inf entry
+in its gradient, or ‖g‖² overflowing the wide dtype. Intermediate overflow that the exact
+gradient does not have (‖a‖² = inf with ‖aᵀg‖ finite in ghost) is not "non-finite": ghost
+recomputes such norms with exponent scaling. ``per_example_norms`` reports the best estimate of
+the pre-clipping norm (not U).
+
 Formal guarantees:
-    Every example contributes a vector of ℓ2 norm ≤ C to the sum (per-layer: ≤ sqrt(Σ_l c_l²)),
-    so the ℓ2 sensitivity of the sum is C under add/remove-one and 2C under replace-one
-    (triangle inequality; DP-GD with per-example clipping, 003_eb46ba05ef56608d.txt; Abadi et al.
-    2016, §3.1). ``grad_fn.sensitivity(relation)`` returns exactly this number; the Gaussian noise
-    of :func:`dpjax.add_gaussian_noise` must be calibrated to it.
+    For every example, the vector that the computed sum receives from it, rounding included,
+    has ℓ2 norm ≤ C (per-layer: ≤ sqrt(Σ_l c_l²)) for dense, convolution, sequence (T > 1) and
+    weight-shared layers and for int, bf16, fp16, f32 and f64 inputs and parameters (measured
+    on a batch of one; the tests allow C·(1 + 1e-6)). So the ℓ2 sensitivity of the exact sum of
+    contributions is C under add/remove-one and 2C under replace-one (triangle inequality;
+    lecture on machine learning under DP, DP-GD with per-example clipping; Abadi et al. 2016,
+    "Deep Learning with Differential Privacy", §3.1). The rounding of the batch sum itself
+    (other examples' terms) is not covered (Casacuberta et al. 2022, CCS). ``grad_fn.
+    sensitivity(relation)`` returns C or 2C; the Gaussian noise of
+    :func:`dpjax.add_gaussian_noise` must be calibrated to it.
 """
 
 from __future__ import annotations
@@ -40,7 +72,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from dpjax import _validate
+from dpjax import _certified, _validate
+from dpjax._certified import HIGHEST
 from dpjax.relation import ADD_OR_REMOVE_ONE, REPLACE_ONE, NeighbouringRelation, as_relation
 
 __all__ = ["ClippingInfo", "ClippedGrad", "clipped_grad", "clip_pytree"]
@@ -52,8 +85,8 @@ class ClippingInfo(NamedTuple):
     """Auxiliary (NOT privatised) output of a clipped-gradient call.
 
     Attributes:
-        per_example_norms: (B,) pre-clipping ℓ2 norms of the per-example gradients (0 for masked
-            rows; non-finite where the gradient was non-finite).
+        per_example_norms: (B,) estimated pre-clipping ℓ2 norms of the per-example gradients in
+            the wide dtype (0 for masked rows; non-finite where the gradient was non-finite).
         num_nonfinite: int32 scalar, real examples zeroed because their gradient was NaN/inf.
         num_clipped: int32 scalar, real finite examples whose norm exceeded the clip norm.
     """
@@ -66,31 +99,17 @@ class ClippingInfo(NamedTuple):
 # ----------------------------------------------------------------------------- tree helpers
 
 
-def _norm_dtype(tree: Any) -> Any:
-    """float64 if any leaf is float64, else float32 (norms of low-precision leaves in float32)."""
-    dtypes = [jnp.result_type(x) for x in jax.tree.leaves(tree)]
-    return jnp.float64 if any(d == jnp.float64 for d in dtypes) else jnp.float32
-
-
-def _leaf_sq_norms(tree: Any, dtype: Any) -> list[jax.Array]:
-    return [jnp.sum(jnp.square(jnp.asarray(x, dtype))) for x in jax.tree.leaves(tree)]
-
-
-def _global_norm(tree: Any) -> jax.Array:
-    dtype = _norm_dtype(tree)
-    sq = _leaf_sq_norms(tree, dtype)
-    return jnp.sqrt(sum(sq, jnp.zeros((), dtype)))
-
-
 def clip_pytree(tree: Any, l2_clip_norm: float) -> tuple[Any, jax.Array]:
-    """Clip a whole pytree to global ℓ2 norm ≤ ``l2_clip_norm``.
+    """Clip a whole pytree to global ℓ2 norm ≤ ``l2_clip_norm`` (certified, rounding included).
 
     Args:
         tree: a pytree of arrays (one example's gradient).
         l2_clip_norm: C > 0.
 
     Returns:
-        ``(clipped_tree, norm)`` with ``clipped = tree · min(1, C/‖tree‖)`` and the pre-clip norm.
+        ``(clipped_tree, norm)``: ``tree · min(1, C/(U·(1+η)))`` with U a certified upper bound
+        of ‖tree‖ (so the returned tree, as stored in its own dtypes, has norm ≤ C), and the
+        estimated pre-clip norm in the wide dtype (float32, or float64 under x64).
 
     Example:
         >>> import jax.numpy as jnp
@@ -99,15 +118,32 @@ def clip_pytree(tree: Any, l2_clip_norm: float) -> tuple[Any, jax.Array]:
         (5.0, [0.6, 0.8])
     """
     _validate.positive("l2_clip_norm", l2_clip_norm)
-    norm = _global_norm(tree)
-    scale = _clip_scale(norm, l2_clip_norm)
-    return jax.tree.map(lambda x: x * scale.astype(jnp.result_type(x)), tree), norm
+    leaves, treedef = jax.tree.flatten(tree)
+    leaves = [jnp.asarray(x) for x in leaves]
+    rows = [x.reshape((1,) + x.shape) for x in leaves]
+    wide = _certified.wide_dtype()
+    sq, upper = _norms_and_bound(rows, wide)
+    sds = [_certified.sum_dtype(x.dtype) for x in leaves]
+    outs = [_out_dtype(x.dtype, sd) for x, sd in zip(leaves, sds, strict=True)]
+    eta = _certified.shrink(wide, sds, outs)
+    scale = _certified.certified_scale(upper, l2_clip_norm, eta)[0]
+    clipped = [
+        (x.astype(sd) * scale.astype(sd)).astype(o)
+        for x, sd, o in zip(leaves, sds, outs, strict=True)
+    ]
+    return jax.tree.unflatten(treedef, clipped), jnp.sqrt(sq)[0]
 
 
-def _clip_scale(norm: jax.Array, c: Any) -> jax.Array:
-    """min(1, c/norm), safe at norm = 0 (returns 1)."""
-    c = jnp.asarray(c, norm.dtype)
-    return c / jnp.maximum(norm, c)
+def _out_dtype(dtype: Any, sum_dt: Any) -> Any:
+    """A clipped leaf keeps a float dtype; integer leaves come back in the sum dtype."""
+    return jnp.dtype(dtype) if jnp.issubdtype(dtype, jnp.floating) else jnp.dtype(sum_dt)
+
+
+def _norms_and_bound(rows: list[jax.Array], wide: Any) -> tuple[jax.Array, jax.Array]:
+    """Per-example squared-norm estimate (B,) and certified norm upper bound (B,) of row leaves."""
+    parts = [_certified.row_sq_norms(x, wide) for x in rows]
+    sq = sum((p[0] for p in parts[1:]), parts[0][0])
+    return sq, _certified.combine_norms([p[1] for p in parts])
 
 
 # ----------------------------------------------------------------------------- validation
@@ -183,9 +219,14 @@ def _zero_rows(tree: Any, keep: jax.Array) -> Any:
     return jax.tree.map(zero, tree)
 
 
-def _weighted_row_sum(tree: Any, weights: Any) -> Any:
-    """Σ_i w_i g_i as a tensordot over the batch axis (not jnp.sum of a scaled (B, ...) tensor)."""
-    return jax.tree.map(lambda w, x: jnp.tensordot(w.astype(x.dtype), x, axes=1), weights, tree)
+def _weighted_row_sum(leaves: list, weights: list, sum_dts: list) -> list:
+    """Σ_i w_i g_i per leaf: a tensordot over the batch axis in the sum dtype, cast back after."""
+    return [
+        jnp.tensordot(w.astype(sd), x.astype(sd), axes=1, precision=HIGHEST).astype(
+            _certified.output_dtype(x.dtype)
+        )
+        for x, w, sd in zip(leaves, weights, sum_dts, strict=True)
+    ]
 
 
 def _vmap_clipped_sum(
@@ -198,27 +239,36 @@ def _vmap_clipped_sum(
     nan_safe: bool,
     per_layer: bool = False,
 ) -> tuple[Any, jax.Array, jax.Array]:
-    """Materialise per-example gradients with vmap, clip, zero bad/padding rows, contract.
+    """Materialise per-example gradients with vmap, clip (certified), zero bad rows, contract.
 
     Returns:
         ``(clipped_sum, per_example_norms, num_nonfinite)``.
     """
     grads = _per_example_grads(loss_fn, params, batch)
-    dtype = _norm_dtype(grads)
+    # one stored value: the norms and the sum must read the same gradients (XLA may recompute
+    # a producer in each consumer's fusion with excess precision in bf16/fp16)
+    grads = jax.lax.optimization_barrier(grads)
+    wide = _certified.wide_dtype()
     leaves, treedef = jax.tree.flatten(grads)
-    leaf_sq = [jnp.sum(jnp.square(x.astype(dtype)), axis=tuple(range(1, x.ndim))) for x in leaves]
-    norms = jnp.sqrt(sum(leaf_sq, jnp.zeros(mask.shape, dtype)))
-    finite = jnp.isfinite(norms)
+    parts = [_certified.row_sq_norms(x, wide) for x in leaves]
+    norms = jnp.sqrt(sum((p[0] for p in parts[1:]), parts[0][0]))
+    upper = _certified.combine_norms([p[1] for p in parts])
+    sum_dts = [_certified.sum_dtype(x.dtype) for x in leaves]
+    eta = _certified.shrink(wide, sum_dts, [_certified.output_dtype(x.dtype) for x in leaves])
+    finite = jnp.isfinite(upper)
     keep = mask & finite if nan_safe else mask
-    grads = _zero_rows(grads, keep)
+    leaves = jax.tree.leaves(_zero_rows(grads, keep))
     if per_layer:
         clip_norms = treedef.flatten_up_to(l2_clip_norm)
-        scales = [_clip_scale(jnp.sqrt(s), c) for s, c in zip(leaf_sq, clip_norms, strict=True)]
+        scales = [
+            _certified.certified_scale(_certified.sqrt_up(p[1]), c, eta)
+            for p, c in zip(parts, clip_norms, strict=True)
+        ]
     else:
-        scales = [_clip_scale(norms, l2_clip_norm)] * len(leaves)
+        scales = [_certified.certified_scale(upper, l2_clip_norm, eta)] * len(leaves)
     weights = [jnp.where(keep, s, jnp.zeros((), s.dtype)) for s in scales]
-    clipped_sum = _weighted_row_sum(grads, jax.tree.unflatten(treedef, weights))
-    norms = jnp.where(mask, norms, jnp.zeros((), dtype))
+    clipped_sum = jax.tree.unflatten(treedef, _weighted_row_sum(leaves, weights, sum_dts))
+    norms = jnp.where(mask, norms, jnp.zeros((), wide))
     num_nonfinite = jnp.sum(mask & ~finite, dtype=jnp.int32)
     return clipped_sum, norms, num_nonfinite
 
@@ -313,6 +363,7 @@ class ClippedGrad:
         self.method = method
         self.nan_safe = nan_safe
         self.l2_norm_bound = _norm_bound(l2_clip_norm, per_layer)
+        self._jitted = jax.jit(self._call_impl)
 
     def sensitivity(self, relation: NeighbouringRelation | str = ADD_OR_REMOVE_ONE) -> float:
         """ℓ2 sensitivity of the clipped sum: C under add/remove-one, 2C under replace-one.
@@ -355,10 +406,23 @@ class ClippedGrad:
         return core
 
     def __call__(self, params: Any, *batch: Any, mask: Any = None) -> tuple[Any, ClippingInfo]:
-        """Clipped per-example gradient sum over ``batch`` (rows with ``mask`` False excluded)."""
+        """Clipped per-example gradient sum over ``batch`` (rows with ``mask`` False excluded).
+
+        A batch of zero rows returns a zero sum (same structure as ``params``).
+        """
         batch_size = _batch_size(batch)
         mask = _check_mask(mask, batch_size)
+        if batch_size == 0:
+            zeros = jax.tree.map(_zeros_sum, params)
+            norms = jnp.zeros((0,), _certified.wide_dtype())
+            zero = jnp.zeros((), jnp.int32)
+            return zeros, ClippingInfo(norms, zero, zero)
         _check_scalar_loss(self.loss_fn, params, batch)
+        return self._jitted(params, batch, mask)
+
+    def _call_impl(self, params: Any, batch: tuple, mask: jax.Array) -> tuple[Any, ClippingInfo]:
+        """The traced body of ``__call__`` (jitted once per instance: eager calls reuse it)."""
+        batch_size = mask.shape[0]
         core = self._core(self._clip_norms_for(params))
         if self.microbatch_size is None or self.microbatch_size >= batch_size:
             clipped_sum, norms, bad = core(params, batch, mask)
@@ -376,6 +440,11 @@ class ClippedGrad:
             f"ClippedGrad(l2_clip_norm={self.l2_clip_norm!r}, per_layer={self.per_layer}, "
             f"microbatch_size={self.microbatch_size}, method={self.method!r})"
         )
+
+
+def _zeros_sum(p: Any) -> jax.Array:
+    """The clipped sum of an empty batch for parameter ``p``."""
+    return jnp.zeros(jnp.shape(p), _certified.output_dtype(jnp.result_type(p)))
 
 
 def _norm_bound(l2_clip_norm: Any, per_layer: bool) -> float:
@@ -418,13 +487,14 @@ def clipped_grad(
         method: "vmap" (materialise per-example grads), "ghost" (``dpjax.ghost``: norms without
             per-example grads, for supported dense models), "auto" (ghost if it supports the
             loss, else vmap).
-        nan_safe: zero (and count) examples whose gradient is NaN/inf; never release them.
+        nan_safe: zero (and count) examples whose certified norm bound is NaN/inf (a NaN/inf
+            gradient entry, or a squared norm overflowing the wide dtype); never release them.
 
     Returns:
         A :class:`ClippedGrad` ``grad_fn``; ``grad_fn(params, *batch, mask=None)`` returns
         ``(clipped_sum, ClippingInfo)``, every batch argument having leading axis B and ``mask``
-        an optional bool (B,) marking real rows. ``grad_fn.sensitivity(relation)`` is the ℓ2
-        sensitivity of ``clipped_sum``.
+        an optional bool (B,) marking real rows. A batch of B = 0 rows gives a zero sum.
+        ``grad_fn.sensitivity(relation)`` is the ℓ2 sensitivity of ``clipped_sum``.
 
     Raises:
         ValueError: non-positive C, unknown method, batch arguments without a shared leading
@@ -432,9 +502,10 @@ def clipped_grad(
 
     Formal guarantees:
         One example changes ``clipped_sum`` by at most C in ℓ2 (add/remove-one; 2C replace-one),
-        whatever its data, including NaN-producing data (zeroed when ``nan_safe``). Padding rows
-        (mask False) contribute exactly 0. See the module docstring (003_eb46ba05ef56608d.txt,
-        DP-GD with clipping; Abadi et al. 2016).
+        whatever its data, including NaN-producing data (zeroed when ``nan_safe``), with the
+        clip factor taken from a certified upper bound of its norm (rounding included). Padding
+        rows (mask False) contribute exactly 0. See the module docstring (lecture on machine
+        learning under DP, DP-GD with per-example clipping; Abadi et al. 2016, §3.1).
 
     Example:
         >>> import jax.numpy as jnp

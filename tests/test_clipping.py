@@ -221,3 +221,99 @@ def test_vmap_over_datasets(data):
     diff = np.linalg.norm(flat(jax.tree.map(lambda s: s[0] - s[1], sums)))
     assert diff <= 2.0 * (1 + 1e-12)  # replace-one sensitivity 2C
     assert info.per_example_norms.shape == (2, X.shape[0])
+
+
+# ----------------------------------------------------------------------------- certified clipping
+
+
+def contribution_norm(tree):
+    """ℓ2 norm of a returned sum, measured in float64 NumPy (the sum of a batch of one)."""
+    return float(
+        np.sqrt(sum(np.sum(np.asarray(x, np.float64) ** 2) for x in jax.tree.leaves(tree)))
+    )
+
+
+def int_feature_loss(w, x, y):
+    dims = (((0,), (0,)), ((), ()))
+    h = jax.lax.dot_general(x, w, dims, preferred_element_type=w.dtype)  # int x, float w
+    return 0.5 * (h - y) ** 2
+
+
+@pytest.mark.parametrize("method", ["vmap", "ghost", "auto"])
+@pytest.mark.parametrize("int_dtype", [jnp.int32, jnp.int64])
+def test_integer_features_are_clipped(method, int_dtype):
+    """Finding 1: int activations made ‖a‖²‖g‖² = 2³² wrap to 0 (contribution 65536 C)."""
+    grad_fn = dpjax.clipped_grad(int_feature_loss, l2_clip_norm=1.0, method=method)
+    for w_dtype in (jnp.float32, jnp.float64):
+        w = jnp.ones(1, w_dtype)
+        s, info = grad_fn(w, jnp.array([[256]], int_dtype), jnp.zeros(1, w_dtype))
+        norm = contribution_norm(s)
+        assert 0.999 <= norm <= 1.0 + 1e-6, (method, w_dtype, norm)
+        np.testing.assert_allclose(np.asarray(info.per_example_norms), [65536.0], rtol=1e-6)
+        assert int(info.num_clipped) == 1
+        # fractional gradients are not truncated: exact sum 0.5·256·... with a small residual
+        s, _ = grad_fn(w, jnp.array([[1], [2]], int_dtype), jnp.array([0.75, 1.5], w_dtype))
+        np.testing.assert_allclose(np.asarray(s, np.float64), [0.25 + 1.0], rtol=1e-6)
+
+
+LOW_PRECISION = [jnp.bfloat16, jnp.float16]
+
+
+@pytest.mark.parametrize("method", ["vmap", "ghost"])
+@pytest.mark.parametrize("dtype", LOW_PRECISION)
+def test_low_precision_contribution_is_at_most_c(key, method, dtype):
+    """Finding 5: bf16/fp16 factors and products rounded up (1.0033 C for bf16 on main)."""
+    kw, kx = jax.random.split(key)
+    d = 64
+    w = jax.random.normal(kw, (d, 3), jnp.float32).astype(dtype)
+    xs = jax.random.normal(kx, (40, d), jnp.float32).astype(dtype)
+
+    def loss(w, x):
+        return jnp.sum(jnp.sin(x @ w))
+
+    grad_fn = jax.jit(dpjax.clipped_grad(loss, l2_clip_norm=1.0, method=method))
+    norms = [contribution_norm(grad_fn(w, 10.0 * xs[i : i + 1])[0]) for i in range(20)]
+    assert max(norms) <= 1.0 + 1e-6, max(norms)
+    assert min(norms) >= 0.999  # every example is clipped and the shrink is ≤ 0.1%
+
+
+@pytest.mark.parametrize("method", ["vmap", "ghost", "auto"])
+@pytest.mark.parametrize("microbatch_size", [None, 3])
+def test_empty_batch_returns_a_zero_sum(data, method, microbatch_size):
+    """Finding 8: a (0, d) batch raised ZeroDivisionError with method="auto"."""
+    params, X, Y = data
+    grad_fn = dpjax.clipped_grad(
+        linreg_loss, l2_clip_norm=1.0, method=method, microbatch_size=microbatch_size
+    )
+    s, info = grad_fn(params, X[:0], Y[:0])
+    assert jax.tree.structure(s) == jax.tree.structure(params)
+    assert all(np.all(np.asarray(v) == 0.0) for v in jax.tree.leaves(s))
+    assert info.per_example_norms.shape == (0,)
+    assert int(info.num_nonfinite) == 0 and int(info.num_clipped) == 0
+
+
+def test_clip_pytree_low_precision_is_at_most_c():
+    tree = {"a": jnp.full((300,), 0.7, jnp.bfloat16), "b": jnp.full((5,), 3.0, jnp.float16)}
+    clipped, norm = clip_pytree(tree, 1.0)
+    assert clipped["a"].dtype == jnp.bfloat16 and clipped["b"].dtype == jnp.float16
+    assert 0.99 <= contribution_norm(clipped) <= 1.0 + 1e-6
+    np.testing.assert_allclose(float(norm), np.sqrt(300 * 0.69921875**2 + 45.0), rtol=1e-12)
+
+
+@pytest.mark.parametrize("method", ["vmap", "ghost"])
+def test_low_precision_sum_is_returned_wide_for_add_remove(key, method):
+    """bf16 params: a sum rounded to bf16 moves by ≈ 2⁻⁹‖S‖ between neighbours, so it is float32."""
+    kw, kx = jax.random.split(key)
+    w = jax.random.normal(kw, (16, 4), jnp.float32).astype(jnp.bfloat16)
+    xs = (3.0 * jax.random.normal(kx, (8, 16), jnp.float32)).astype(jnp.bfloat16)
+
+    def loss(w, x):
+        return jnp.sum(jnp.sin(x @ w))
+
+    grad_fn = jax.jit(dpjax.clipped_grad(loss, l2_clip_norm=1.0, method=method))
+    full, _ = grad_fn(w, xs)
+    assert full.dtype == jnp.float32
+    for row in range(8):
+        rest, _ = grad_fn(w, jnp.delete(xs, row, axis=0))
+        diff = np.asarray(full, np.float64) - np.asarray(rest, np.float64)
+        assert np.linalg.norm(diff) <= 1.0 + 1e-6

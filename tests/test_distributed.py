@@ -122,3 +122,13 @@ def test_data_parallel_validates(data):
     grad_fn = dpjax.clipped_grad(loss, l2_clip_norm=1.0)
     with pytest.raises(ValueError, match="axis_name"):
         dpjax.data_parallel(grad_fn, mesh=jax.make_mesh((4,), ("x",)), axis_name="batch")
+
+
+@pytest.mark.parametrize("method", ["vmap", "auto"])
+def test_empty_batch_gives_a_zero_sum(data, method):
+    """A (0, d) batch (finding 8: method="auto" raised ZeroDivisionError) sums to zero."""
+    params, X, Y = data
+    sharded = dpjax.data_parallel(dpjax.clipped_grad(loss, l2_clip_norm=0.5, method=method))
+    s, info = sharded(params, X[:0], Y[:0])
+    assert all(np.all(np.asarray(v) == 0.0) for v in jax.tree.leaves(s))
+    assert info.per_example_norms.shape == (0,) and int(info.num_nonfinite) == 0

@@ -1,0 +1,490 @@
+"""Attack harness for per-example clipping: targets, input patterns, contributions, searches.
+
+The claim under attack (``dpjax.clipped_grad``): for methods "vmap", "ghost" and "auto", every
+example changes the returned clipped SUM by a vector of ℓ2 norm ≤ C·(1 + 1e-6), whatever its data
+(int, bf16, fp16, f32, f64 inputs; NaN/inf included) and whatever the layer kind.
+
+An example's contribution is measured on what the library returns, never on its reported norms:
+
+* batch of one: ``‖S({x})‖`` (:func:`contribution`);
+* add/remove: ``‖S(D) − S(D \\ {x})‖`` with the same params (:func:`add_remove_difference`).
+
+Both norms are evaluated in float64 NumPy from the returned arrays (a bf16 sum is widened exactly).
+The searches (random, then a finite-difference / SPSA ascent from the best random points) use fixed
+NumPy seeds and only jitted library calls, so every number they report is reproducible.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+import dpjax
+
+C = 1.0
+TOLERANCE = 1e-6  # the claim: contribution ≤ C·(1 + 1e-6)
+METHODS = ("vmap", "ghost", "auto")
+DTYPES = {
+    "f64": jnp.float64,
+    "f32": jnp.float32,
+    "bf16": jnp.bfloat16,
+    "f16": jnp.float16,
+    "i32": jnp.int32,
+    "i64": jnp.int64,
+}
+PATTERNS = (
+    "normal",
+    "alternating",
+    "alternating_all",
+    "near_cancel",
+    "constant",
+    "spike",
+    "signs",
+)
+
+
+# ----------------------------------------------------------------------------- measurement
+
+
+def _float64(x: Any) -> np.ndarray:
+    return np.asarray(jnp.asarray(x, jnp.float64))
+
+
+def tree_norm64(tree: Any) -> float:
+    """ℓ2 norm of a whole pytree, every leaf widened to float64 (NaN/inf propagate)."""
+    leaves = [_float64(x) for x in jax.tree.leaves(tree)]
+    return float(np.sqrt(sum(float(np.sum(x * x)) for x in leaves)))
+
+
+def tree_finite(tree: Any) -> bool:
+    """Whether every entry of every leaf is finite."""
+    return all(bool(np.all(np.isfinite(np.asarray(x, np.float64)))) for x in jax.tree.leaves(tree))
+
+
+def tree_diff64(a: Any, b: Any) -> Any:
+    """Leafwise a − b in float64 NumPy."""
+    return jax.tree.map(lambda u, v: _float64(u) - _float64(v), a, b)
+
+
+def bound(clip: float = C) -> float:
+    """The largest contribution the claim allows."""
+    return clip * (1.0 + TOLERANCE)
+
+
+# ----------------------------------------------------------------------------- targets
+
+
+@dataclasses.dataclass(frozen=True, eq=False)  # hashed by identity (the params are a dict)
+class Target:
+    """A per-example loss ``loss_fn(params, x, y)`` with ``x: (T, K)`` of ``input_dtype``."""
+
+    name: str
+    loss_fn: Callable
+    params: Any
+    x_shape: tuple[int, int]
+    input_dtype: Any
+    out_dtype: Any  # dtype of the target y (the model's output dtype)
+
+
+def _out_dtype(x_dtype: Any, p_dtype: Any) -> Any:
+    """The dtype ``jnp.dot(x, w)`` has under standard promotion (int features take w's dtype)."""
+    x_dtype, p_dtype = jnp.dtype(x_dtype), jnp.dtype(p_dtype)
+    if jnp.issubdtype(x_dtype, jnp.integer) or x_dtype == p_dtype:
+        return p_dtype
+    if x_dtype.itemsize == p_dtype.itemsize:  # bf16 with fp16
+        return jnp.dtype(jnp.float32)
+    return max(x_dtype, p_dtype, key=lambda d: d.itemsize)
+
+
+def mixed_dot(x: jax.Array, w: jax.Array) -> jax.Array:
+    """``x @ w`` over x's last and w's first axis, exactly as ``jnp.dot`` under standard promotion.
+
+    ``jnp.dot(int32_x, float32_w)`` traces to ONE ``dot_general`` with an integer operand and
+    ``preferred_element_type=float32`` (no cast of x); this builds that jaxpr under strict
+    promotion, so the ghost path sees integer or low-precision activations as users' code makes.
+    """
+    dims = (((x.ndim - 1,), (0,)), ((), ()))
+    return jax.lax.dot_general(x, w, dims, preferred_element_type=_out_dtype(x.dtype, w.dtype))
+
+
+def _squared(out: jax.Array, y: jax.Array) -> jax.Array:
+    return 0.5 * (out - y.astype(out.dtype)) ** 2
+
+
+def _init(key: jax.Array, shapes: dict, dtype: Any, scale: float = 0.3) -> dict:
+    keys = jax.random.split(key, len(shapes))
+    return {
+        name: (scale * jax.random.normal(k, shape, jnp.float64)).astype(dtype)
+        for k, (name, shape) in zip(keys, sorted(shapes.items()), strict=True)
+    }
+
+
+def dense_target(p_dtype: Any, x_dtype: Any, k: int = 16, n: int = 8) -> Target:
+    """Dense ``x @ W + b`` (T = 1), then a linear head: plain pytree, ‖a‖²‖g‖² in ghost."""
+    params = _init(jax.random.key(1), {"w": (k, n), "b": (n,), "head": (n,)}, p_dtype)
+
+    def loss(p, x, y):
+        h = mixed_dot(x, p["w"])
+        h = h + p["b"].astype(h.dtype)
+        return _squared(jnp.sum(mixed_dot(h, p["head"].astype(h.dtype))), y)
+
+    return Target("dense", loss, params, (1, k), x_dtype, _out_dtype(x_dtype, p_dtype))
+
+
+def sequence_target(p_dtype: Any, x_dtype: Any, t: int = 8, width: int = 128) -> Target:
+    """A width×width Dense at T positions, mean-pooled, linear head (K·N > 8192: Gram trick)."""
+    params = _init(jax.random.key(2), {"w": (width, width), "head": (width,)}, p_dtype, 0.1)
+
+    def loss(p, x, y):
+        h = jnp.mean(mixed_dot(x, p["w"]), axis=0)
+        return _squared(mixed_dot(h, p["head"].astype(h.dtype)), y)
+
+    return Target(f"seq{t}", loss, params, (t, width), x_dtype, _out_dtype(x_dtype, p_dtype))
+
+
+def small_sequence_target(p_dtype: Any, x_dtype: Any, t: int = 8) -> Target:
+    """A 16×8 Dense at T positions (K·N ≤ 8192: per-example layer gradients materialised)."""
+    params = _init(jax.random.key(3), {"w": (16, 8), "head": (8,)}, p_dtype)
+
+    def loss(p, x, y):
+        h = jnp.mean(jnp.tanh(mixed_dot(x, p["w"])), axis=0)
+        return _squared(mixed_dot(h, p["head"].astype(h.dtype)), y)
+
+    return Target(f"smallseq{t}", loss, params, (t, 16), x_dtype, _out_dtype(x_dtype, p_dtype))
+
+
+def shared_target(p_dtype: Any, x_dtype: Any, t: int = 4, k: int = 16) -> Target:
+    """The same square W used twice (tied weight: vmap fallback inside ghost)."""
+    params = _init(jax.random.key(4), {"w": (k, k), "head": (k,)}, p_dtype)
+
+    def loss(p, x, y):
+        h = mixed_dot(x, p["w"])
+        h = mixed_dot(jnp.tanh(h), p["w"].astype(h.dtype))
+        return _squared(mixed_dot(jnp.mean(h, axis=0), p["head"].astype(h.dtype)), y)
+
+    return Target("shared", loss, params, (t, k), x_dtype, _out_dtype(x_dtype, p_dtype))
+
+
+def lax_conv_target(p_dtype: Any, x_dtype: Any, length: int = 12, channels: int = 3) -> Target:
+    """``lax.conv_general_dilated`` (NCH), kernel 4×3×3, mean-pooled, linear head."""
+    params = _init(jax.random.key(5), {"k": (4, channels, 3), "head": (4,)}, p_dtype)
+    out_dtype = _out_dtype(x_dtype, p_dtype)
+
+    def loss(p, x, y):
+        lhs = jnp.transpose(x)[None].astype(out_dtype)  # (1, C, L)
+        out = jax.lax.conv_general_dilated(lhs, p["k"].astype(out_dtype), (1,), "SAME")
+        return _squared(mixed_dot(jnp.mean(out[0], axis=1), p["head"].astype(out_dtype)), y)
+
+    return Target("lax_conv", loss, params, (length, channels), x_dtype, out_dtype)
+
+
+def conv_gram_target(p_dtype: Any, x_dtype: Any, length: int = 12, channels: int = 64) -> Target:
+    """A wide 1-D convolution (K = 64·3, N = 64: K·N > 8192, Gram trick over T = L positions)."""
+    params = _init(jax.random.key(7), {"k": (64, channels, 3), "head": (64,)}, p_dtype, 0.05)
+    out_dtype = _out_dtype(x_dtype, p_dtype)
+
+    def loss(p, x, y):
+        lhs = jnp.transpose(x)[None].astype(out_dtype)  # (1, C, L)
+        out = jax.lax.conv_general_dilated(lhs, p["k"].astype(out_dtype), (1,), "SAME")
+        return _squared(mixed_dot(jnp.mean(out[0], axis=1), p["head"].astype(out_dtype)), y)
+
+    return Target("conv_gram", loss, params, (length, channels), x_dtype, out_dtype)
+
+
+class _LinenMLP(nn.Module):
+    """Dense(16) → relu → Dense(1); ``compute_dtype`` ≠ ``dtype`` is mixed precision."""
+
+    dtype: Any
+    compute_dtype: Any = None
+
+    @nn.compact
+    def __call__(self, x):
+        kw = dict(dtype=self.compute_dtype or self.dtype, param_dtype=self.dtype)
+        h = nn.relu(nn.Dense(16, **kw)(x))
+        return nn.Dense(1, **kw)(jnp.mean(h, axis=0))[0]
+
+
+class _LinenConv(nn.Module):
+    dtype: Any
+
+    @nn.compact
+    def __call__(self, x):
+        h = nn.Conv(4, (3,), dtype=self.dtype, param_dtype=self.dtype)(x[None])[0]
+        return nn.Dense(1, dtype=self.dtype, param_dtype=self.dtype)(jnp.mean(h, axis=0))[0]
+
+
+class _LinenSequence(nn.Module):
+    """flax Dense(width) at every position, mean-pooled, Dense(1) head (Gram trick in ghost)."""
+
+    dtype: Any
+    width: int = 128
+
+    @nn.compact
+    def __call__(self, x):
+        kw = dict(dtype=self.dtype, param_dtype=self.dtype)
+        h = nn.Dense(self.width, **kw)(x)
+        return nn.Dense(1, **kw)(jnp.mean(h, axis=0))[0]
+
+
+class _LinenNormEmbed(nn.Module):
+    """Dense + bias, a LayerNorm and a learned position embedding (vmap fallback in ghost)."""
+
+    dtype: Any
+
+    @nn.compact
+    def __call__(self, x):
+        kw = dict(dtype=self.dtype, param_dtype=self.dtype)
+        pos = nn.Embed(x.shape[0], x.shape[1], **kw)(jnp.arange(x.shape[0]))
+        h = nn.LayerNorm(**kw)(nn.Dense(8, **kw)(x + pos))
+        return nn.Dense(1, **kw)(jnp.mean(h, axis=0))[0]
+
+
+def _linen_params(module: nn.Module, x_shape: tuple[int, int], dtype: Any = jnp.float32) -> Any:
+    return module.init(jax.random.key(6), jnp.zeros(x_shape, dtype))["params"]
+
+
+def _linen_target(name: str, module: nn.Module, dtype: Any, x_shape: tuple[int, int]) -> Target:
+    params = _linen_params(module, x_shape, dtype)
+
+    def loss(p, x, y):
+        return _squared(module.apply({"params": p}, x), y)
+
+    return Target(name, loss, params, x_shape, dtype, dtype)
+
+
+def nnx_target(dtype: Any) -> Target:
+    """flax nnx Linear → relu → Linear, through ``nnx.split``/``nnx.merge``."""
+    kw = dict(dtype=dtype, param_dtype=dtype)
+    model = nnx.Sequential(
+        nnx.Linear(16, 8, rngs=nnx.Rngs(0), **kw),
+        nnx.relu,
+        nnx.Linear(8, 1, rngs=nnx.Rngs(1), **kw),
+    )
+    graphdef, params = nnx.split(model, nnx.Param)
+
+    def loss(p, x, y):
+        return _squared(jnp.sum(nnx.merge(graphdef, p)(x)), y)
+
+    return Target("nnx_linear", loss, params, (1, 16), dtype, dtype)
+
+
+@functools.cache
+def make_target(kind: str, p_dtype: str, x_dtype: str) -> Target:
+    """A target by name; flax targets need ``p_dtype == x_dtype`` (flax promotes, we do not)."""
+    pd, xd = DTYPES[p_dtype], DTYPES[x_dtype]
+    plain = {
+        "dense": dense_target,
+        "seq8": lambda a, b: sequence_target(a, b, 8),
+        "seq16": lambda a, b: sequence_target(a, b, 16),
+        "seq32": lambda a, b: sequence_target(a, b, 32),
+        "seq64": lambda a, b: sequence_target(a, b, 64),
+        "smallseq": small_sequence_target,
+        "shared": shared_target,
+        "lax_conv": lax_conv_target,
+        "conv_gram": conv_gram_target,
+    }
+    if kind in plain:
+        return plain[kind](pd, xd)
+    assert p_dtype == x_dtype, "flax targets take inputs of the parameter dtype"
+    if kind == "linen_mlp":
+        return _linen_target(kind, _LinenMLP(pd), pd, (1, 16))
+    if kind.startswith("linen_mixed_"):  # float32 params, computation in p_dtype (bf16/fp16)
+        compute = DTYPES[kind.removeprefix("linen_mixed_")]
+        target = _linen_target(kind, _LinenMLP(jnp.float32, compute), compute, (1, 16))
+        return dataclasses.replace(target, params=_linen_params(_LinenMLP(jnp.float32), (1, 16)))
+    if kind.startswith("linen_seq"):
+        t = int(kind.removeprefix("linen_seq"))
+        return _linen_target(kind, _LinenSequence(pd), pd, (t, 128))
+    if kind == "linen_conv":
+        return _linen_target(kind, _LinenConv(pd), pd, (10, 3))
+    if kind == "linen_norm_embed":
+        # flax's LayerNorm promotes its statistics with float32 (strict promotion refuses bf16)
+        assert p_dtype in ("f32", "f64"), "LayerNorm under strict promotion: f32/f64 only"
+        return _linen_target(kind, _LinenNormEmbed(pd), pd, (6, 12))
+    if kind == "nnx_linear":
+        return nnx_target(pd)
+    raise ValueError(f"unknown target kind {kind!r}")
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+def pattern(rng: np.random.Generator, name: str, shape: tuple[int, int], mag: float) -> np.ndarray:
+    """One example's features (float64), ``shape = (T, K)``, of magnitude ``mag``.
+
+    * normal: i.i.d. N(0, mag²);
+    * alternating: feature 0 is +mag, −mag, +mag, ... across positions, others N(0, 1) (issue 12);
+    * alternating_all: every feature alternates ±mag across positions (random sign per feature);
+    * near_cancel: positions in pairs v, −v(1 + ε), ε in 1e-7…1e-2, so Σ_t x_t nearly cancels;
+    * constant: the same vector at every position;
+    * spike: one entry ±mag, the rest N(0, 1e-6);
+    * signs: independent ±mag.
+    """
+    t, k = shape
+    alt = (-1.0) ** np.arange(t)[:, None]
+    if name == "normal":
+        return mag * rng.standard_normal(shape)
+    if name == "alternating":
+        x = rng.standard_normal(shape)
+        x[:, 0] = mag * alt[:, 0]
+        return x
+    if name == "alternating_all":
+        return mag * alt * rng.choice([-1.0, 1.0], size=(1, k))
+    if name == "near_cancel":
+        v = mag * rng.standard_normal((1, k))
+        eps = 10.0 ** rng.uniform(-7, -2, size=(t, 1))
+        return np.where(alt > 0, v, -v * (1.0 + eps)) + 1e-3 * rng.standard_normal(shape)
+    if name == "constant":
+        return np.repeat(mag * rng.standard_normal((1, k)), t, axis=0)
+    if name == "spike":
+        x = 1e-6 * rng.standard_normal(shape)
+        x[rng.integers(t), rng.integers(k)] = mag * rng.choice([-1.0, 1.0])
+        return x
+    if name == "signs":
+        return mag * rng.choice([-1.0, 1.0], size=shape)
+    raise ValueError(f"unknown pattern {name!r}")
+
+
+def as_input(x: np.ndarray, dtype: Any) -> jax.Array:
+    """Cast float64 features to the input dtype (integers: rounded and clipped to the range)."""
+    if jnp.issubdtype(dtype, jnp.integer):
+        info = np.iinfo(np.dtype(dtype))
+        x = np.clip(np.rint(x), info.min, info.max)
+    return jnp.asarray(x, dtype)
+
+
+def random_label(rng: np.random.Generator) -> float:
+    """0, or ±10^U(−3, 6)."""
+    if rng.random() < 0.2:
+        return 0.0
+    return float(rng.choice([-1.0, 1.0]) * 10.0 ** rng.uniform(-3, 6))
+
+
+# ----------------------------------------------------------------------------- library calls
+
+
+@functools.cache
+def jitted_grad_fn(
+    target: Target, method: str, clip: float = C, microbatch_size: int | None = None
+) -> Callable:
+    """The library's ``clipped_grad`` for ``target``, jitted: ``f(params, x, y) -> (sum, info)``."""
+    grad_fn = dpjax.clipped_grad(
+        target.loss_fn, l2_clip_norm=clip, method=method, microbatch_size=microbatch_size
+    )
+    return jax.jit(lambda p, x, y: grad_fn(p, x, y))
+
+
+@dataclasses.dataclass
+class Attack:
+    """The worst point found: contribution (float64 norm of the batch-of-one sum) and its input."""
+
+    contribution: float
+    x: np.ndarray | None
+    y: float
+    finite: bool = True
+    evaluations: int = 0
+    origin: str = ""  # pattern and magnitude of the random start
+
+    def violates(self, clip: float = C) -> bool:
+        return (not self.finite) or not (self.contribution <= bound(clip))
+
+
+def evaluator(target: Target, method: str, clip: float = C) -> Callable[[np.ndarray, float], tuple]:
+    """``f(x, y) -> (contribution, finite)`` for a batch of ONE example, measured in float64."""
+    fn = jitted_grad_fn(target, method, clip)
+
+    def evaluate(x: np.ndarray, y: float) -> tuple[float, bool]:
+        xb = as_input(x, target.input_dtype)[None]
+        yb = jnp.asarray([y], target.out_dtype)
+        total, _ = fn(target.params, xb, yb)
+        finite = tree_finite(total)
+        norm = tree_norm64(total)
+        return (norm if np.isfinite(norm) else np.inf), finite
+
+    return evaluate
+
+
+def random_search(
+    evaluate: Callable,
+    shape: tuple[int, int],
+    seed: int,
+    trials: int,
+    patterns: Sequence[str] = PATTERNS,
+    log10_mag: tuple[float, float] = (-3.0, 6.0),
+    keep: int = 3,
+) -> list[Attack]:
+    """``trials`` random (pattern, magnitude, label) points; the ``keep`` worst, worst first."""
+    rng = np.random.default_rng(seed)
+    found = []
+    for i in range(trials):
+        name = patterns[i % len(patterns)]
+        mag = 10.0 ** rng.uniform(*log10_mag)
+        x = pattern(rng, name, shape, mag)
+        y = random_label(rng)
+        norm, finite = evaluate(x, y)
+        found.append(Attack(norm, x, y, finite, 1, f"{name} |x|~{mag:.3g} y={y:.3g}"))
+    found.sort(key=lambda a: (a.finite, -a.contribution))
+    for a in found[:keep]:
+        a.evaluations = trials
+    return found[:keep]
+
+
+def spsa_ascent(
+    evaluate: Callable,
+    start: Attack,
+    seed: int,
+    steps: int,
+    sigma: float = 1e-3,
+) -> Attack:
+    """Finite-difference (SPSA) gradient ascent on the contribution, from ``start``.
+
+    Each step draws a Rademacher direction d and evaluates x·(1 ± σd) (a relative perturbation,
+    which keeps the structure of the pattern, e.g. alternating signs); the two-point difference
+    gives the directional derivative, and x moves along +d or −d by the learning step. The
+    contribution is a rounding-dominated (non-smooth) function of x, so the best point ever
+    evaluated is kept and σ adapts: larger after a gain, smaller after a miss.
+    """
+    rng = np.random.default_rng(seed)
+    best = dataclasses.replace(start)
+    x, y = start.x.copy(), start.y
+    evaluations = 0
+    for _ in range(steps):
+        d = rng.choice([-1.0, 1.0], size=x.shape)
+        plus, minus = x * (1.0 + sigma * d), x * (1.0 - sigma * d)
+        (fp, okp), (fm, okm) = evaluate(plus, y), evaluate(minus, y)
+        evaluations += 2
+        direction = np.sign(fp - fm) if fp != fm else 0.0
+        step = x * (1.0 + 4.0 * sigma * direction * d)
+        fs, oks = evaluate(step, y)
+        evaluations += 1
+        gained = False
+        for f, ok, cand in ((fp, okp, plus), (fm, okm, minus), (fs, oks, step)):
+            if (not ok and best.finite) or f > best.contribution:
+                best = Attack(f, cand, y, ok, 0, start.origin + " +ascent")
+                gained = True
+        x = best.x
+        sigma = min(sigma * 1.5, 0.3) if gained else max(sigma * 0.7, 1e-7)
+    best.evaluations = start.evaluations + evaluations
+    return best
+
+
+def add_remove_difference(fn: Callable, params: Any, x: jax.Array, y: jax.Array, row: int):
+    """``(‖S(D) − S(D \\ {row})‖, S(D) finite)`` with the same params, norm in float64."""
+    full, _ = fn(params, x, y)
+    keep = np.arange(x.shape[0]) != row
+    rest, _ = fn(params, x[keep], y[keep])
+    return tree_norm64(tree_diff64(full, rest)), tree_finite(full)
+
+
+def combos(*axes: Sequence[Any]) -> list[tuple]:
+    """The cross product of the axes, as a list (for parametrize)."""
+    return list(itertools.product(*axes))
