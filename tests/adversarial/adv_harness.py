@@ -244,7 +244,14 @@ class _LinenNormEmbed(nn.Module):
     def __call__(self, x):
         kw = dict(dtype=self.dtype, param_dtype=self.dtype)
         pos = nn.Embed(x.shape[0], x.shape[1], **kw)(jnp.arange(x.shape[0]))
-        h = nn.LayerNorm(**kw)(nn.Dense(8, **kw)(x + pos))
+        z = nn.Dense(8, **kw)(x + pos)
+        # a hand-written layer norm: flax's LayerNorm mixes float32 constants into float64
+        # inputs, which strict dtype promotion refuses
+        scale = self.param("scale", nn.initializers.ones, (8,), self.dtype)
+        bias = self.param("bias", nn.initializers.zeros, (8,), self.dtype)
+        centred = z - jnp.mean(z, axis=-1, keepdims=True)
+        var = jnp.mean(jnp.square(centred), axis=-1, keepdims=True)
+        h = centred * jax.lax.rsqrt(var + jnp.asarray(1e-6, self.dtype)) * scale + bias
         return nn.Dense(1, **kw)(jnp.mean(h, axis=0))[0]
 
 
