@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from dpjax import _validate
 from dpjax.accounting.events import PoissonSampledGaussianEvent
@@ -100,6 +101,14 @@ def dpsgd_epsilon(
     )
 
 
+def _epsilon_or_inf(**kwargs: Any) -> float:
+    """:func:`dpsgd_epsilon`, or inf where the PLD grid is too large (read as over budget)."""
+    try:
+        return dpsgd_epsilon(**kwargs)
+    except PLDGridTooLargeError:
+        return math.inf
+
+
 def calibrate_noise_multiplier(
     *,
     target_epsilon: float,
@@ -151,19 +160,16 @@ def calibrate_noise_multiplier(
 
     @functools.cache
     def eps(sigma: float) -> float:
-        try:
-            return dpsgd_epsilon(
-                noise_multiplier=sigma,
-                sampling_rate=sampling_rate,
-                steps=steps,
-                delta=delta,
-                method=method,
-                relation=relation,
-                value_discretization_interval=value_discretization_interval,
-                orders=orders,
-            )
-        except PLDGridTooLargeError:
-            return math.inf
+        return _epsilon_or_inf(
+            noise_multiplier=sigma,
+            sampling_rate=sampling_rate,
+            steps=steps,
+            delta=delta,
+            method=method,
+            relation=relation,
+            value_discretization_interval=value_discretization_interval,
+            orders=orders,
+        )
 
     # Start near the moments-accountant scale σ ≈ q√(2T ln(1/δ))/ε (Abadi et al. 2016,
     # Theorem 1), so that no evaluation runs at a needlessly small σ (slow, huge ε).
@@ -233,19 +239,16 @@ def max_steps(
     sampling_rate = _validate.probability(sampling_rate, "sampling_rate")
 
     def ok(steps: int) -> bool:
-        try:
-            eps = dpsgd_epsilon(
-                noise_multiplier=noise_multiplier,
-                sampling_rate=sampling_rate,
-                steps=steps,
-                delta=delta,
-                method=method,
-                relation=relation,
-                value_discretization_interval=value_discretization_interval,
-                orders=orders,
-            )
-        except PLDGridTooLargeError:
-            return False
+        eps = _epsilon_or_inf(
+            noise_multiplier=noise_multiplier,
+            sampling_rate=sampling_rate,
+            steps=steps,
+            delta=delta,
+            method=method,
+            relation=relation,
+            value_discretization_interval=value_discretization_interval,
+            orders=orders,
+        )
         return eps <= target_epsilon
 
     if not ok(1):
