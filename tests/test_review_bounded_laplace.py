@@ -77,23 +77,20 @@ def test_float32_outputs_stay_in_range_and_are_finite():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="float noise is porous (Mironov 2012): the exact law of the quantile at the 2^23 "
-    "float32 uniforms has delta(1) = 0.80 (q = 0 vs 1) and 0.44 (q = 5 vs 6); no float sampler "
-    "is exactly pure-eps. Documented in bounded_laplace (guarantee for the real-valued "
-    "mechanism; real releases need non-porous noise); kept as a measurement of porosity.",
-)
 @pytest.mark.parametrize("q, q2", [(LOWER, LOWER + 1.0), (5.0, 6.0)])
-def test_float32_release_is_pure_epsilon_dp(q, q2):
-    # Fails on the reviewed code: δ(1) = 0.80 (q = 0 vs 1) and 0.44 (q = 5 vs 6) where the
-    # documented guarantee is (1, 0)-DP: most float32 outputs of one data set are impossible on
-    # its neighbour (porosity, Mironov 2012).
+def test_float32_quantile_sampler_is_porous(q, q2):
+    # Float noise is porous (Mironov 2012): evaluated at all 2^23 float32 uniforms, the exact
+    # law of the float32 inverse-CDF release is far from pure ε where the real-valued
+    # mechanism is (1, 0)-DP (the reviewed float32-grid sampler had δ(1) = 0.80 and 0.44 on
+    # these pairs; the quantile kept in _truncated_laplace gives 0.60 on the first): most float32
+    # outputs of one data set are impossible on its neighbour. bounded_laplace documents that
+    # its guarantee is for the real-valued mechanism; this pins the measurement behind that
+    # sentence, so it cannot silently become false in either direction unnoticed.
     eps, sensitivity = 1.0, 1.0
     b = M.bounded_laplace_scale(sensitivity=sensitivity, epsilon=eps, lower=LOWER, upper=UPPER)
     law, law2 = exact_law(q, b), exact_law(q2, b)
     delta = max(hockey_stick(law, law2, eps), hockey_stick(law2, law, eps))
-    assert delta <= 1e-9, delta
+    assert delta > 0.1, delta
 
 
 def _restricted_laplace_cdf(q, b, v):
