@@ -19,7 +19,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from jax.extend.random import define_prng_impl
 from scipy import stats
 
 import dpjax
@@ -29,26 +28,8 @@ from tests.helpers import assert_distribution
 ZERO, ONE = 0, 0xFFFFFFFF
 
 
-def _constant_impl(word):
-    def random_bits(key, bit_width, shape):
-        dtype = jnp.dtype(f"uint{bit_width}")
-        return jnp.full(shape, word & int(np.iinfo(dtype).max), dtype)
-
-    return define_prng_impl(
-        key_shape=(1,),
-        seed=lambda seed: jnp.zeros((1,), jnp.uint32),
-        split=lambda key, shape: jnp.zeros((*shape, 1), jnp.uint32),
-        random_bits=random_bits,
-        fold_in=lambda key, data: key,
-        name=f"test_constant_{word:#x}",
-    )
-
-
-IMPLS = {ZERO: _constant_impl(ZERO), ONE: _constant_impl(ONE)}
-
-
 def extreme_key(word):
-    return jax.random.key(0, impl=IMPLS[word])
+    return _random.constant_bits_key(word)
 
 
 def extreme_gaussian_outputs(dtype):
