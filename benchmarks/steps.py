@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from benchmarks.models import Model
 from dpjax._noise import tree_add_noise
-from dpjax.clipping import clipped_grad
+from dpjax.dp_sgd.clipping import clipped_grad
 
 __all__ = ["METHODS", "available_methods", "make_step"]
 

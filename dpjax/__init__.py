@@ -3,50 +3,64 @@
 Sub-packages:
     dpjax.mechanisms  noise mechanisms and their calibrations
     dpjax.accounting  composition theorems, RDP/PLD accounting, calibration
+    dpjax.dp_sgd       DP-SGD parts: samplers, per-example clipping, noise transforms, optimizers
     dpjax.erm         private convex ERM solvers (output/objective perturbation, DP-GD)
     dpjax.auditing    empirical lower bounds on ε
+
+Ground floor: ``dpjax.relation`` (neighbouring relations), ``dpjax.events`` (the privacy events
+that mechanisms, samplers and solvers emit and accountants consume), ``dpjax.typing``.
 
 Security note: JAX's threefry PRNG is fine for research and audits. Releases of real data need
 keys seeded from the OS (``os.urandom``) and non-porous noise; see README "Security".
 """
 
-from dpjax import accounting, auditing, erm, mechanisms
-from dpjax.clipping import ClippedGrad, ClippingInfo, clipped_grad
-from dpjax.distributed import data_parallel
-from dpjax.optimizers import accumulate_clipped_sums, dpsgd, laplace_dpsgd, laplace_dpsgd_event
-from dpjax.relation import ADD_OR_REMOVE_ONE, REPLACE_ONE, NeighbouringRelation
-from dpjax.samplers import (
+from dpjax import accounting, auditing, dp_sgd, erm, events, mechanisms
+from dpjax._version import __version__
+from dpjax.dp_sgd import (
+    ClippedGrad,
+    ClippingInfo,
     PaddedBatch,
     PoissonSampler,
     ShuffledBatchSampler,
     UniformBatchSampler,
+    accumulate_clipped_sums,
+    add_gaussian_noise,
+    add_laplace_dp_sgd_noise,
+    clipped_grad,
+    data_parallel,
+    dp_sgd_optimizer,
+    laplace_dp_sgd_event,
+    laplace_dp_sgd_optimizer,
+    normalize_by,
 )
-from dpjax.transforms import add_gaussian_noise, add_laplace_dpsgd_noise, normalize_by
-
-__version__ = "0.1.0"
+from dpjax.relation import ADD_OR_REMOVE_ONE, REPLACE_ONE, NeighbouringRelation
 
 __all__ = [
+    "__version__",
     "ADD_OR_REMOVE_ONE",
     "REPLACE_ONE",
     "NeighbouringRelation",
     "accounting",
     "auditing",
+    "dp_sgd",
+    "dp_sgd_optimizer",
     "erm",
+    "events",
     "mechanisms",
-    # DP-SGD (issue 4)
+    # DP-SGD (the parts; see dpjax.dp_sgd)
     "ClippedGrad",
     "ClippingInfo",
     "clipped_grad",
+    "dp_sgd_optimizer",
     "data_parallel",
     "accumulate_clipped_sums",
-    "dpsgd",
-    "laplace_dpsgd",
-    "laplace_dpsgd_event",
+    "laplace_dp_sgd_optimizer",
+    "laplace_dp_sgd_event",
     "PaddedBatch",
     "PoissonSampler",
     "ShuffledBatchSampler",
     "UniformBatchSampler",
     "add_gaussian_noise",
-    "add_laplace_dpsgd_noise",
+    "add_laplace_dp_sgd_noise",
     "normalize_by",
 ]

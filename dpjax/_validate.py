@@ -146,17 +146,17 @@ def in_range(
     return x
 
 
-def epsilon(value: Any, name: str = "epsilon") -> float:
+def epsilon(name: str, value: Any) -> float:
     """Privacy parameter ε: must lie in (0, inf); returns it as a ``float``."""
     return positive(name, value)
 
 
-def delta(value: Any, name: str = "delta") -> float:
+def delta(name: str, value: Any) -> float:
     """Privacy parameter δ: must lie in [0, 1); returns it as a ``float``."""
     return in_range(name, value, 0.0, 1.0)
 
 
-def probability(value: Any, name: str, *, allow_zero: bool = False) -> float:
+def probability(name: str, value: Any, *, allow_zero: bool = False) -> float:
     """A probability / sampling rate in (0, 1] (or [0, 1] with ``allow_zero``), as a float."""
     return in_range(name, value, 0.0, 1.0, low_inclusive=allow_zero, high_inclusive=True)
 

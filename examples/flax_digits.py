@@ -10,9 +10,9 @@ The loop is the whole recipe, in the order a reviewer checks it:
 1. ``PoissonSampler`` draws each training example with probability q into a padded batch
    (indices + mask), and gives the ``PoissonSampledGaussianEvent`` its sampling justifies;
 2. ``clipped_grad`` returns the SUM of per-example gradients clipped to ℓ2 norm C;
-3. ``dpsgd`` adds N(0, (σC)²) once, divides by the PUBLIC expected batch size q·n, applies
-   the optimizer;
-4. ε comes from ``dpjax.accounting.dpsgd_epsilon`` for (σ, q, T, δ) — the same numbers as the
+3. ``dp_sgd_optimizer`` adds N(0, (σC)²) once, divides by the PUBLIC expected batch size
+   q·n, applies the optimizer;
+4. ε comes from ``dpjax.accounting.dp_sgd_epsilon`` for (σ, q, T, δ) — the same numbers as the
    event.
 
 Inputs are scaled to [0, 1]; the test split is never touched by training (and ε is about the
@@ -36,7 +36,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 import dpjax  # noqa: E402
-from dpjax.accounting import dpsgd_epsilon  # noqa: E402
+from dpjax.accounting import dp_sgd_epsilon  # noqa: E402
 
 
 class MLP(nn.Module):
@@ -111,7 +111,7 @@ def train(
     init_key, noise_key, sample_key = jax.random.split(jax.random.key(seed), 3)
     params = model.init(init_key, jnp.zeros((1, 64), jnp.float32))["params"]
     grad_fn = dpjax.clipped_grad(make_loss(model), l2_clip_norm=l2_clip_norm)
-    tx = dpjax.dpsgd(
+    tx = dpjax.dp_sgd_optimizer(
         optimizer=optax.sgd(learning_rate, momentum=0.9),
         noise_multiplier=noise_multiplier,
         l2_clip_norm=l2_clip_norm,
@@ -136,7 +136,7 @@ def train(
     seconds = time.perf_counter() - start
 
     event = sampler.event(noise_multiplier=noise_multiplier, steps=steps)
-    epsilon = dpsgd_epsilon(
+    epsilon = dp_sgd_epsilon(
         noise_multiplier=noise_multiplier,
         sampling_rate=sampler.sampling_rate,
         steps=steps,

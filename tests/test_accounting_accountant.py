@@ -131,7 +131,7 @@ def test_replace_one_poisson_event_pld_only():
     with pytest.raises(ValueError, match="replace-one"):
         accountant.epsilon(1e-5, method="rdp")
     assert accountant.epsilon(1e-5) == pytest.approx(
-        acc.dpsgd_epsilon(
+        acc.dp_sgd_epsilon(
             noise_multiplier=1.0,
             sampling_rate=0.05,
             steps=10,

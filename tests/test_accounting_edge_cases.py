@@ -25,7 +25,7 @@ ADD = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
 
 @pytest.mark.parametrize("sigma, steps", [(3.0, 100), (10.0, 1000), (30.0, 50)])
 def test_full_batch_is_the_exact_gaussian_and_matches_dp_accounting_pld(sigma, steps):
-    eps = acc.dpsgd_epsilon(noise_multiplier=sigma, sampling_rate=1.0, steps=steps, delta=1e-5)
+    eps = acc.dp_sgd_epsilon(noise_multiplier=sigma, sampling_rate=1.0, steps=steps, delta=1e-5)
     exact = gaussian_epsilon(sigma=sigma / math.sqrt(steps), sensitivity=1.0, delta=1e-5)
     assert exact <= eps <= exact * (1 + 1e-9)  # an upper bound, tight
     # dp-accounting's own (pessimistic) PLD of T Gaussian releases, at a moderate T.
@@ -38,11 +38,11 @@ def test_full_batch_at_huge_step_counts_answers_fast():
     # Old: PLD grid of μ(μ + 20)/1e-4 points at μ = √T/σ: 21 s at T = 1000, MemoryError at 1e5.
     for steps in (1000, 100_000, 10**8):
         start = time.perf_counter()
-        eps = acc.dpsgd_epsilon(noise_multiplier=1.0, sampling_rate=1.0, steps=steps, delta=1e-5)
+        eps = acc.dp_sgd_epsilon(noise_multiplier=1.0, sampling_rate=1.0, steps=steps, delta=1e-5)
         assert time.perf_counter() - start < 1.0
         exact = gaussian_epsilon(sigma=1.0 / math.sqrt(steps), sensitivity=1.0, delta=1e-5)
         assert eps == pytest.approx(exact, rel=1e-9) and eps >= exact
-    rep = acc.dpsgd_epsilon(
+    rep = acc.dp_sgd_epsilon(
         noise_multiplier=2.0, sampling_rate=1.0, steps=100_000, delta=1e-5, relation="replace_one"
     )
     # replace-one moves the sum by 2C: σ/(2C√T)
@@ -63,7 +63,9 @@ def test_calibration_and_max_steps_agree_with_the_exact_gaussian_at_full_batch()
     # Exact: largest T with ε(σ/√T) ≤ 1, i.e. σ/√T ≥ 3.7306 → T = ⌊(300/3.7306…)²⌋.
     assert gaussian_epsilon(sigma=300.0 / math.sqrt(t_max), sensitivity=1.0, delta=delta) <= 1.0
     assert gaussian_epsilon(sigma=300.0 / math.sqrt(t_max + 1), sensitivity=1.0, delta=delta) > 1.0
-    assert acc.dpsgd_epsilon(steps=t_max, **kw) <= target < acc.dpsgd_epsilon(steps=t_max + 1, **kw)
+    assert (
+        acc.dp_sgd_epsilon(steps=t_max, **kw) <= target < acc.dp_sgd_epsilon(steps=t_max + 1, **kw)
+    )
 
 
 def test_accountant_full_batch_event_uses_the_exact_gaussian():
@@ -128,7 +130,7 @@ def test_large_settings_answer_within_30_seconds():
         start = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", tight.PLDGridCoarsenedWarning)
-            eps = acc.dpsgd_epsilon(delta=1e-5, **kw)
+            eps = acc.dp_sgd_epsilon(delta=1e-5, **kw)
         assert time.perf_counter() - start < 30.0 and math.isfinite(eps)
     start = time.perf_counter()
     with warnings.catch_warnings():
@@ -138,7 +140,7 @@ def test_large_settings_answer_within_30_seconds():
         )
     assert time.perf_counter() - start < 30.0
     assert (
-        acc.dpsgd_epsilon(noise_multiplier=sigma, sampling_rate=0.5, steps=100_000, delta=1e-5)
+        acc.dp_sgd_epsilon(noise_multiplier=sigma, sampling_rate=0.5, steps=100_000, delta=1e-5)
         <= 2.0
     )
 
@@ -149,9 +151,9 @@ def test_coarsened_pld_warns_and_stays_an_upper_bound(monkeypatch):
     monkeypatch.setattr(tight, "MAX_PLD_GRID_POINTS", 2**15)
     event = dict(noise_multiplier=1.0, sampling_rate=0.05, steps=200)
     with pytest.warns(tight.PLDGridCoarsenedWarning, match="coarsened"):
-        coarse = acc.dpsgd_epsilon(delta=1e-5, **event)
+        coarse = acc.dp_sgd_epsilon(delta=1e-5, **event)
     monkeypatch.undo()
-    fine = acc.dpsgd_epsilon(delta=1e-5, **event)
+    fine = acc.dp_sgd_epsilon(delta=1e-5, **event)
     # A valid upper bound is at least dp-accounting's OPTIMISTIC PLD (a lower estimate of the
     # true ε) at the fine grid, and only a little looser than the fine pessimistic one.
     optimistic = pld_lib.from_gaussian_mechanism(
@@ -169,9 +171,9 @@ def test_coarsened_pld_warns_and_stays_an_upper_bound(monkeypatch):
 
 def test_numpy_and_0d_rates_become_python_floats():
     q32 = np.float32(0.01)
-    ref = acc.dpsgd_epsilon(noise_multiplier=1.0, sampling_rate=float(q32), steps=100, delta=1e-5)
+    ref = acc.dp_sgd_epsilon(noise_multiplier=1.0, sampling_rate=float(q32), steps=100, delta=1e-5)
     for rate in (q32, np.asarray(q32), jnp.asarray(0.01, dtype=jnp.float32)):
-        eps = acc.dpsgd_epsilon(noise_multiplier=1.0, sampling_rate=rate, steps=100, delta=1e-5)
+        eps = acc.dp_sgd_epsilon(noise_multiplier=1.0, sampling_rate=rate, steps=100, delta=1e-5)
         assert eps == ref  # bit-identical: no float32 arithmetic reached dp-accounting
         event = acc.PoissonSampledGaussianEvent(noise_multiplier=1.0, sampling_rate=rate)
         assert type(event.sampling_rate) is float and event.sampling_rate == float(q32)
@@ -189,14 +191,14 @@ def test_numpy_and_0d_rates_become_python_floats():
 @pytest.mark.parametrize("bad", [True, "0.01", np.ones(2)])
 def test_bool_str_and_arrays_are_refused_by_name(bad):
     with pytest.raises(ValueError, match="sampling_rate"):
-        acc.dpsgd_epsilon(noise_multiplier=1.0, sampling_rate=bad, steps=10, delta=1e-5)
+        acc.dp_sgd_epsilon(noise_multiplier=1.0, sampling_rate=bad, steps=10, delta=1e-5)
     with pytest.raises(ValueError, match="noise_multiplier"):
         acc.PoissonSampledGaussianEvent(noise_multiplier=bad, sampling_rate=0.1)
 
 
 def test_tracers_are_refused_by_name():
     def eps(q):
-        return acc.dpsgd_epsilon(noise_multiplier=1.0, sampling_rate=q, steps=10, delta=1e-5)
+        return acc.dp_sgd_epsilon(noise_multiplier=1.0, sampling_rate=q, steps=10, delta=1e-5)
 
     with pytest.raises(TypeError, match="sampling_rate.*public constants"):
         jax.jit(eps)(0.1)

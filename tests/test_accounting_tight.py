@@ -27,13 +27,13 @@ def _direct(accountant, q, sigma, steps, delta):
 @pytest.mark.parametrize(("q", "sigma", "steps"), [(0.01, 1.0, 200), (0.1, 2.0, 50)])
 def test_pld_and_rdp_match_dp_accounting_called_directly(q, sigma, steps):
     delta = 1e-5
-    ours_pld = acc.dpsgd_epsilon(
+    ours_pld = acc.dp_sgd_epsilon(
         noise_multiplier=sigma, sampling_rate=q, steps=steps, delta=delta, method="pld"
     )
     direct_pld = _direct(pld.PLDAccountant(ADD, 1e-4), q, sigma, steps, delta)
     assert ours_pld == pytest.approx(direct_pld, rel=1e-9)
     orders = list(acc.DEFAULT_RDP_ORDERS)
-    ours_rdp = acc.dpsgd_epsilon(
+    ours_rdp = acc.dp_sgd_epsilon(
         noise_multiplier=sigma, sampling_rate=q, steps=steps, delta=delta, method="rdp"
     )
     direct_rdp = _direct(rdp.RdpAccountant(orders, ADD), q, sigma, steps, delta)
@@ -44,8 +44,8 @@ def test_pld_never_looser_than_rdp_on_a_grid():
     ratios = []
     for q, sigma, steps in [(0.01, 0.8, 100), (0.05, 1.5, 100), (1.0, 5.0, 10), (0.2, 3.0, 20)]:
         kw = dict(noise_multiplier=sigma, sampling_rate=q, steps=steps, delta=1e-5)
-        e_pld = acc.dpsgd_epsilon(method="pld", **kw)
-        e_rdp = acc.dpsgd_epsilon(method="rdp", **kw)
+        e_pld = acc.dp_sgd_epsilon(method="pld", **kw)
+        e_rdp = acc.dp_sgd_epsilon(method="rdp", **kw)
         assert e_pld <= e_rdp
         ratios.append(e_rdp / e_pld)
     # RDP is looser by a modest factor in this regime (issue 3 measured median 1.11–1.14).
@@ -57,10 +57,10 @@ def test_full_batch_equals_exact_gaussian_mechanism(sigma):
     # q = 1, T steps = one Gaussian with σ/√T; the Balle–Wang exact ε is an independent oracle.
     steps = 16
     exact = gaussian_epsilon(sigma=sigma / 4.0, sensitivity=1.0, delta=1e-5)
-    e_pld = acc.dpsgd_epsilon(noise_multiplier=sigma, sampling_rate=1.0, steps=steps, delta=1e-5)
+    e_pld = acc.dp_sgd_epsilon(noise_multiplier=sigma, sampling_rate=1.0, steps=steps, delta=1e-5)
     assert e_pld >= exact - 1e-9
     assert e_pld == pytest.approx(exact, rel=1e-4)
-    e_rdp = acc.dpsgd_epsilon(
+    e_rdp = acc.dp_sgd_epsilon(
         noise_multiplier=sigma, sampling_rate=1.0, steps=steps, delta=1e-5, method="rdp"
     )
     assert e_rdp >= exact
@@ -70,24 +70,24 @@ def test_replace_one_full_batch_is_gaussian_with_double_sensitivity():
     kw = dict(sampling_rate=1.0, steps=9, delta=1e-6)
     exact = gaussian_epsilon(sigma=3.0 / 3.0, sensitivity=2.0, delta=1e-6)
     for method in ("pld", "rdp"):
-        rep = acc.dpsgd_epsilon(noise_multiplier=3.0, method=method, relation="replace_one", **kw)
-        half = acc.dpsgd_epsilon(noise_multiplier=1.5, method=method, **kw)
+        rep = acc.dp_sgd_epsilon(noise_multiplier=3.0, method=method, relation="replace_one", **kw)
+        half = acc.dp_sgd_epsilon(noise_multiplier=1.5, method=method, **kw)
         assert rep == pytest.approx(half, rel=1e-9)
         assert rep >= exact - 1e-9
-    pld_rep = acc.dpsgd_epsilon(noise_multiplier=3.0, relation="replace_one", **kw)
+    pld_rep = acc.dp_sgd_epsilon(noise_multiplier=3.0, relation="replace_one", **kw)
     assert pld_rep == pytest.approx(exact, rel=1e-4)
 
 
 def test_replace_one_subsampled_pld_vs_add_remove_and_rdp_refuses():
     kw = dict(noise_multiplier=1.0, sampling_rate=0.02, steps=100, delta=1e-5)
-    add = acc.dpsgd_epsilon(**kw)
-    rep = acc.dpsgd_epsilon(relation="replace_one", **kw)
+    add = acc.dp_sgd_epsilon(**kw)
+    rep = acc.dp_sgd_epsilon(relation="replace_one", **kw)
     # Replace-one is remove + add: worse than add/remove, no worse than its group of 2.
     assert add < rep
     direct = _direct(pld.PLDAccountant(REPLACE, 1e-4), 0.02, 1.0, 100, 1e-5)
     assert rep == pytest.approx(direct, rel=1e-9)
     with pytest.raises(ValueError, match="replace-one"):
-        acc.dpsgd_epsilon(method="rdp", relation="replace_one", **kw)
+        acc.dp_sgd_epsilon(method="rdp", relation="replace_one", **kw)
 
 
 def test_dp_accounting_relation_quirk_that_dpjax_avoids():
@@ -119,8 +119,8 @@ def test_dp_accounting_relation_quirk_that_dpjax_avoids():
 def test_order_grid_stopping_at_63_cannot_reach_small_epsilon():
     # Pitfall: ε ≥ ln(1/δ)/(α_max − 1) on a grid stopping at α = 63: ≈ 0.1 at δ = 1e-5.
     kw = dict(noise_multiplier=100.0, sampling_rate=1.0, steps=1, delta=1e-5, method="rdp")
-    short = acc.dpsgd_epsilon(orders=list(range(2, 64)), **kw)
-    wide = acc.dpsgd_epsilon(**kw)
+    short = acc.dp_sgd_epsilon(orders=list(range(2, 64)), **kw)
+    wide = acc.dp_sgd_epsilon(**kw)
     exact = gaussian_epsilon(sigma=100.0, sensitivity=1.0, delta=1e-5)
     assert short >= 0.1
     assert exact <= wide < 0.035
@@ -130,9 +130,9 @@ def test_order_grid_stopping_at_63_cannot_reach_small_epsilon():
 
 def test_pld_discretisation_is_pessimistic_and_converges():
     kw = dict(noise_multiplier=1.0, sampling_rate=0.05, steps=20, delta=1e-5)
-    coarse = acc.dpsgd_epsilon(value_discretization_interval=1e-2, **kw)
-    fine = acc.dpsgd_epsilon(**kw)
-    finer = acc.dpsgd_epsilon(value_discretization_interval=2e-5, **kw)
+    coarse = acc.dp_sgd_epsilon(value_discretization_interval=1e-2, **kw)
+    fine = acc.dp_sgd_epsilon(**kw)
+    finer = acc.dp_sgd_epsilon(value_discretization_interval=2e-5, **kw)
     assert coarse >= fine >= finer
     assert fine == pytest.approx(finer, rel=2e-3)
 
@@ -141,10 +141,10 @@ def test_pld_discretisation_is_pessimistic_and_converges():
 def test_calibration_round_trip(method):
     kw = dict(delta=1e-5, sampling_rate=0.05, steps=40, method=method)
     sigma = acc.calibrate_noise_multiplier(target_epsilon=2.0, rtol=2e-2, **kw)
-    eps = acc.dpsgd_epsilon(noise_multiplier=sigma, **kw)
+    eps = acc.dp_sgd_epsilon(noise_multiplier=sigma, **kw)
     assert eps <= 2.0
     # ... and it is the smallest such σ up to rtol: 2.1% less noise exceeds the target.
-    assert acc.dpsgd_epsilon(noise_multiplier=sigma / 1.021, **kw) > 2.0
+    assert acc.dp_sgd_epsilon(noise_multiplier=sigma / 1.021, **kw) > 2.0
 
 
 def test_calibration_full_batch_matches_analytic_gaussian():
@@ -161,8 +161,8 @@ def test_max_steps_is_largest_within_target():
     kw = dict(noise_multiplier=3.0, sampling_rate=1.0, delta=1e-5)
     steps = acc.max_steps(target_epsilon=2.0, **kw)
     assert steps >= 1
-    assert acc.dpsgd_epsilon(steps=steps, **kw) <= 2.0
-    assert acc.dpsgd_epsilon(steps=steps + 1, **kw) > 2.0
+    assert acc.dp_sgd_epsilon(steps=steps, **kw) <= 2.0
+    assert acc.dp_sgd_epsilon(steps=steps + 1, **kw) > 2.0
     assert acc.max_steps(target_epsilon=0.01, **kw) == 0
 
 
@@ -220,7 +220,7 @@ def test_to_dp_event_round_trips_through_dp_accounting():
 def test_dpsgd_epsilon_validation(kwargs, name):
     base = dict(noise_multiplier=1.0, sampling_rate=0.1, steps=10, delta=1e-5)
     with pytest.raises(ValueError, match=name):
-        acc.dpsgd_epsilon(**{**base, **kwargs})
+        acc.dp_sgd_epsilon(**{**base, **kwargs})
 
 
 def test_calibration_validation():
@@ -239,7 +239,7 @@ def test_calibration_validation():
 
 def test_delta_zero_gives_infinite_epsilon_for_gaussians():
     for method in ("pld", "rdp"):
-        e = acc.dpsgd_epsilon(
+        e = acc.dp_sgd_epsilon(
             noise_multiplier=1.0, sampling_rate=0.1, steps=10, delta=0.0, method=method
         )
         assert e == math.inf
@@ -249,8 +249,8 @@ def test_delta_zero_gives_infinite_epsilon_for_gaussians():
 def test_large_T_pld_below_rdp_and_calibration_round_trip():
     kw = dict(sampling_rate=0.004, steps=10_000, delta=1e-6)
     sigma = acc.calibrate_noise_multiplier(target_epsilon=3.0, **kw)
-    assert acc.dpsgd_epsilon(noise_multiplier=sigma, **kw) <= 3.0
-    assert acc.dpsgd_epsilon(noise_multiplier=sigma, method="rdp", **kw) > 3.0
+    assert acc.dp_sgd_epsilon(noise_multiplier=sigma, **kw) <= 3.0
+    assert acc.dp_sgd_epsilon(noise_multiplier=sigma, method="rdp", **kw) > 3.0
     rdp_sigma = acc.calibrate_noise_multiplier(target_epsilon=3.0, method="rdp", **kw)
     assert rdp_sigma > sigma
 
@@ -276,7 +276,7 @@ def test_rdp_integer_orders_exact_fractional_orders_valid_upper_bounds(sigma):
     q, delta = 0.1, 1e-5
 
     def via_dp_accounting(alpha):
-        return acc.dpsgd_epsilon(
+        return acc.dp_sgd_epsilon(
             noise_multiplier=sigma,
             sampling_rate=q,
             steps=1,

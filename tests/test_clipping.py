@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import dpjax
-from dpjax.clipping import clip_pytree
+from dpjax.dp_sgd.clipping import clip_pytree
 
 
 def linreg_loss(params, x, y):

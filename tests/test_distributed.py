@@ -53,7 +53,7 @@ def test_full_dpsgd_step_agrees_single_vs_multi_device(key, data):
     sharded = dpjax.data_parallel(grad_fn)
 
     def run(fn):
-        tx = dpjax.dpsgd(
+        tx = dpjax.dp_sgd_optimizer(
             optimizer=optax.sgd(0.1),
             noise_multiplier=1.0,
             l2_clip_norm=1.0,
@@ -82,7 +82,7 @@ def test_noise_is_added_once_not_per_device(key):
     params = {"w1": jnp.zeros((40, 50)), "w2": jnp.zeros(50)}
     X, Y = jnp.zeros((8, 40)), jnp.zeros(8)
     sharded = dpjax.data_parallel(dpjax.clipped_grad(loss, l2_clip_norm=2.0, method="vmap"))
-    tx = dpjax.dpsgd(
+    tx = dpjax.dp_sgd_optimizer(
         optimizer=optax.identity(), noise_multiplier=0.7, l2_clip_norm=2.0, normalizer=1.0, key=key
     )
 

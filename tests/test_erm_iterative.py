@@ -7,12 +7,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dpjax import ADD_OR_REMOVE_ONE, REPLACE_ONE, laplace_dpsgd_event
-from dpjax.accounting import dpsgd_epsilon, zcdp_rho_for_epsilon
-from dpjax.accounting.events import GaussianEvent, PoissonSampledGaussianEvent
+from dpjax import ADD_OR_REMOVE_ONE, REPLACE_ONE, laplace_dp_sgd_event
+from dpjax.accounting import dp_sgd_epsilon, zcdp_rho_for_epsilon
 from dpjax.erm import dp_gd, dp_sgd, laplace_dp_sgd, losses, objective, solve
 from dpjax.erm.iterative import default_steps, noisy_gradient_descent
 from dpjax.erm.solver import prepare_data
+from dpjax.events import GaussianEvent, PoissonSampledGaussianEvent
 from tests.test_erm_solver import sphere_data
 
 
@@ -113,7 +113,7 @@ def test_dp_sgd_event_matches_accountant():
     )
     assert isinstance(res.event, PoissonSampledGaussianEvent)
     assert res.event.relation == ADD_OR_REMOVE_ONE and res.event.count == 30
-    spent = dpsgd_epsilon(
+    spent = dp_sgd_epsilon(
         noise_multiplier=res.event.noise_multiplier,
         delta=1e-5,
         sampling_rate=0.1,
@@ -139,7 +139,7 @@ def test_laplace_dp_sgd_reuses_the_shared_event():
         kappa=0.8,
         mu=0.1,
     )
-    expected = laplace_dpsgd_event(
+    expected = laplace_dp_sgd_event(
         l1_sensitivity=2.0 * math.sqrt(d), epsilon=1.0, rho=0.5, kappa=0.8, steps=20
     )
     assert res.event == expected

@@ -9,8 +9,8 @@ import pytest
 from scipy import stats
 
 from dpjax import ADD_OR_REMOVE_ONE, REPLACE_ONE
-from dpjax.accounting.events import EpsilonDeltaEvent, GaussianEvent
 from dpjax.erm import bounds, losses, objective, output_perturbation, solve
+from dpjax.events import EpsilonDeltaEvent, GaussianEvent
 from dpjax.mechanisms import analytic_gaussian_sigma
 from tests.helpers import assert_distribution
 from tests.test_erm_solver import sphere_data

@@ -1,4 +1,4 @@
-"""flax.linen and flax.nnx models under clipped_grad / dpsgd, and the digits example."""
+"""flax.linen and flax.nnx models under clipped_grad / dp_sgd_optimizer, and the digits example."""
 
 import subprocess
 import sys
@@ -85,7 +85,7 @@ def test_nnx_model_trains_with_split_merge(key, digits_batch):
     ref, _ = reference_clipped_sum(loss_fn, state, x, y, 1.0)
     np.testing.assert_allclose(flatten(s), ref, rtol=2e-4, atol=1e-6)
 
-    tx = dpjax.dpsgd(
+    tx = dpjax.dp_sgd_optimizer(
         optimizer=optax.sgd(0.5), noise_multiplier=0.5, l2_clip_norm=1.0, normalizer=16.0, key=key
     )
 

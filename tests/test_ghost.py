@@ -12,7 +12,7 @@ import pytest
 from flax import nnx
 
 import dpjax
-from dpjax import ghost
+from dpjax.dp_sgd import ghost
 
 
 def reference(loss_fn, params, batch, clip, mask=None):

@@ -230,13 +230,13 @@ def test_truncation_delta_validates(kwargs, name):
 
 def _chains(key):
     params = {"w": jnp.zeros((3, 4), jnp.float32), "b": jnp.zeros(4, jnp.float32)}
-    dpsgd = dpjax.dpsgd(
+    dp_sgd_optimizer = dpjax.dp_sgd_optimizer(
         optimizer=optax.sgd(0.1), noise_multiplier=1.0, l2_clip_norm=1.0, normalizer=8.0, key=key
     )
     return params, {
-        "dpsgd": dpsgd,
+        "dp_sgd_optimizer": dp_sgd_optimizer,
         "accumulate": dpjax.accumulate_clipped_sums(
-            dpjax.dpsgd(
+            dpjax.dp_sgd_optimizer(
                 optimizer=optax.sgd(0.1),
                 noise_multiplier=1.0,
                 l2_clip_norm=1.0,
@@ -245,7 +245,7 @@ def _chains(key):
             ),
             every_k=2,
         ),
-        "laplace": dpjax.laplace_dpsgd(
+        "laplace": dpjax.laplace_dp_sgd_optimizer(
             l1_sensitivity=1.0, epsilon=1.0, rho=0.5, kappa=0.8, key=key
         ),
     }
@@ -258,7 +258,7 @@ def _run(tx, params, state, steps):
     return out, state
 
 
-@pytest.mark.parametrize("name", ["dpsgd", "accumulate", "laplace"])
+@pytest.mark.parametrize("name", ["dp_sgd_optimizer", "accumulate", "laplace"])
 def test_flax_checkpoint_resumes_the_noise_stream(name, key):
     params, chains = _chains(key)
     tx = chains[name]
@@ -279,7 +279,7 @@ def test_flax_checkpoint_resumes_the_noise_stream(name, key):
 def test_orbax_checkpoint_resumes_the_noise_stream(key, tmp_path):
     ocp = pytest.importorskip("orbax.checkpoint")
     params, chains = _chains(key)
-    tx = chains["dpsgd"]
+    tx = chains["dp_sgd_optimizer"]
     _, state = _run(tx, params, tx.init(params), 3)
     with ocp.StandardCheckpointer() as ckpt:
         ckpt.save(tmp_path / "state", state)
@@ -291,7 +291,7 @@ def test_orbax_checkpoint_resumes_the_noise_stream(key, tmp_path):
         assert np.array_equal(np.asarray(a), np.asarray(b))
 
 
-@pytest.mark.parametrize("name", ["dpsgd", "laplace"])
+@pytest.mark.parametrize("name", ["dp_sgd_optimizer", "laplace"])
 def test_noise_transforms_vmap_over_states(name, key):
     params, chains = _chains(key)
     tx = chains[name]
@@ -307,22 +307,22 @@ def test_noise_transforms_vmap_over_states(name, key):
 
 def test_laplace_dpsgd_noise_scale_never_below_the_accounted_theta_without_x64():
     # x64 OFF: the update is float32. The sampler is replaced by ones so the released noise is
-    # θ_h itself; it must be ≥ the float64 θ_h that laplace_dpsgd_event accounts, every h
+    # θ_h itself; it must be ≥ the float64 θ_h that laplace_dp_sgd_event accounts, every h
     # (before: float32 θ_h on device, 1891 of the first 3000 steps short by up to 2.3e-7).
     code = textwrap.dedent(
         """
         import jax, jax.numpy as jnp, numpy as np
-        import dpjax, dpjax.transforms as T
+        import dpjax, dpjax.dp_sgd.transforms as T
         T._laplace = lambda key, shape, dtype: jnp.ones(shape, dtype)
         kw = dict(l1_sensitivity=0.5, epsilon=1.0, rho=0.5, kappa=0.75)
-        tx = dpjax.add_laplace_dpsgd_noise(key=jax.random.key(0), **kw)
+        tx = dpjax.add_laplace_dp_sgd_noise(key=jax.random.key(0), **kw)
         p = jnp.zeros(1, jnp.float32)
         def body(state, _):
             out, state = tx.update(p, state, p)
             return state, out[0]
         _, theta = jax.jit(lambda s: jax.lax.scan(body, s, None, length=3000))(tx.init(p))
         assert theta.dtype == jnp.float32
-        ev = dpjax.laplace_dpsgd_event(steps=3000, **kw)
+        ev = dpjax.laplace_dp_sgd_event(steps=3000, **kw)
         accounted = 0.5 / np.asarray(ev.epsilons, np.float64)
         short = np.asarray(theta, np.float64) < accounted
         print(int(short.sum()))

@@ -1,4 +1,4 @@
-"""dpsgd builder and gradient accumulation (noise once per logical batch)."""
+"""dp_sgd_optimizer builder and gradient accumulation (noise once per logical batch)."""
 
 import jax
 import jax.numpy as jnp
@@ -26,7 +26,7 @@ def data(key):
 def test_noise_free_dpsgd_is_sgd_on_the_normalised_clipped_sum(key, data):
     params, X, Y = data
     grad_fn = dpjax.clipped_grad(loss, l2_clip_norm=1.0)
-    tx = dpjax.dpsgd(
+    tx = dpjax.dp_sgd_optimizer(
         optimizer=optax.sgd(0.5), noise_multiplier=0.0, l2_clip_norm=1.0, normalizer=20.0, key=key
     )
     s, _ = grad_fn(params, X, Y)
@@ -42,7 +42,7 @@ def test_dpsgd_trains_under_jit_with_any_optimizer(key, data, optimizer):
     params, X, Y = data
     Y = X @ jnp.arange(5.0) + 1.0
     grad_fn = dpjax.clipped_grad(loss, l2_clip_norm=5.0)
-    tx = dpjax.dpsgd(
+    tx = dpjax.dp_sgd_optimizer(
         optimizer=optimizer, noise_multiplier=0.1, l2_clip_norm=5.0, normalizer=24.0, key=key
     )
 
@@ -67,7 +67,7 @@ def test_accumulation_adds_noise_once_per_logical_batch(key, data):
     grad_fn = dpjax.clipped_grad(loss, l2_clip_norm=1.0)
 
     def private(key):
-        return dpjax.dpsgd(
+        return dpjax.dp_sgd_optimizer(
             optimizer=optax.sgd(1.0),
             noise_multiplier=1.0,
             l2_clip_norm=1.0,
@@ -99,7 +99,7 @@ def test_accumulation_adds_noise_once_per_logical_batch(key, data):
 
 def test_accumulated_noise_has_the_single_release_scale(key):
     sigma, C, normaliser, k = 2.0, 0.5, 8.0, 3
-    inner = dpjax.dpsgd(
+    inner = dpjax.dp_sgd_optimizer(
         optimizer=optax.identity(),
         noise_multiplier=sigma,
         l2_clip_norm=C,
@@ -129,7 +129,7 @@ def test_accumulated_noise_has_the_single_release_scale(key):
 
 
 def test_accumulation_with_every_k_one_is_the_inner_optimizer(key):
-    inner = dpjax.dpsgd(
+    inner = dpjax.dp_sgd_optimizer(
         optimizer=optax.sgd(1.0), noise_multiplier=1.0, l2_clip_norm=1.0, normalizer=1.0, key=key
     )
     acc = dpjax.accumulate_clipped_sums(inner, every_k=1)
@@ -150,16 +150,18 @@ def test_accumulation_with_every_k_one_is_the_inner_optimizer(key):
 )
 def test_dpsgd_validates(key, kwargs, name):
     with pytest.raises(ValueError, match=name):
-        dpjax.dpsgd(optimizer=optax.sgd(1.0), key=key, **kwargs)
+        dpjax.dp_sgd_optimizer(optimizer=optax.sgd(1.0), key=key, **kwargs)
 
 
 def test_dpsgd_refuses_a_non_optimizer(key):
     with pytest.raises(ValueError, match="optimizer"):
-        dpjax.dpsgd(optimizer=0.1, noise_multiplier=1.0, l2_clip_norm=1.0, normalizer=1.0, key=key)
+        dpjax.dp_sgd_optimizer(
+            optimizer=0.1, noise_multiplier=1.0, l2_clip_norm=1.0, normalizer=1.0, key=key
+        )
 
 
 def test_accumulation_validates(key):
-    inner = dpjax.dpsgd(
+    inner = dpjax.dp_sgd_optimizer(
         optimizer=optax.sgd(1.0), noise_multiplier=1.0, l2_clip_norm=1.0, normalizer=1.0, key=key
     )
     with pytest.raises(ValueError, match="every_k"):

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dpjax import transforms
+from dpjax.dp_sgd import transforms
 
 serialization = pytest.importorskip("flax.serialization")
 
@@ -25,7 +25,7 @@ def test_restored_state_continues_the_stream(impl, make):
     if make == "gaussian":
         tx = transforms.add_gaussian_noise(1.0, key=key)
     else:
-        tx = transforms.add_laplace_dpsgd_noise(
+        tx = transforms.add_laplace_dp_sgd_noise(
             l1_sensitivity=1.0, epsilon=1.0, rho=0.5, kappa=0.0, key=key
         )
     params = jnp.zeros(4, jnp.float32)

@@ -10,7 +10,7 @@ pre-noise values, which must be ≤ the declared sensitivity.
   already moved by ulp_bf16(S) ≈ 2⁻⁸·|S| between neighbours: 2·C at |S| ≈ 258, 512·C at
   |S| ≈ 65 792 (add/remove-one, declared sensitivity C).
 * Laplace DP-SGD: θ_h is rounded UP to the FIRST leaf's noise dtype; a later leaf of a narrower
-  dtype re-rounds it to nearest, below the float64 θ_h that ``laplace_dpsgd_event`` accounts.
+  dtype re-rounds it to nearest, below the float64 θ_h that ``laplace_dp_sgd_event`` accounts.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ def test_bf16_clipped_sum_moves_by_at_most_c(n):
 
 
 def test_bf16_release_moves_by_at_most_c_under_the_same_key():
-    """VIOLATION, end to end through dpsgd's noise: same key, D′ = 258 examples, D = 259; the
+    """VIOLATION, end to end through dp_sgd_optimizer's noise: same
+    key, D′ = 258 examples, D = 259; the
     float32-wide release (noise σ = 1) cast to bf16 differs by 2 = 2·C in every draw tried,
     where the Gaussian mechanism with sensitivity C assumes pre-noise values ≤ C apart."""
     grad_fn = dpjax.clipped_grad(_linear_loss, l2_clip_norm=C)
@@ -64,7 +65,7 @@ def test_accumulated_bf16_total_moves_by_at_most_c():
     """VIOLATION: accumulate_clipped_sums keeps the running total in the params' bf16. Micro-
     batch sums 258 then 1 (D) vs 258 then 0 (D′), both exact in bf16: the released total is
     260 vs 258 (noise 0 to read it), a move of 2·C."""
-    inner = dpjax.dpsgd(
+    inner = dpjax.dp_sgd_optimizer(
         optimizer=optax.sgd(1.0),
         noise_multiplier=0.0,
         l2_clip_norm=C,
@@ -85,14 +86,14 @@ def test_accumulated_bf16_total_moves_by_at_most_c():
 
 
 def _exact_theta(h: int, **kw) -> float:
-    return float(transforms.laplace_dpsgd_theta(np.asarray([float(h)]), **kw)[0])
+    return float(transforms.laplace_dp_sgd_theta(np.asarray([float(h)]), **kw)[0])
 
 
 def test_laplace_theta_not_below_accounted_in_a_mixed_dtype_tree(monkeypatch):
     """VIOLATION (1 ulp, 5.5e-8 relative): {"a": float64, "b": float32} at h = 4 (ρ = ½, κ = 0,
     Δ₁ = ε = 1). θ_4 = 5.568914100752346 is rounded up in float64 (the first leaf's noise
     dtype) and re-rounded to NEAREST float32 for leaf b: 5.5689139 < θ_4, so b's Laplace scale
-    is below the one ``laplace_dpsgd_event`` accounts. (The scale each leaf receives is read
+    is below the one ``laplace_dp_sgd_event`` accounts. (The scale each leaf receives is read
     where ``_add_scaled`` checks it; it casts it with ``astype``, i.e. round to nearest.)"""
     from dpjax import _noise
 
@@ -108,7 +109,7 @@ def test_laplace_theta_not_below_accounted_in_a_mixed_dtype_tree(monkeypatch):
         return original(scale, dtype)
 
     monkeypatch.setattr(_noise, "_check_scale_representable", record)
-    tx = transforms.add_laplace_dpsgd_noise(key=jax.random.key(5), **kw)
+    tx = transforms.add_laplace_dp_sgd_noise(key=jax.random.key(5), **kw)
     tree = {"a": jnp.zeros(1, jnp.float64), "b": jnp.zeros(1, jnp.float32)}
     state = tx.init(tree)._replace(count=jnp.asarray(h - 1, jnp.int32))
     tx.update(tree, state)
@@ -122,7 +123,7 @@ def test_laplace_theta_rounded_up_for_a_float32_tree(h):
     over a batch of states and under lax.scan."""
     kw = dict(l1_sensitivity=1.0, epsilon=1.0, rho=0.5, kappa=0.75)
     key = _random.constant_bits_key(0)
-    tx = transforms.add_laplace_dpsgd_noise(key=key, **kw)
+    tx = transforms.add_laplace_dp_sgd_noise(key=key, **kw)
     tree = jnp.zeros(2, jnp.float32)
     laplace_top = float(_random.laplace(key, (1,), np.float32)[0])
     state = tx.init(tree)._replace(count=jnp.asarray(h - 1, jnp.int32))
@@ -151,12 +152,12 @@ def record(scale, dtype):
     seen.append(float(np.asarray(scale).astype(dtype)))
     return original(scale, dtype)
 _noise._check_scale_representable = record
-tx = transforms.add_laplace_dpsgd_noise(key=jax.random.key(1), **kw)
+tx = transforms.add_laplace_dp_sgd_noise(key=jax.random.key(1), **kw)
 tree = {"a": jnp.zeros(1, jnp.int32), "b": jnp.zeros(1, jnp.float32)}
 for h in (4, 8, 9, 11):
     seen.clear()
     tx.update(tree, tx.init(tree)._replace(count=jnp.asarray(h - 1, jnp.int32)))
-    exact = float(transforms.laplace_dpsgd_theta(np.asarray([float(h)]), **kw)[0])
+    exact = float(transforms.laplace_dp_sgd_theta(np.asarray([float(h)]), **kw)[0])
     assert len(seen) == 2 and min(seen) >= exact, (h, seen, exact)
 print("ok")
 """

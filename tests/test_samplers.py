@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import dpjax
-from dpjax.accounting.events import FixedBatchGaussianEvent, PoissonSampledGaussianEvent
+from dpjax.events import FixedBatchGaussianEvent, PoissonSampledGaussianEvent
 from tests.helpers import mean_tolerance
 
 
@@ -168,12 +168,12 @@ def test_events_validate_noise_multiplier():
 
 
 def test_sampler_events_are_accepted_by_the_accountant():
-    from dpjax.accounting import PrivacyAccountant, dpsgd_epsilon
+    from dpjax.accounting import PrivacyAccountant, dp_sgd_epsilon
 
     poisson = dpjax.PoissonSampler(dataset_size=1000, sampling_rate=0.02)
     ev = poisson.event(noise_multiplier=1.2, steps=100)
     eps = PrivacyAccountant([ev]).epsilon(1e-5, method="pld")
-    ref = dpsgd_epsilon(noise_multiplier=1.2, sampling_rate=0.02, steps=100, delta=1e-5)
+    ref = dp_sgd_epsilon(noise_multiplier=1.2, sampling_rate=0.02, steps=100, delta=1e-5)
     assert eps == pytest.approx(ref, rel=1e-6)
     for sampler in (
         dpjax.ShuffledBatchSampler(dataset_size=1000, batch_size=20),

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import dpjax
-from dpjax import samplers
+from dpjax.dp_sgd import samplers
 
 ROOT = Path(__file__).resolve().parents[1]
 TWO64 = 1 << 64
@@ -102,7 +102,7 @@ def test_decision_is_exact_at_boundary_words(q):
 _X64_OFF_SCRIPT = r"""
 import json, math, jax, jax.numpy as jnp, numpy as np
 import dpjax
-from dpjax.samplers import inclusion_threshold, words_below_threshold
+from dpjax.dp_sgd.samplers import inclusion_threshold, words_below_threshold
 assert not jax.config.jax_enable_x64
 out = {}
 q, t = 1e-6, inclusion_threshold(1e-6)

@@ -10,7 +10,7 @@ import pytest
 from scipy import stats
 
 import dpjax
-from dpjax.transforms import laplace_dpsgd_theta
+from dpjax.dp_sgd.transforms import laplace_dp_sgd_theta
 from tests.helpers import assert_distribution
 
 
@@ -24,7 +24,7 @@ def laplace_cdf(scale):
 
 def test_released_noise_has_std_sigma_c_over_normaliser(key):
     sigma, C, normaliser = 1.3, 0.8, 16.0
-    tx = dpjax.dpsgd(
+    tx = dpjax.dp_sgd_optimizer(
         optimizer=optax.sgd(1.0),
         noise_multiplier=sigma,
         l2_clip_norm=C,
@@ -79,11 +79,11 @@ def test_key_is_required():
     with pytest.raises(TypeError, match="key"):
         dpjax.add_gaussian_noise(1.0, key=jnp.zeros(3))
     with pytest.raises(TypeError):
-        dpjax.dpsgd(
+        dpjax.dp_sgd_optimizer(
             optimizer=optax.sgd(1.0), noise_multiplier=1.0, l2_clip_norm=1.0, normalizer=1.0
         )
     with pytest.raises(TypeError):
-        dpjax.add_laplace_dpsgd_noise(l1_sensitivity=1.0, epsilon=1.0, rho=0.5, kappa=1.0)
+        dpjax.add_laplace_dp_sgd_noise(l1_sensitivity=1.0, epsilon=1.0, rho=0.5, kappa=1.0)
 
 
 def test_legacy_uint32_key_is_accepted():
@@ -131,27 +131,27 @@ def test_laplace_theta_matches_theorem_36():
     l1, eps, rho, kappa = 0.7, 2.0, 0.5, 0.8
     for h in [1, 2, 3, 10, 57]:
         got = float(
-            laplace_dpsgd_theta(
+            laplace_dp_sgd_theta(
                 np.array([h]), l1_sensitivity=l1, epsilon=eps, rho=rho, kappa=kappa
             )[0]
         )
         assert got == pytest.approx(theta_by_definition(h, l1, eps, rho, kappa), rel=1e-12)
     assert float(
-        laplace_dpsgd_theta(np.array([1]), l1_sensitivity=l1, epsilon=eps, rho=rho, kappa=kappa)[0]
+        laplace_dp_sgd_theta(np.array([1]), l1_sensitivity=l1, epsilon=eps, rho=rho, kappa=kappa)[0]
     ) == pytest.approx(l1 / eps)
 
 
 def test_laplace_theta_traced_matches_exact():
     h = np.array([1, 2, 5, 16, 17, 18, 100, 5000, 123456], dtype=np.float64)
     kw = dict(l1_sensitivity=1.0, epsilon=1.0, rho=0.6, kappa=0.9)
-    exact = laplace_dpsgd_theta(h, **kw)
-    traced = np.asarray(jax.jit(lambda x: laplace_dpsgd_theta(x, **kw))(jnp.asarray(h)))
+    exact = laplace_dp_sgd_theta(h, **kw)
+    traced = np.asarray(jax.jit(lambda x: laplace_dp_sgd_theta(x, **kw))(jnp.asarray(h)))
     np.testing.assert_allclose(traced, exact, rtol=1e-9)
 
 
 def test_laplace_noise_scale_at_step_h(key):
     kw = dict(l1_sensitivity=0.5, epsilon=1.0, rho=0.5, kappa=0.75)
-    tx = dpjax.add_laplace_dpsgd_noise(key=key, **kw)
+    tx = dpjax.add_laplace_dp_sgd_noise(key=key, **kw)
     params = jnp.zeros(3000)
     state = tx.init(params)
     step = jax.jit(tx.update)
@@ -167,7 +167,7 @@ def test_laplace_noise_scale_at_step_h(key):
 
 def test_laplace_dpsgd_applies_step_size(key):
     kw = dict(l1_sensitivity=1e-9, epsilon=1e9, rho=0.5, kappa=1.0)  # ~noise-free
-    tx = dpjax.laplace_dpsgd(key=key, **kw)
+    tx = dpjax.laplace_dp_sgd_optimizer(key=key, **kw)
     p = jnp.zeros(2)
     state = tx.init(p)
     g = jnp.array([1.0, -2.0])
@@ -178,7 +178,7 @@ def test_laplace_dpsgd_applies_step_size(key):
 
 def test_laplace_dpsgd_event():
     kw = dict(l1_sensitivity=2.0, epsilon=0.5, rho=0.5, kappa=0.75)
-    ev = dpjax.laplace_dpsgd_event(steps=40, **kw)
+    ev = dpjax.laplace_dp_sgd_event(steps=40, **kw)
     assert isinstance(ev, dpjax.accounting.LaplaceDPSGDEvent)
     assert ev.relation == dpjax.REPLACE_ONE
     expected = [2.0 / theta_by_definition(h, 2.0, 0.5, 0.5, 0.75) for h in range(1, 41)]
@@ -198,14 +198,19 @@ def test_laplace_dpsgd_event():
 )
 def test_laplace_arguments_validated(key, kwargs, name):
     with pytest.raises(ValueError, match=name):
-        dpjax.add_laplace_dpsgd_noise(key=key, **kwargs)
+        dpjax.add_laplace_dp_sgd_noise(key=key, **kwargs)
     with pytest.raises(ValueError, match=name):
-        dpjax.laplace_dpsgd_event(steps=3, **kwargs)
+        dpjax.laplace_dp_sgd_event(steps=3, **kwargs)
 
 
 @pytest.mark.parametrize(
     "module",
-    ["dpjax.clipping", "dpjax.transforms", "dpjax.optimizers", "dpjax.samplers"],
+    [
+        "dpjax.dp_sgd.clipping",
+        "dpjax.dp_sgd.transforms",
+        "dpjax.dp_sgd.optimizers",
+        "dpjax.dp_sgd.samplers",
+    ],
 )
 def test_docstring_examples_run(module):
     import doctest
@@ -218,7 +223,7 @@ def test_docstring_examples_run(module):
 def test_laplace_dpsgd_event_composes_basically_in_the_accountant():
     from dpjax.accounting import PrivacyAccountant
 
-    ev = dpjax.laplace_dpsgd_event(l1_sensitivity=1.0, epsilon=0.1, rho=0.5, kappa=0.8, steps=50)
+    ev = dpjax.laplace_dp_sgd_event(l1_sensitivity=1.0, epsilon=0.1, rho=0.5, kappa=0.8, steps=50)
     acc = PrivacyAccountant([ev])
     assert acc.releases == 50
     assert acc.epsilon(0.0, method="basic") == pytest.approx(sum(ev.epsilons), rel=1e-12)

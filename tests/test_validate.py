@@ -16,20 +16,20 @@ from dpjax.relation import ADD_OR_REMOVE_ONE, REPLACE_ONE, as_relation
 @pytest.mark.parametrize("bad", [0, -1.0, math.nan, math.inf, "x", None])
 def test_epsilon_rejects(bad):
     with pytest.raises(ValueError, match="epsilon must be in \\(0, inf\\)"):
-        _validate.epsilon(bad)
+        _validate.epsilon("epsilon", bad)
 
 
 @pytest.mark.parametrize("bad", [-0.1, 1.0, 2.0, math.nan])
 def test_delta_rejects(bad):
     with pytest.raises(ValueError, match="delta must be in \\[0.0, 1.0\\)"):
-        _validate.delta(bad)
+        _validate.delta("delta", bad)
 
 
 def test_accepts_good_values():
-    assert _validate.epsilon(0.5) == 0.5
-    assert _validate.delta(0.0) == 0.0
+    assert _validate.epsilon("epsilon", 0.5) == 0.5
+    assert _validate.delta("delta", 0.0) == 0.0
     assert _validate.positive_int("steps", 3) == 3
-    assert _validate.probability(1.0, "q") == 1.0
+    assert _validate.probability("q", 1.0) == 1.0
 
 
 @pytest.mark.parametrize("bad", [0, -2, 1.5, True, "3"])
@@ -53,12 +53,12 @@ def test_relation_parsing():
 # --- issue 13 finding 8 / issue 12 finding 10: coercion of privacy parameters at the boundary ---
 
 _REAL_CHECKS = [
-    lambda v: _validate.epsilon(v),
-    lambda v: _validate.delta(v, "epsilon"),
+    lambda v: _validate.epsilon("epsilon", v),
+    lambda v: _validate.delta("epsilon", v),
     lambda v: _validate.positive("epsilon", v),
     lambda v: _validate.non_negative("epsilon", v),
     lambda v: _validate.in_range("epsilon", v, 0.0, 2.0),
-    lambda v: _validate.probability(v, "epsilon"),
+    lambda v: _validate.probability("epsilon", v),
     lambda v: _validate.positive_int("epsilon", v),
 ]
 
@@ -94,9 +94,9 @@ def test_real_helpers_return_python_floats(value):
     # 12.10: a float32 sampling rate must be a Python float before any arithmetic
     expected = float(np.asarray(value, dtype=np.float64)) if not hasattr(value, "device") else None
     for out in (
-        _validate.epsilon(value),
-        _validate.delta(value),
-        _validate.probability(value, "sampling_rate"),
+        _validate.epsilon("epsilon", value),
+        _validate.delta("delta", value),
+        _validate.probability("sampling_rate", value),
         _validate.positive("sigma", value),
         _validate.non_negative("sigma", value),
         _validate.in_range("rho", value, 0.0, 1.0),
@@ -109,7 +109,7 @@ def test_real_helpers_return_python_floats(value):
 
 def test_int_beyond_float64_refused_not_overflowing():
     with pytest.raises(ValueError, match="epsilon must be in \\(0, inf\\)"):
-        _validate.epsilon(10**400)
+        _validate.epsilon("epsilon", 10**400)
 
 
 def test_positive_int_coerces_numpy_and_0d_arrays():
@@ -146,7 +146,7 @@ def test_traced_privacy_parameters_refused_by_name(check):
 def test_dpsgd_with_traced_negative_noise_multiplier_is_refused():
     # used to build a transform with σ = −1 (validation skipped for tracers) and run
     def step(sigma):
-        tx = dpjax.dpsgd(
+        tx = dpjax.dp_sgd_optimizer(
             optimizer=optax.sgd(0.1),
             noise_multiplier=sigma,
             l2_clip_norm=1.0,
@@ -182,7 +182,7 @@ def test_laplace_and_output_perturbation_with_traced_epsilon_name_it():
 def test_string_noise_multiplier_refused_before_accounting():
     # noise_multiplier="1" passed validation and failed inside dp-accounting
     with pytest.raises(ValueError, match="^noise_multiplier must be in \\(0, inf\\); got '1'"):
-        dpjax.accounting.dpsgd_epsilon(
+        dpjax.accounting.dp_sgd_epsilon(
             noise_multiplier="1", sampling_rate=0.01, steps=10, delta=1e-5
         )
 

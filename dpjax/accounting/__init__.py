@@ -6,9 +6,9 @@ Closed forms (host-side floats): :func:`basic_composition`, :func:`parallel_comp
 (:func:`gaussian_zcdp_rho`, :func:`zcdp_compose`, :func:`zcdp_epsilon`), the DP-GD recipes of the
 lecture on ML under DP (:func:`dpgd_sigma_advanced`, :func:`dpgd_sigma_zcdp`).
 
-Tight accounting through dp-accounting (RDP and PLD): :func:`dpsgd_epsilon`,
+Tight accounting through dp-accounting (RDP and PLD): :func:`dp_sgd_epsilon`,
 :func:`calibrate_noise_multiplier`, :func:`max_steps`, :func:`to_dp_event`, and the
-:class:`PrivacyAccountant` over the events of :mod:`dpjax.accounting.events`.
+:class:`PrivacyAccountant` over the events of :mod:`dpjax.events`.
 """
 
 from dpjax.accounting.accountant import METHODS, PrivacyAccountant
@@ -20,16 +20,7 @@ from dpjax.accounting.composition import (
     group_privacy,
     parallel_composition,
 )
-from dpjax.accounting.dpsgd import calibrate_noise_multiplier, dpsgd_epsilon, max_steps
-from dpjax.accounting.events import (
-    EpsilonDeltaEvent,
-    FixedBatchGaussianEvent,
-    GaussianEvent,
-    LaplaceDPSGDEvent,
-    LaplaceEvent,
-    PoissonSampledGaussianEvent,
-    PrivacyEvent,
-)
+from dpjax.accounting.dp_sgd import calibrate_noise_multiplier, dp_sgd_epsilon, max_steps
 from dpjax.accounting.optimal import optimal_composition_delta, optimal_composition_epsilon
 from dpjax.accounting.recipes import (
     advanced_composition_step_budget,
@@ -57,6 +48,15 @@ from dpjax.accounting.zcdp import (
     zcdp_epsilon_cks,
     zcdp_rho_for_epsilon,
 )
+from dpjax.events import (
+    EpsilonDeltaEvent,
+    FixedBatchGaussianEvent,
+    GaussianEvent,
+    LaplaceDPSGDEvent,
+    LaplaceEvent,
+    PoissonSampledGaussianEvent,
+    PrivacyEvent,
+)
 
 __all__ = [
     "DEFAULT_RDP_ORDERS",
@@ -82,7 +82,7 @@ __all__ = [
     "calibrate_noise_multiplier",
     "dpgd_sigma_advanced",
     "dpgd_sigma_zcdp",
-    "dpsgd_epsilon",
+    "dp_sgd_epsilon",
     "gaussian_epsilon_upper",
     "gaussian_zcdp_rho",
     "group_privacy",

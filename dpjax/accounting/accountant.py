@@ -12,7 +12,7 @@ import math
 from collections.abc import Iterable, Sequence
 
 from dpjax import _validate
-from dpjax.accounting import events as ev
+from dpjax import events as ev
 from dpjax.accounting.composition import advanced_composition_heterogeneous
 from dpjax.accounting.optimal import optimal_composition_epsilon
 from dpjax.accounting.tight import (
@@ -93,7 +93,7 @@ class PrivacyAccountant:
     release with μ = √(Σμᵢ²): ``"pld"`` answers them by the exact Gaussian profile (see
     :func:`dpjax.accounting.tight.pld_epsilon`), so it is fast at any number of releases.
 
-    Fixed-size batch events (:class:`~dpjax.accounting.events.FixedBatchGaussianEvent`) are
+    Fixed-size batch events (:class:`~dpjax.events.FixedBatchGaussianEvent`) are
     refused under add/remove-one when recorded: their analyses hold under replace-one only.
 
     The (ε, δ) composition methods spend Σδᵢ of the requested δ on the events' own δᵢ; if
@@ -176,7 +176,7 @@ class PrivacyAccountant:
                 accountant's, or it is a fixed-size batch event under add/remove-one.
         """
         if not isinstance(event, ev.PrivacyEvent):
-            _validate.fail("event", event, "a dpjax.accounting.events.PrivacyEvent")
+            _validate.fail("event", event, "a dpjax.events.PrivacyEvent")
         if isinstance(event, ev.FixedBatchGaussianEvent) and event.relation is ADD_OR_REMOVE_ONE:
             _validate.fail("event.relation", event.relation.value, FIXED_BATCH_RELATION_ADVICE)
         if self._relation is None:
@@ -242,7 +242,7 @@ class PrivacyAccountant:
             ValueError: if ``method`` does not apply to a recorded event, or none applies.
         """
         delta = _validate.real("delta", delta)
-        _validate.delta(delta)
+        _validate.delta("delta", delta)
         if method is None:
             methods = self.applicable_methods()
             if not methods:
@@ -270,7 +270,7 @@ class PrivacyAccountant:
     def epsilons(self, delta: float) -> dict[str, float]:
         """ε(δ) by every applicable method, tightest-first keys."""
         delta = _validate.real("delta", delta)
-        _validate.delta(delta)
+        _validate.delta("delta", delta)
         return {m: self._epsilon(delta, m) for m in self.applicable_methods()}
 
     def _epsilon(self, delta: float, method: str) -> float:

@@ -25,12 +25,12 @@ __all__ = [
 def _epsilons_deltas(
     epsilons: Sequence[float], deltas: Sequence[float] | None
 ) -> tuple[list[float], list[float]]:
-    eps = [_validate.epsilon(e, "epsilons[i]") for e in epsilons]
+    eps = [_validate.epsilon("epsilons[i]", e) for e in epsilons]
     if not eps:
         _validate.fail("epsilons", epsilons, "a non-empty sequence")
     if deltas is None:
         return eps, [0.0] * len(eps)
-    dels = [_validate.delta(d, "deltas[i]") for d in deltas]
+    dels = [_validate.delta("deltas[i]", d) for d in deltas]
     if len(dels) != len(eps):
         _validate.fail("deltas", deltas, f"a sequence of the same length as epsilons ({len(eps)})")
     return eps, dels
@@ -126,9 +126,9 @@ def advanced_composition(
         (5.2981, 1e-05)
     """
     epsilon = _validate.real("epsilon", epsilon)
-    _validate.epsilon(epsilon)
+    _validate.epsilon("epsilon", epsilon)
     delta = _validate.real("delta", delta)
-    _validate.delta(delta)
+    _validate.delta("delta", delta)
     steps = _validate.positive_int("steps", steps)
     delta_prime = _validate.real("delta_prime", delta_prime)
     _validate.in_range("delta_prime", delta_prime, 0.0, 1.0, low_inclusive=False)
@@ -235,9 +235,9 @@ def group_privacy(*, epsilon: float, delta: float, group_size: int) -> tuple[flo
         (2.0, 3.7183)
     """
     epsilon = _validate.real("epsilon", epsilon)
-    _validate.epsilon(epsilon)
+    _validate.epsilon("epsilon", epsilon)
     delta = _validate.real("delta", delta)
-    _validate.delta(delta)
+    _validate.delta("delta", delta)
     k = _validate.positive_int("group_size", group_size)
     # (e^{kε} − 1)/(e^ε − 1) = Σ_{j<k} e^{jε}, computed with expm1 for small ε.
     ratio = math.expm1(k * epsilon) / math.expm1(epsilon)

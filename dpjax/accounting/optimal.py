@@ -40,9 +40,9 @@ def _log_delta_pure(epsilon: float, steps: int, epsilon_total: float) -> float:
 
 def _check(epsilon: float, delta: float, steps: int) -> int:
     epsilon = _validate.real("epsilon", epsilon)
-    _validate.epsilon(epsilon)
+    _validate.epsilon("epsilon", epsilon)
     delta = _validate.real("delta", delta)
-    _validate.delta(delta)
+    _validate.delta("delta", delta)
     return _validate.positive_int("steps", steps)
 
 

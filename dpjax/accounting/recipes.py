@@ -23,7 +23,7 @@ __all__ = ["advanced_composition_step_budget", "dpgd_sigma_advanced", "dpgd_sigm
 
 def _check(epsilon: float, delta: float, steps: int, sensitivity: float) -> int:
     epsilon = _validate.real("epsilon", epsilon)
-    _validate.epsilon(epsilon)
+    _validate.epsilon("epsilon", epsilon)
     delta = _validate.real("delta", delta)
     _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
     sensitivity = _validate.real("sensitivity", sensitivity)
@@ -51,7 +51,7 @@ def advanced_composition_step_budget(
         ``(epsilon_step, delta_step)``.
     """
     epsilon = _validate.real("epsilon", epsilon)
-    _validate.epsilon(epsilon)
+    _validate.epsilon("epsilon", epsilon)
     delta = _validate.real("delta", delta)
     _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
     steps = _validate.positive_int("steps", steps)

@@ -60,11 +60,11 @@ def amplification_by_subsampling(
         (0.017037, 1e-07)
     """
     epsilon = _validate.real("epsilon", epsilon)
-    _validate.epsilon(epsilon)
+    _validate.epsilon("epsilon", epsilon)
     delta = _validate.real("delta", delta)
-    _validate.delta(delta)
+    _validate.delta("delta", delta)
     sampling_rate = _validate.real("sampling_rate", sampling_rate)
-    _validate.probability(sampling_rate, "sampling_rate")
+    _validate.probability("sampling_rate", sampling_rate)
     _validate.one_of("sampling", sampling, tuple(SAMPLING_RELATIONS))
     holds_under = SAMPLING_RELATIONS[sampling]
     if relation is not None and as_relation(relation) is not holds_under:

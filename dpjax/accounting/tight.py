@@ -1,8 +1,8 @@
 """Tight numerical accounting of noisy releases with dp-accounting: RDP and PLD.
 
-This module turns dpjax events (:mod:`dpjax.accounting.events`) into dp-accounting objects and
+This module turns dpjax events (:mod:`dpjax.events`) into dp-accounting objects and
 answers ε(δ) for a sequence of them. It is the single evaluator that
-:func:`dpjax.accounting.dpsgd_epsilon`, the calibration functions and
+:func:`dpjax.accounting.dp_sgd_epsilon`, the calibration functions and
 :class:`dpjax.accounting.PrivacyAccountant` share.
 
 Which method is tight where:
@@ -63,7 +63,7 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from scipy import special
 
 from dpjax import _validate
-from dpjax.accounting import events as ev
+from dpjax import events as ev
 from dpjax.relation import ADD_OR_REMOVE_ONE, REPLACE_ONE, NeighbouringRelation
 
 __all__ = [
@@ -273,7 +273,7 @@ def rdp_epsilon(
         ε.
     """
     delta = _validate.real("delta", delta)
-    _validate.delta(delta)
+    _validate.delta("delta", delta)
     _common_relation(events)
     dp_events = [to_dp_event(e, method="rdp") for e in events]
     # dp-accounting's RDP treats Gaussian/Laplace events as a unit shift under every relation
@@ -572,7 +572,7 @@ def pld_epsilon(
             (:class:`PLDGridTooLargeError`).
     """
     delta = _validate.real("delta", delta)
-    _validate.delta(delta)
+    _validate.delta("delta", delta)
     vdi = _validate.real("value_discretization_interval", value_discretization_interval)
     _validate.in_range(
         "value_discretization_interval", vdi, 0.0, 1e-2, low_inclusive=False, high_inclusive=True

@@ -185,7 +185,7 @@ def zcdp_rho_for_epsilon(*, epsilon: float, delta: float, conversion: str = "cks
         0.02082
     """
     epsilon = _validate.real("epsilon", epsilon)
-    _validate.epsilon(epsilon)
+    _validate.epsilon("epsilon", epsilon)
     delta = _validate.real("delta", delta)
     _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
     _validate.one_of("conversion", conversion, ("cks", "bun_steinke"))

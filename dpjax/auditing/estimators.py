@@ -158,7 +158,7 @@ def epsilon_from_rates(fpr, fnr, delta: float = 0.0):
     Returns:
         The largest ε for which (ε, δ)-DP would be contradicted by these rates (0 if none).
     """
-    delta = _validate.delta(delta)
+    delta = _validate.delta("delta", delta)
     a = np.asarray(fpr, dtype=np.float64)
     b = np.asarray(fnr, dtype=np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -225,7 +225,7 @@ def gdp_mu_for(epsilon: float, delta: float) -> float:
     A mechanism claiming (ε, δ)-DP with a Gaussian trade-off curve is μ_claim-GDP at most;
     ``μ_LB > μ_claim`` is equivalent to ``gdp_epsilon(μ_LB, δ) > ε``.
     """
-    epsilon = _validate.epsilon(epsilon)
+    epsilon = _validate.epsilon("epsilon", epsilon)
     delta = _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
     hi = 1.0
     while gdp_delta(epsilon, hi) < delta:
@@ -324,7 +324,7 @@ def direct_epsilon_lower_bound(
         >>> 0.5 < b.epsilon <= 1.0
         True
     """
-    delta = _validate.delta(delta)
+    delta = _validate.delta("delta", delta)
     confidence = _validate.in_range("confidence", confidence, 0.0, 1.0, low_inclusive=False)
     rates = _select_and_bound(
         scores_d, scores_dprime, confidence, lambda a, b: epsilon_from_rates(a, b, delta)
@@ -494,7 +494,7 @@ def one_run_epsilon_lower_bound(
         Steinke, Nasr, Jagielski, NeurIPS 2023, Theorem 3.1: valid for any (ε, δ)-DP
         training algorithm under add/remove of canaries, with no group-privacy cost.
     """
-    delta = _validate.delta(delta)
+    delta = _validate.delta("delta", delta)
     confidence = _validate.in_range("confidence", confidence, 0.0, 1.0, low_inclusive=False)
     g = np.asarray(guesses).ravel()
     t = np.asarray(truths, dtype=bool).ravel()

@@ -237,7 +237,7 @@ def audit_repeated(
     if estimator == "gdp":
         estimators.check_gaussian_tradeoff_assumed(assume_gaussian_tradeoff)
     if claimed_epsilon is not None:
-        claimed_epsilon = _validate.epsilon(claimed_epsilon, "claimed_epsilon")
+        claimed_epsilon = _validate.epsilon("claimed_epsilon", claimed_epsilon)
     key_d, key_dprime = jax.random.split(key)
     total = trials * repetitions
     run = dict(trials=total, score=score, chunk_size=chunk_size)

@@ -65,7 +65,7 @@ def argmin_sensitivity(
 def classic_sigma(*, sensitivity: float, epsilon: float, delta: float) -> float:
     """σ = Δ√(2 ln(1.25/δ))/ε, the lectures' formula (no ε < 1 check: for bounds only)."""
     _validate.positive("sensitivity", sensitivity)
-    _validate.epsilon(epsilon)
+    _validate.epsilon("epsilon", epsilon)
     _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
     return float(sensitivity) * math.sqrt(2.0 * math.log(1.25 / delta)) / float(epsilon)
 
@@ -144,7 +144,7 @@ def output_perturbation_pure(
 ) -> float:
     """CMS11 Algorithm 1 (ε-DP): 2Ld/(nμε) + 2d(d+1)L²/(μn²ε²) under replace-one."""
     sens = argmin_sensitivity(lipschitz=lipschitz, mu=mu, n=n, relation=relation)
-    _validate.epsilon(epsilon)
+    _validate.epsilon("epsilon", epsilon)
     return output_perturbation_from_scale(
         d=d,
         scale=sens / float(epsilon),
@@ -198,7 +198,7 @@ def _log_term(n: int, d: int, epsilon: float, delta: float) -> float:
     """s = √(d ln(1.25/δ))/(εn)."""
     n = _validate.positive_int("n", n)
     d = _validate.positive_int("d", d)
-    _validate.epsilon(epsilon)
+    _validate.epsilon("epsilon", epsilon)
     _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
     return math.sqrt(d * math.log(1.25 / delta)) / (float(epsilon) * n)
 
@@ -253,7 +253,7 @@ def tuned_objective_perturbation(
 
 def rho_from_epsilon_delta(epsilon: float, delta: float) -> float:
     """Largest ρ with ρ + 2√(ρ ln(1/δ)) ≤ ε (zCDP → (ε, δ), Bun & Steinke 2016, Prop. 1.3)."""
-    _validate.epsilon(epsilon)
+    _validate.epsilon("epsilon", epsilon)
     _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
     log_term = math.log(1.0 / delta)
     return (math.sqrt(log_term + float(epsilon)) - math.sqrt(log_term)) ** 2

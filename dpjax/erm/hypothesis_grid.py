@@ -8,10 +8,10 @@ import jax
 import jax.numpy as jnp
 
 from dpjax import _validate
-from dpjax.accounting.events import EpsilonDeltaEvent
 from dpjax.erm.losses import Loss
 from dpjax.erm.result import ERMResult
 from dpjax.erm.solver import objective, prepare_data, public_dataset_size, require_x64
+from dpjax.events import EpsilonDeltaEvent
 from dpjax.mechanisms import exponential_mechanism, exponential_mechanism_expected_gap_bound
 from dpjax.relation import REPLACE_ONE, NeighbouringRelation, as_relation
 
@@ -106,7 +106,7 @@ def exponential_mechanism_grid(
         (L + μD√d)-Lipschitz on the cube.
     """
     require_x64()
-    _validate.epsilon(epsilon)
+    _validate.epsilon("epsilon", epsilon)
     _validate.non_negative("mu", mu)
     relation = as_relation(relation)
     n, d = jnp.shape(X)

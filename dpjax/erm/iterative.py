@@ -1,7 +1,8 @@
 """Iterative private ERM: projected DP-GD / DP-SGD (lit. §1.4), Laplace DP-SGD (advances lecture).
 
 All three are built from the shared DP-SGD pieces — :func:`dpjax.clipped_grad` (per-example
-clipped SUM), :func:`dpjax.add_gaussian_noise` / :func:`dpjax.laplace_dpsgd` (the one noise
+clipped SUM), :func:`dpjax.add_gaussian_noise` / :func:`dpjax.laplace_dp_sgd_optimizer` (the one
+noise
 path) — then divide by a PUBLIC constant (n, or q·n for Poisson sampling), add the exact
 regulariser gradient μw, step, and project onto the ball ‖w‖ ≤ D.
 
@@ -22,15 +23,15 @@ import jax.numpy as jnp
 
 from dpjax import _validate
 from dpjax.accounting import calibrate_noise_multiplier, zcdp_rho_for_epsilon
-from dpjax.accounting.events import GaussianEvent, PoissonSampledGaussianEvent
-from dpjax.clipping import clipped_grad
+from dpjax.dp_sgd.clipping import clipped_grad
+from dpjax.dp_sgd.optimizers import laplace_dp_sgd_event, laplace_dp_sgd_optimizer
+from dpjax.dp_sgd.transforms import add_gaussian_noise
 from dpjax.erm import bounds
 from dpjax.erm.losses import Loss
 from dpjax.erm.result import ERMResult
 from dpjax.erm.solver import prepare_data, public_dataset_size, require_x64
-from dpjax.optimizers import laplace_dpsgd, laplace_dpsgd_event
+from dpjax.events import GaussianEvent, PoissonSampledGaussianEvent
 from dpjax.relation import REPLACE_ONE, NeighbouringRelation, as_relation
-from dpjax.transforms import add_gaussian_noise
 
 __all__ = [
     "Schedule",
@@ -124,7 +125,7 @@ def _check_common(loss, mu, radius, epsilon, delta, relation):
     require_x64()
     _validate.non_negative("mu", mu)
     _validate.positive("radius", radius)
-    _validate.epsilon(epsilon)
+    _validate.epsilon("epsilon", epsilon)
     _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
     if loss.domain_radius is not None and float(radius) > loss.domain_radius:
         _validate.fail(
@@ -318,7 +319,7 @@ def dp_sgd(
         E‖ĝ‖² ≤ G² + (1 − q)C²/(qn) + dσ² (Poisson sampling variance), σ = σ_s/(qn).
     """
     relation = _check_common(loss, mu, radius, epsilon, delta, relation)
-    _validate.probability(sampling_rate, "sampling_rate")
+    _validate.probability("sampling_rate", sampling_rate)
     _validate.one_of("output", output, ("average", "last"))
     steps = _validate.positive_int("steps", steps)
     X, y = prepare_data(X, y, loss)
@@ -380,7 +381,7 @@ def laplace_dp_sgd(
     mu: float = 0.0,
     clip_norm: float | None = None,
 ) -> ERMResult:
-    r"""The Laplace-noise batch-1 DP-SGD of the advances lecture (Thms 36–37), via laplace_dpsgd.
+    r"""The Laplace-noise batch-1 DP-SGD of the advances lecture (Thms 36–37).
 
     .. math::  \beta^{(h)} = \beta^{(h-1)} - \gamma_{h-1}\big(\mathrm{clip}_C\nabla\ell(
                \beta^{(h-1)}; z_{\Omega_h}) + \mu\beta^{(h-1)} + \theta_h Z_h\big),\quad
@@ -395,7 +396,7 @@ def laplace_dp_sgd(
         Theorem 37 vanishes iff 2κ + ρ > 2). mu: μ ≥ 0 (exact, not noised). clip_norm: C.
 
     Returns:
-        :class:`ERMResult` with ``event = dpjax.laplace_dpsgd_event(...)`` (per-step Δ₁/θ_h;
+        :class:`ERMResult` with ``event = dpjax.laplace_dp_sgd_event(...)`` (per-step Δ₁/θ_h;
         the whole trajectory, hence β̄, is (Σ_h Δ₁/θ_h, 0)-DP by basic composition) and
         ``excess_risk_bound = inf`` (Theorem 37's constant C is not explicit).
 
@@ -406,7 +407,7 @@ def laplace_dp_sgd(
         ε·a_h-DP for the h-th iterate alone; dpjax records the composition, which covers β̄.
     """
     require_x64()
-    _validate.epsilon(epsilon)
+    _validate.epsilon("epsilon", epsilon)
     _validate.non_negative("mu", mu)
     steps = _validate.positive_int("steps", steps)
     X, y = prepare_data(X, y, loss)
@@ -415,11 +416,13 @@ def laplace_dp_sgd(
         _validate.positive("clip_norm", loss.lipschitz if clip_norm is None else clip_norm)
     )
     l1 = 2.0 * clip * math.sqrt(d)
-    event = laplace_dpsgd_event(
+    event = laplace_dp_sgd_event(
         l1_sensitivity=l1, epsilon=epsilon, rho=rho, kappa=kappa, steps=steps
     )
     noise_key, index_key = jax.random.split(key)
-    opt = laplace_dpsgd(l1_sensitivity=l1, epsilon=epsilon, rho=rho, kappa=kappa, key=noise_key)
+    opt = laplace_dp_sgd_optimizer(
+        l1_sensitivity=l1, epsilon=epsilon, rho=rho, kappa=kappa, key=noise_key
+    )
     grad_fn = clipped_grad(loss, l2_clip_norm=clip, method="vmap")
     idx = jax.random.randint(index_key, (steps,), 0, n)
     gammas = jnp.arange(1, steps + 1, dtype=jnp.float64) ** (-rho)

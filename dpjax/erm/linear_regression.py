@@ -9,9 +9,9 @@ import jax.numpy as jnp
 
 from dpjax import _validate
 from dpjax._noise import tree_add_noise
-from dpjax.accounting.events import GaussianEvent
 from dpjax.erm.result import ERMResult
 from dpjax.erm.solver import finite_or_zero, public_dataset_size, require_x64
+from dpjax.events import GaussianEvent
 from dpjax.mechanisms import gaussian_sigma
 from dpjax.relation import REPLACE_ONE, NeighbouringRelation, as_relation
 
@@ -113,7 +113,7 @@ def noisy_sufficient_statistics_regression(
     """
     require_x64()
     _validate.positive("mu", mu)
-    _validate.epsilon(epsilon)
+    _validate.epsilon("epsilon", epsilon)
     _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
     relation = as_relation(relation)
     sens = sufficient_statistics_sensitivity(label_bound=label_bound, relation=relation)

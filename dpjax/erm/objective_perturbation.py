@@ -10,13 +10,13 @@ import jax.numpy as jnp
 
 from dpjax import _validate
 from dpjax._noise import tree_noise_like
-from dpjax.accounting.events import EpsilonDeltaEvent
 from dpjax.erm import bounds
 from dpjax.erm.accelerated import accelerated_minimiser, accelerated_steps, smoothness_bound
 from dpjax.erm.losses import Loss
 from dpjax.erm.output_perturbation import gamma_norm_sampler
 from dpjax.erm.result import ERMResult
 from dpjax.erm.solver import objective, prepare_data, require_x64
+from dpjax.events import EpsilonDeltaEvent
 from dpjax.relation import REPLACE_ONE, NeighbouringRelation, as_relation
 
 __all__ = [
@@ -221,8 +221,8 @@ def objective_perturbation(
     """
     require_x64()
     check_objective_perturbation_loss(loss, mu)
-    _validate.epsilon(epsilon)
-    _validate.delta(delta)
+    _validate.epsilon("epsilon", epsilon)
+    _validate.delta("delta", delta)
     if variant == "kst" and not loss.continuous_hessian:
         raise ValueError(
             f"loss must have a continuous Hessian for variant='kst' (KST12's assumption); got "
@@ -333,7 +333,7 @@ def approximate_objective_perturbation(
     check_objective_perturbation_loss(loss, mu)
     if not loss.continuous_hessian:
         _validate.fail("loss", loss.name, "a loss with a continuous Hessian (KST12)")
-    _validate.epsilon(epsilon)
+    _validate.epsilon("epsilon", epsilon)
     _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
     _validate.in_range("output_fraction", output_fraction, 0.0, 1.0, low_inclusive=False)
     X, y = prepare_data(X, y, loss)

@@ -9,7 +9,6 @@ import jax.numpy as jnp
 
 from dpjax import _validate
 from dpjax._noise import tree_add_noise
-from dpjax.accounting.events import EpsilonDeltaEvent, GaussianEvent
 from dpjax.erm import bounds
 from dpjax.erm.accelerated import accelerated_minimiser, accelerated_steps, smoothness_bound
 from dpjax.erm.losses import Loss, moreau_smoothed
@@ -21,6 +20,7 @@ from dpjax.erm.solver import (
     public_dataset_size,
     require_x64,
 )
+from dpjax.events import EpsilonDeltaEvent, GaussianEvent
 from dpjax.mechanisms import gaussian_sigma
 from dpjax.relation import REPLACE_ONE, NeighbouringRelation, as_relation
 
@@ -172,8 +172,8 @@ def output_perturbation(
     """
     require_x64()
     _validate.positive("mu", mu)
-    _validate.epsilon(epsilon)
-    _validate.delta(delta)
+    _validate.epsilon("epsilon", epsilon)
+    _validate.delta("delta", delta)
     _validate.one_of("variant", variant, _VARIANTS)
     relation = as_relation(relation)
     check_domain(loss, mu)

@@ -6,7 +6,7 @@ import dataclasses
 
 import jax
 
-from dpjax.accounting.events import PrivacyEvent
+from dpjax.events import PrivacyEvent
 from dpjax.relation import NeighbouringRelation
 
 __all__ = ["ERMResult"]
@@ -28,7 +28,7 @@ class ERMResult:
         excess_risk_bound: the theorem's bound on E[J(w_priv)] − J(w*) for the objective the
             caller passed (see each solver's docstring for which J), or ``inf`` where no
             theorem's assumptions hold (``bound_note`` then says why).
-        event: the privacy event (``dpjax.accounting.events``) the release spent.
+        event: the privacy event (``dpjax.events``) the release spent.
         relation: the neighbouring relation of the guarantee (same as ``event.relation``).
         sensitivity: the sensitivity the noise was calibrated to (ℓ2 unless stated), or None.
         noise_scale: σ (Gaussian), 1/β (Gamma-norm noise) or the Laplace scale.

@@ -111,8 +111,8 @@ def bounded_laplace_scale(
         >>> b > 1.0
         True
     """
-    _validate.epsilon(epsilon)
-    _validate.delta(delta)
+    _validate.epsilon("epsilon", epsilon)
+    _validate.delta("delta", delta)
     lo, hi = _domain(lower, upper)
     delta_q = _check_sensitivity(sensitivity, hi - lo)
     budget = float(epsilon) - math.log1p(-float(delta))

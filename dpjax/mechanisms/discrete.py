@@ -84,7 +84,7 @@ def discrete_laplace_ratio(
     *, sensitivity: float, epsilon: float, granularity: float, num_coordinates: int = 1
 ) -> float:
     """r = exp(−ε g/Δ_g): P[K = k] ∝ r^{|k|} for the integer noise K of each coordinate."""
-    _validate.epsilon(epsilon)
+    _validate.epsilon("epsilon", epsilon)
     delta_g = grid_sensitivity(sensitivity, granularity, num_coordinates)
     return math.exp(-float(epsilon) * float(granularity) / delta_g)
 
@@ -259,7 +259,7 @@ def discrete_laplace(
     """
     g = _check_granularity(granularity)
     _validate.positive("sensitivity", sensitivity)
-    _validate.epsilon(epsilon)
+    _validate.epsilon("epsilon", epsilon)
     _validate.positive("bound", bound)
     half = math.floor(float(bound) / g)
     if not 1 <= half <= 2**22:

@@ -58,7 +58,7 @@ def exponential_mechanism_scale(
         4.0
     """
     _validate.positive("sensitivity", sensitivity)
-    _validate.epsilon(epsilon)
+    _validate.epsilon("epsilon", epsilon)
     factor = 1.0 if monotonic else 2.0
     return factor * float(sensitivity) / float(epsilon)
 
@@ -180,7 +180,7 @@ def exponential_mechanism_utility_bound(
         Talwar 2007; Dwork & Roth 2014, Thm 3.11.
     """
     _validate.positive("sensitivity", sensitivity)
-    _validate.epsilon(epsilon)
+    _validate.epsilon("epsilon", epsilon)
     d = _validate.positive_int("num_candidates", num_candidates)
     _validate.positive("t", t)
     return 2.0 * float(sensitivity) * (math.log(d) + float(t)) / float(epsilon)
@@ -200,7 +200,7 @@ def exponential_mechanism_expected_gap_bound(
         2014, Thm 3.11 gives the tail form).
     """
     _validate.positive("sensitivity", sensitivity)
-    _validate.epsilon(epsilon)
+    _validate.epsilon("epsilon", epsilon)
     d = _validate.positive_int("num_candidates", num_candidates)
     return 2.0 * float(sensitivity) * math.log(d) / float(epsilon)
 
@@ -213,7 +213,7 @@ def report_noisy_max_scale(*, sensitivity: float, epsilon: float) -> float:
         1.0
     """
     _validate.positive("sensitivity", sensitivity)
-    _validate.epsilon(epsilon)
+    _validate.epsilon("epsilon", epsilon)
     return 2.0 * float(sensitivity) / float(epsilon)
 
 

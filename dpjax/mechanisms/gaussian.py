@@ -109,7 +109,7 @@ def classic_gaussian_sigma(*, sensitivity: float, epsilon: float, delta: float) 
             small or large that σ is not a finite, normal float64.
     """
     sensitivity = _validate.positive("sensitivity", sensitivity)
-    epsilon = _validate.epsilon(epsilon)
+    epsilon = _validate.epsilon("epsilon", epsilon)
     delta = _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
     if not epsilon < 1.0:
         raise ValueError(
@@ -169,7 +169,7 @@ def analytic_gaussian_sigma(*, sensitivity: float, epsilon: float, delta: float)
         3.73
     """
     sensitivity = _validate.positive("sensitivity", sensitivity)
-    epsilon = _validate.epsilon(epsilon)
+    epsilon = _validate.epsilon("epsilon", epsilon)
     delta = _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
     sigma = _sigma_for_ratio(_analytic_ratio(epsilon, delta), sensitivity, epsilon, delta)
     while gaussian_delta(sigma=sigma, sensitivity=sensitivity, epsilon=epsilon) > delta:

@@ -40,7 +40,7 @@ def laplace_scale(*, sensitivity: float, epsilon: float) -> float:
         2.0
     """
     _validate.positive("sensitivity", sensitivity)
-    _validate.epsilon(epsilon)
+    _validate.epsilon("epsilon", epsilon)
     return float(sensitivity) / float(epsilon)
 
 

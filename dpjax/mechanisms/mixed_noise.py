@@ -48,7 +48,7 @@ def mixed_noise_threshold(*, epsilon: float, delta: float) -> float:
         >>> round(mixed_noise_threshold(epsilon=1.0, delta=0.1), 6)
         0.088623
     """
-    _validate.epsilon(epsilon)
+    _validate.epsilon("epsilon", epsilon)
     _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
     return math.sqrt(math.pi) * float(delta) * float(epsilon) / 2.0
 
@@ -63,7 +63,7 @@ def mixed_noise_lecture_delta(*, epsilon: float) -> float:
     Formal guarantees:
         Balle & Wang 2018, Theorem 8, through ``gaussian_delta`` (σ/Δ = √2/ε).
     """
-    _validate.epsilon(epsilon)
+    _validate.epsilon("epsilon", epsilon)
     return gaussian_delta(sigma=math.sqrt(2.0) / float(epsilon), sensitivity=1.0, epsilon=epsilon)
 
 

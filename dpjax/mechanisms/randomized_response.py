@@ -73,7 +73,7 @@ def randomized_response_keep_probability(*, epsilon: float, num_categories: int 
         >>> round(randomized_response_keep_probability(epsilon=math.log(3.0)), 12)
         0.75
     """
-    _validate.epsilon(epsilon)
+    _validate.epsilon("epsilon", epsilon)
     k = _num_categories(num_categories)
     # e^ε / (e^ε + k − 1) written as 1 / (1 + (k − 1) e^{−ε}) so it does not overflow.
     return 1.0 / (1.0 + (k - 1) * math.exp(-float(epsilon)))
@@ -124,7 +124,7 @@ def randomized_response_other_weight(*, epsilon: float, num_categories: int = 2)
         >>> randomized_response_other_weight(epsilon=math.log(3.0))  # 2^32 / 4, exactly
         1073741824
     """
-    _validate.epsilon(epsilon)
+    _validate.epsilon("epsilon", epsilon)
     k = _num_categories(num_categories)
     if float(epsilon) > 40.0:  # 2^32/(e^ε + k − 1) < 1: one word per other category
         m = 1

@@ -69,7 +69,7 @@ def smooth_laplace_delta(*, epsilon: float, delta_prime: float) -> float:
 
     Laplace noise Lap(2S/ε) with S β-smooth, β ≤ ε/(2 ln(2/δ')), is (ε, δ)-DP for this δ.
     """
-    _validate.epsilon(epsilon)
+    _validate.epsilon("epsilon", epsilon)
     _validate.in_range("delta_prime", delta_prime, 0.0, 1.0, low_inclusive=False)
     return 0.5 * float(delta_prime) * (math.exp(0.5 * float(epsilon)) + 1.0)
 
@@ -248,7 +248,7 @@ def smooth_noise_parameters(
         >>> round(p.beta, 6), round(p.multiplier, 6)
         (0.707107, 1.414214)
     """
-    _validate.epsilon(epsilon)
+    _validate.epsilon("epsilon", epsilon)
     _validate.one_of("noise", noise, _NOISES)
     _validate.one_of("recipe", recipe, _RECIPES)
     eps = float(epsilon)

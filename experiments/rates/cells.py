@@ -287,7 +287,7 @@ def dpgd_sc_quadratic(mu: float) -> Measure:
 
 @functools.cache
 def _laplace_last_iterate(rho: float, kappa: float, epsilon: float, mu: float, steps: int):
-    """Compiled vmapped N-step run of ``dpjax.laplace_dpsgd`` (optax) returning the LAST iterate."""
+    """Compiled vmapped N-step run of ``dpjax.laplace_dp_sgd_optimizer``: the LAST iterate."""
     import dpjax
 
     loss = erm_loss("linear")
@@ -296,7 +296,7 @@ def _laplace_last_iterate(rho: float, kappa: float, epsilon: float, mu: float, s
     def one(key, X, y):
         l1 = 2.0 * clip * math.sqrt(X.shape[1])  # ℓ1 sensitivity of a clipped gradient (replace)
         noise_key, index_key = jax.random.split(key)
-        opt = dpjax.laplace_dpsgd(
+        opt = dpjax.laplace_dp_sgd_optimizer(
             l1_sensitivity=l1, epsilon=epsilon, rho=rho, kappa=kappa, key=noise_key
         )
         grad_fn = dpjax.clipped_grad(loss, l2_clip_norm=clip, method="vmap")
@@ -318,8 +318,9 @@ def _laplace_last_iterate(rho: float, kappa: float, epsilon: float, mu: float, s
 def laplace_dpsgd_last(rho: float, kappa: float, mu: float = 1.0) -> Measure:
     """Laplace batch-1 DP-SGD of 004 (Theorem 36 noise θ_h, a_h = h^κ), N = n steps, last iterate.
 
-    Built from the public ``dpjax.laplace_dpsgd`` optax transform and ``dpjax.clipped_grad``, on
-    the linear loss −<w, x> + (μ/2)‖w‖² (Hessian exactly μI, clipping at L = 1 never active), so
+    Built from the public ``dpjax.laplace_dp_sgd_optimizer`` optax transform and
+    ``dpjax.clipped_grad``, on the linear loss −<w, x> + (μ/2)‖w‖² (Hessian exactly μI,
+    clipping at L = 1 never active), so
     the excess (μ/2)‖β_N − β*‖² follows m_{h+1} = (1 − μγ_h)²m_h + γ_h²(s² + 2dθ_h²), whose
     noise part is ∝ γ_Nθ_N²/μ ∝ N^{2−ρ−2κ} (literature §1.8; 004 Theorem 37's A₃ has the same
     exponent). No explicit-constant bound is stated (Theorem 37's constant is not explicit),

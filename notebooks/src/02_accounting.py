@@ -233,7 +233,7 @@ print(f"(ε, δ) = (0.5, 1e-6) for a group of 3: ({eps_k:.2f}, {delta_k:.3e})")
 # (`003_eb46ba05ef56608d.txt`, "Privacy amplification by subsampling"; ≈ pε for small ε).
 # DP-SGD composes $T$ such subsampled Gaussian steps. The lecture's recipe amplifies each step and
 # composes with advanced composition; the tight accountants (RDP, the "moments accountant" of
-# Abadi et al.; PLD) account the subsampled Gaussian directly (`dpsgd_epsilon`). For the recipe
+# Abadi et al.; PLD) account the subsampled Gaussian directly (`dp_sgd_epsilon`). For the recipe
 # each step is a Gaussian release at $(\varepsilon_0, \delta_0)$ with $\delta_0 = \delta/(2Tq)$,
 # amplified to $(\ln(1 + q(e^{\varepsilon_0} - 1)), q\delta_0)$, and composed with
 # $\delta' = \delta/2$, so that the total δ is the same for all three.
@@ -251,9 +251,9 @@ ax1.set_ylabel("amplified ε")
 ax1.legend(fontsize=8)
 
 steps_grid = [10, 100, 1000, 3000]
-eps_pld = [acc.dpsgd_epsilon(noise_multiplier=NOISE_MULTIPLIER, sampling_rate=SAMPLING_RATE,
+eps_pld = [acc.dp_sgd_epsilon(noise_multiplier=NOISE_MULTIPLIER, sampling_rate=SAMPLING_RATE,
                              steps=s, delta=DELTA, method="pld") for s in steps_grid]
-eps_rdp = [acc.dpsgd_epsilon(noise_multiplier=NOISE_MULTIPLIER, sampling_rate=SAMPLING_RATE,
+eps_rdp = [acc.dp_sgd_epsilon(noise_multiplier=NOISE_MULTIPLIER, sampling_rate=SAMPLING_RATE,
                              steps=s, delta=DELTA, method="rdp") for s in steps_grid]
 # the lecture's recipe: per-step Gaussian (ε₀, δ₀), amplified by p, then advanced composition
 eps_recipe = []
@@ -286,14 +286,14 @@ eps_amp, delta_amp = acc.amplification_by_subsampling(epsilon=1.0, delta=1e-6, s
 assert math.isclose(eps_amp, math.log(1 + (math.e - 1) * 0.01))
 assert math.isclose(delta_amp, 0.01 * 1e-6)
 assert all(c <= b + 1e-6 <= a + 1e-6 for a, b, c in zip(eps_recipe, eps_rdp, eps_pld))
-full_batch = acc.dpsgd_epsilon(noise_multiplier=5.0, sampling_rate=1.0, steps=10, delta=DELTA)
+full_batch = acc.dp_sgd_epsilon(noise_multiplier=5.0, sampling_rate=1.0, steps=10, delta=DELTA)
 exact_full = mech.gaussian_epsilon(sigma=5.0, sensitivity=math.sqrt(10), delta=DELTA)
 print(f"full-batch DP-GD, 10 steps, σ/C = 5: PLD {full_batch:.4f}, exact {exact_full:.4f}")
 assert abs(full_batch - exact_full) < 5e-3
 sigma_needed = acc.calibrate_noise_multiplier(target_epsilon=1.0, delta=DELTA,
                                               sampling_rate=SAMPLING_RATE, steps=1000,
                                               method="rdp")
-eps_back = acc.dpsgd_epsilon(noise_multiplier=sigma_needed, sampling_rate=SAMPLING_RATE,
+eps_back = acc.dp_sgd_epsilon(noise_multiplier=sigma_needed, sampling_rate=SAMPLING_RATE,
                              steps=1000, delta=DELTA, method="rdp")
 print(f"σ/C for ε = 1 after 1000 steps at q = {SAMPLING_RATE}: {sigma_needed:.4f} (ε back: {eps_back:.4f})")
 assert 0.99 <= eps_back <= 1.0

@@ -9,10 +9,10 @@
 #    replace-one (`003_eb46ba05ef56608d.txt`, "DP Gradient Descent");
 # 2. **the Gaussian mechanism on the sum**: $N(0, \sigma^2C^2 I)$ added once per step
 #    (`dpjax.add_gaussian_noise`), then division by the PUBLIC expected batch size $qn$
-#    (`dpjax.normalize_by`) and any optax optimizer (post-processing); `dpjax.dpsgd` chains the
+#    (`dpjax.normalize_by`) and any optax optimizer (post-processing); `dpjax.dp_sgd` chains the
 #    three;
 # 3. **accounting**: Poisson sampling at rate $q$ amplifies privacy (003, "privacy
-#    amplification by subsampling") and `dpjax.accounting.dpsgd_epsilon` composes the $T$
+#    amplification by subsampling") and `dpjax.accounting.dp_sgd_epsilon` composes the $T$
 #    subsampled Gaussian steps tightly (PLD).
 #
 # The model is a small flax MLP on scikit-learn's 8×8 digits (1797 images shipped with the
@@ -164,7 +164,7 @@ assert abs(np.corrcoef(samples[:-1].ravel(), samples[1:].ravel())[0, 1]) < 5 / m
 #
 # `PoissonSampler` draws each example with probability $q = 64/n$ into a padded batch; its
 # `event` is the `PoissonSampledGaussianEvent` the accountant needs. σ is a privacy parameter,
-# a public constant that `dpjax.dpsgd` checks and refuses as a traced value, so we compile the
+# a public constant that `dpjax.dp_sgd` checks and refuses as a traced value, so we compile the
 # whole `lax.scan` training loop once per noise multiplier (σ = 0 is the non-private baseline).
 
 # %%
@@ -174,7 +174,7 @@ sigmas = [0.0] + list(NOISE_MULTIPLIERS)  # Python floats: privacy parameters ar
 
 def train_model(noise_multiplier, key):
     noise_key, sample_key = jax.random.split(key)
-    tx = dpjax.dpsgd(optimizer=optax.sgd(LEARNING_RATE, momentum=0.9),
+    tx = dpjax.dp_sgd_optimizer(optimizer=optax.sgd(LEARNING_RATE, momentum=0.9),
                      noise_multiplier=noise_multiplier, l2_clip_norm=CLIP,
                      normalizer=sampler.expected_batch_size, key=noise_key)
 
@@ -198,7 +198,7 @@ def accuracy(params, x, y):
 trained = [jax.jit(lambda k, s=s: train_model(s, k))(k)
            for s, k in zip(sigmas, jax.random.split(key_train, len(sigmas)))]
 test_acc = np.array([accuracy(params, x_test, y_test) for params in trained])
-epsilons = [acc.dpsgd_epsilon(noise_multiplier=float(s), sampling_rate=sampler.sampling_rate,
+epsilons = [acc.dp_sgd_epsilon(noise_multiplier=float(s), sampling_rate=sampler.sampling_rate,
                               steps=STEPS, delta=DELTA) for s in NOISE_MULTIPLIERS]
 # Truncation above the padded cap adds (1 + e^ε)·T·p̄ to δ (it depends on ε): take the largest.
 delta_total = DELTA + max(sampler.delta_slack(STEPS, e) for e in epsilons)
@@ -218,7 +218,7 @@ print(f"non-private: test accuracy {test_acc[0]:.3f}")
 
 # %% [markdown]
 # **Check.** The sampler's event, composed by the generic `PrivacyAccountant`, gives the same ε
-# as `dpsgd_epsilon`; ε falls as σ grows; the non-private model learns the task and the most
+# as `dp_sgd_epsilon`; ε falls as σ grows; the non-private model learns the task and the most
 # private model pays for its privacy in accuracy.
 
 # %%

@@ -8,7 +8,7 @@ The privatised update of DP-SGD is built in three visible steps:
    realised batch size, so normalisation leaks nothing (post-processing).
 3. any optax optimizer (post-processing again).
 
-:func:`add_laplace_dpsgd_noise` is the Laplace-noise DP-SGD of the lecture on
+:func:`add_laplace_dp_sgd_noise` is the Laplace-noise DP-SGD of the lecture on
 advances in DP (Theorems 36–37). Every transform that draws noise REQUIRES a key (no default),
 keeps its raw key data in its state (checkpointable, see :class:`NoiseState`), splits it on every
 update and per leaf (through :mod:`dpjax._noise`), and draws from the 64-bit samplers of
@@ -36,8 +36,8 @@ __all__ = [
     "NoiseState",
     "add_gaussian_noise",
     "normalize_by",
-    "add_laplace_dpsgd_noise",
-    "laplace_dpsgd_theta",
+    "add_laplace_dp_sgd_noise",
+    "laplace_dp_sgd_theta",
     "laplace_dpsgd_step_size",
 ]
 
@@ -209,7 +209,9 @@ def laplace_dpsgd_step_size(h: Any, rho: float) -> Any:
     return h ** (-rho)
 
 
-def laplace_dpsgd_theta(h: Any, *, l1_sensitivity: float, epsilon: float, rho: float, kappa: float):
+def laplace_dp_sgd_theta(
+    h: Any, *, l1_sensitivity: float, epsilon: float, rho: float, kappa: float
+):
     r"""Noise scale θ_h of iteration h ≥ 1 (lecture on advances in DP, Theorem 36).
 
     .. math::  \theta_h = \frac{1}{a_h}\Big\{\frac{\sum_{j=0}^{h-2}\gamma_j}{\gamma_{h-1}}
@@ -270,8 +272,8 @@ def _harmonic_em(m: Any, rho: float, xp: Any) -> Any:
 
 
 def _theta_on_host(h: np.ndarray, dtype: Any, theta_kw: dict) -> np.ndarray:
-    """θ_h in float64 (the exact sum :func:`laplace_dpsgd_event` uses), rounded UP to ``dtype``."""
-    exact = laplace_dpsgd_theta(np.asarray(h, np.int64), **theta_kw).astype(np.float64)
+    """θ_h in float64 (the exact sum :func:`laplace_dp_sgd_event` uses), rounded UP to ``dtype``."""
+    exact = laplace_dp_sgd_theta(np.asarray(h, np.int64), **theta_kw).astype(np.float64)
     rounded = exact.astype(dtype)
     too_small = rounded.astype(np.float64) < exact
     return np.where(too_small, np.nextafter(rounded, np.asarray(np.inf, dtype)), rounded)
@@ -292,14 +294,14 @@ def _theta_rounded_up(h: jax.Array, dtype: Any, theta_kw: dict) -> jax.Array:
     )
 
 
-def add_laplace_dpsgd_noise(
+def add_laplace_dp_sgd_noise(
     *, l1_sensitivity: float, epsilon: float, rho: float, kappa: float, key: jax.Array
 ) -> optax.GradientTransformation:
     r"""Add θ_h · Laplace(0, 1) noise at iteration h (Laplace DP-SGD, Theorems 36–37).
 
     Implements the noise of  β^{(h)} = β^{(h-1)} − γ_{h-1}(∇L_{Ω_h}(β^{(h-1)}) + θ_h Z_h)  with
-    :func:`laplace_dpsgd_theta`; chain it with ``optax.scale_by_schedule`` of −γ (see
-    :func:`dpjax.laplace_dpsgd`, which also builds the privacy event).
+    :func:`laplace_dp_sgd_theta`; chain it with ``optax.scale_by_schedule`` of −γ (see
+    :func:`dpjax.laplace_dp_sgd_optimizer`, which also builds the privacy event).
 
     Args:
         l1_sensitivity: Δ₁, ℓ1 sensitivity of the released gradient under replace-one (for a
@@ -317,12 +319,12 @@ def add_laplace_dpsgd_noise(
         Per step, the noisy gradient is the Laplace mechanism with b = θ_h on a query of ℓ1
         sensitivity Δ₁, hence (Δ₁/θ_h, 0)-DP (replace-one; Dwork–Roth 2014, Theorem 3.6), and T
         steps are (Σ_h Δ₁/θ_h, 0)-DP by basic composition — the rigorous statement recorded by
-        :func:`dpjax.laplace_dpsgd_event`. Theorem 36 of the lecture additionally states that the
+        :func:`dpjax.laplace_dp_sgd_event`. Theorem 36 of the lecture additionally states that the
         h-th iterate alone is ε·a_h-DP (its proof bounds the iterate's sensitivity by
         Σ_{j<h} γ_j Δ₁ and treats earlier steps as fixed).
     """
     _validate.positive("l1_sensitivity", l1_sensitivity)
-    _validate.epsilon(epsilon)
+    _validate.epsilon("epsilon", epsilon)
     _validate.in_range("rho", rho, 0.0, 1.0, low_inclusive=False)
     _validate.non_negative("kappa", kappa)
     key = _check_key(key)

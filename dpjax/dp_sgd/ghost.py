@@ -10,7 +10,7 @@ alone (Goodfellow 2015; Li et al. 2022, "ghost clipping"):
 and the clipped sum is one re-weighted contraction over the batch axis (book-keeping, Bu et
 al. 2023): ``Σ_i s_i a_iᵀ g_i = einsum('bk,bn,b->kn', a, g, s)`` with
 ``s_i = min(1, C / ‖∇ℓ_i‖)``. The layers are found by tracing the per-example loss
-(:mod:`dpjax._ghost_trace`), so flax linen/nnx models and plain pytrees (``x @ W + b``) work
+(:mod:`dpjax.dp_sgd._ghost_trace`), so flax linen/nnx models and plain pytrees (``x @ W + b``) work
 alike. Recognised: a parameter used once as an operand of ``dot_general`` (Dense, ``x @ W``,
 einsum) and ungrouped convolution kernels (as a dense layer on im2col patches, T = output
 positions). For T > 1 a small layer's per-example gradients (K·N ≤ 8192) are formed and reused
@@ -45,7 +45,8 @@ layers materialised one example at a time (``lax.map``, K·N memory). Both branc
 certified bounds; the reported norms are the estimates (not U).
 
 Formal guarantees:
-    Same as the vmap path (:mod:`dpjax.clipping`): every example's contribution to the sum, as
+    Same as the vmap path (:mod:`dpjax.dp_sgd.clipping`): every example's contribution to the sum,
+    as
     computed (rounding of norms, factor, contraction and final cast included), has ℓ2 norm
     ≤ ``l2_clip_norm``, so the sum has ℓ2 sensitivity ``C`` under add-or-remove-one and ``2C``
     under replace-one (Abadi et al. 2016, "Deep Learning with Differential Privacy", §3.1; error
@@ -63,9 +64,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dpjax import _certified, _validate
-from dpjax._certified import HIGHEST
-from dpjax._ghost_trace import DenseTap, GhostPlan, evaluate_tapped, make_plan
+from dpjax import _validate
+from dpjax.dp_sgd import _certified
+from dpjax.dp_sgd._certified import HIGHEST
+from dpjax.dp_sgd._ghost_trace import DenseTap, GhostPlan, evaluate_tapped, make_plan
 
 __all__ = ["supports", "ghost_clipped_sum", "plan"]
 

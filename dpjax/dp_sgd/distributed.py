@@ -3,7 +3,7 @@ r"""Data-parallel DP-SGD on the devices JAX already drives (``jax.shard_map`` + 
 The batch is split along its leading axis over a 1-D device mesh; every device computes the
 clipped sum of its shard, the shards' sums are added with ``psum``, and the result is
 replicated. Noise is then added ONCE to the global sum by the usual transforms
-(:func:`dpjax.dpsgd`): a replicated key gives the same draw everywhere, so the released update
+(:func:`dpjax.dp_sgd`): a replicated key gives the same draw everywhere, so the released update
 equals the single-device one (optax#148 is the bug this avoids: noising per device and
 averaging shrinks the noise by √devices).
 
@@ -25,14 +25,14 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from dpjax import _validate
-from dpjax.clipping import ClippedGrad, ClippingInfo, _batch_size, _check_mask, _pad_rows
+from dpjax.dp_sgd.clipping import ClippedGrad, ClippingInfo, _batch_size, _check_mask, _pad_rows
 from dpjax.relation import ADD_OR_REMOVE_ONE, NeighbouringRelation
 
 __all__ = ["DataParallelClippedGrad", "data_parallel", "replicate"]
 
 
 class DataParallelClippedGrad:
-    """A :class:`dpjax.clipping.ClippedGrad` whose batch is sharded over a device mesh.
+    """A :class:`dpjax.dp_sgd.clipping.ClippedGrad` whose batch is sharded over a device mesh.
 
     Call it like the wrapped function: ``(params, *batch, mask=None) -> (clipped_sum, info)``;
     ``clipped_sum`` is the psum over devices (replicated), ``info`` covers the whole batch.

@@ -92,8 +92,8 @@ class EpsilonDeltaEvent(PrivacyEvent):
     def __post_init__(self) -> None:
         super().__post_init__()
         self._coerce_float("epsilon", "delta")
-        _validate.epsilon(self.epsilon)
-        _validate.delta(self.delta)
+        _validate.epsilon("epsilon", self.epsilon)
+        _validate.delta("delta", self.delta)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +112,7 @@ class PoissonSampledGaussianEvent(PrivacyEvent):
         super().__post_init__()
         self._coerce_float("noise_multiplier", "sampling_rate")
         _validate.positive("noise_multiplier", self.noise_multiplier)
-        _validate.probability(self.sampling_rate, "sampling_rate")
+        _validate.probability("sampling_rate", self.sampling_rate)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,4 +172,4 @@ class LaplaceDPSGDEvent(PrivacyEvent):
         if not self.epsilons:
             _validate.fail("epsilons", self.epsilons, "a non-empty sequence")
         for e in self.epsilons:
-            _validate.epsilon(e, "epsilons[i]")
+            _validate.epsilon("epsilons[i]", e)

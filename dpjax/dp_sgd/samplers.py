@@ -7,10 +7,10 @@ an analysis of sampling without replacement. So each sampler here builds its own
 * :class:`PoissonSampler` — every example joins a batch independently with probability q
   (decided on 64 random bits with integer arithmetic, so the realised rate is exact);
   batches are padded to a fixed shape (indices + mask) so one compiled step serves all sizes;
-  ``event(...)`` is a :class:`~dpjax.accounting.events.PoissonSampledGaussianEvent`
+  ``event(...)`` is a :class:`~dpjax.events.PoissonSampledGaussianEvent`
   (add/remove-one). Normalise by the PUBLIC ``expected_batch_size`` = q·n.
 * :class:`ShuffledBatchSampler` — a fresh permutation per epoch cut into fixed-size batches;
-  ``event(...)`` is a :class:`~dpjax.accounting.events.FixedBatchGaussianEvent`
+  ``event(...)`` is a :class:`~dpjax.events.FixedBatchGaussianEvent`
   (replace-one, ``sampling="shuffle"``: no amplification, epochs counted). Normalise by
   ``batch_size``.
 * :class:`UniformBatchSampler` — a fresh uniformly random b-subset at every step;
@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from scipy import stats
 
 from dpjax import _validate
-from dpjax.accounting.events import FixedBatchGaussianEvent, PoissonSampledGaussianEvent
+from dpjax.events import FixedBatchGaussianEvent, PoissonSampledGaussianEvent
 from dpjax.relation import ADD_OR_REMOVE_ONE, REPLACE_ONE, NeighbouringRelation, as_relation
 
 __all__ = [
@@ -319,7 +319,7 @@ class ShuffledBatchSampler(_FixedSizeBatches):
         Each batch is a uniformly random b-subset marginally, but batches within an epoch are
         disjoint, so the per-step subsampling analyses (Poisson, or independent sampling
         without replacement) do NOT apply (opacus#80). The event is a
-        :class:`~dpjax.accounting.events.FixedBatchGaussianEvent` with ``sampling="shuffle"``
+        :class:`~dpjax.events.FixedBatchGaussianEvent` with ``sampling="shuffle"``
         under replace-one: the accountant charges each record for the ⌈T/⌊n/b⌋⌉ batches it can
         appear in, each a Gaussian release of sensitivity 2C, with no amplification.
 

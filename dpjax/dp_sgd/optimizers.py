@@ -1,6 +1,6 @@
 r"""DP optimisers built from the transforms: DP-SGD, gradient accumulation, Laplace DP-SGD.
 
-The one place where σ, C and the normaliser meet is :func:`dpsgd`:
+The one place where σ, C and the normaliser meet is :func:`dp_sgd_optimizer`:
 
 .. math::  \theta_{t+1} = \theta_t - \text{opt}\Big(\frac{1}{\bar B}\Big[\sum_{i \in B_t}
    \text{clip}_C(g_i) + N(0, \sigma^2 C^2 I)\Big]\Big)
@@ -8,13 +8,13 @@ The one place where σ, C and the normaliser meet is :func:`dpsgd`:
 with :math:`\bar B` a PUBLIC constant (the expected batch size q·n). A training step is::
 
     grad_fn = dpjax.clipped_grad(loss_fn, l2_clip_norm=C)
-    tx = dpjax.dpsgd(optimizer=optax.adam(1e-3), noise_multiplier=σ, l2_clip_norm=C,
+    tx = dpjax.dp_sgd_optimizer(optimizer=optax.adam(1e-3), noise_multiplier=σ, l2_clip_norm=C,
                      normalizer=q * n, key=jax.random.key(0))
     clipped_sum, info = grad_fn(params, x, y, mask=mask)
     updates, opt_state = tx.update(clipped_sum, opt_state, params)
     params = optax.apply_updates(params, updates)
 
-and the privacy is accounted from the sampler's event (:mod:`dpjax.samplers`).
+and the privacy is accounted from the sampler's event (:mod:`dpjax.dp_sgd.samplers`).
 """
 
 from __future__ import annotations
@@ -27,26 +27,26 @@ import numpy as np
 import optax
 
 from dpjax import _noise, _validate
-from dpjax.accounting.events import LaplaceDPSGDEvent
-from dpjax.relation import REPLACE_ONE
-from dpjax.transforms import (
+from dpjax.dp_sgd.transforms import (
     add_gaussian_noise,
-    add_laplace_dpsgd_noise,
+    add_laplace_dp_sgd_noise,
+    laplace_dp_sgd_theta,
     laplace_dpsgd_step_size,
-    laplace_dpsgd_theta,
     normalize_by,
 )
+from dpjax.events import LaplaceDPSGDEvent
+from dpjax.relation import REPLACE_ONE
 
 __all__ = [
-    "dpsgd",
+    "dp_sgd_optimizer",
     "AccumulationState",
     "accumulate_clipped_sums",
-    "laplace_dpsgd",
-    "laplace_dpsgd_event",
+    "laplace_dp_sgd_optimizer",
+    "laplace_dp_sgd_event",
 ]
 
 
-def dpsgd(
+def dp_sgd_optimizer(
     *,
     optimizer: optax.GradientTransformation,
     noise_multiplier: float,
@@ -72,14 +72,14 @@ def dpsgd(
     Formal guarantees:
         One update is the Gaussian mechanism with noise multiplier σ = stddev/C on a sum of
         ℓ2 sensitivity C (add/remove-one; 2C replace-one — the accountant doubles it, see
-        :mod:`dpjax.accounting.events`). With Poisson sampling at rate q for T steps the run is
+        :mod:`dpjax.events`). With Poisson sampling at rate q for T steps the run is
         accounted by ``PoissonSampledGaussianEvent(σ, q, T)`` (Abadi et al. 2016;
         lecture on ML under DP, DP-SGD with amplification by subsampling). The normaliser
         and the optimizer are post-processing.
 
     Example:
         >>> import jax, jax.numpy as jnp, optax
-        >>> tx = dpsgd(optimizer=optax.sgd(0.1), noise_multiplier=1.0, l2_clip_norm=1.0,
+        >>> tx = dp_sgd_optimizer(optimizer=optax.sgd(0.1), noise_multiplier=1.0, l2_clip_norm=1.0,
         ...            normalizer=32.0, key=jax.random.key(0))
         >>> params = jnp.zeros(3)
         >>> updates, state = tx.update(jnp.ones(3), tx.init(params), params)
@@ -117,7 +117,7 @@ def accumulate_clipped_sums(
 ) -> optax.GradientTransformation:
     r"""Gradient accumulation for DP: sum clipped sums of k micro-batches, noise ONCE, then step.
 
-    The wrapped ``private_optimizer`` (e.g. :func:`dpsgd`) sees only the total
+    The wrapped ``private_optimizer`` (e.g. :func:`dp_sgd_optimizer`) sees only the total
     :math:`\sum_{m=1}^{k} S_m` of a logical batch, so its noise is drawn once per logical batch
     (not per micro-batch, optax#527) and its key is split once per release. On the first
     k − 1 calls the emitted update is zero.
@@ -137,8 +137,8 @@ def accumulate_clipped_sums(
 
     Example:
         >>> import jax, jax.numpy as jnp, optax
-        >>> inner = dpsgd(optimizer=optax.sgd(1.0), noise_multiplier=0.0, l2_clip_norm=1.0,
-        ...               normalizer=1.0, key=jax.random.key(0))
+        >>> inner = dp_sgd_optimizer(optimizer=optax.sgd(1.0), noise_multiplier=0.0,
+        ...     l2_clip_norm=1.0, normalizer=1.0, key=jax.random.key(0))
         >>> tx = accumulate_clipped_sums(inner, every_k=2)
         >>> state = tx.init(jnp.zeros(1))
         >>> u1, state = tx.update(jnp.ones(1), state)
@@ -178,7 +178,7 @@ def accumulate_clipped_sums(
 # ----------------------------------------------------------------------------- Laplace DP-SGD
 
 
-def laplace_dpsgd(
+def laplace_dp_sgd_optimizer(
     *, l1_sensitivity: float, epsilon: float, rho: float, kappa: float, key: jax.Array
 ) -> optax.GradientTransformation:
     r"""The Laplace-noise batch-1 DP-SGD (lecture on advances in DP, Theorems 36–37).
@@ -186,7 +186,8 @@ def laplace_dpsgd(
     .. math::  \beta^{(h)} = \beta^{(h-1)} - \gamma_{h-1}\big(\nabla L_{\Omega_h}(\beta^{(h-1)})
        + \theta_h Z_h\big),\quad \gamma_j = (1+j)^{-\rho},\ Z_h \sim \text{Laplace}(0, I),
 
-    θ_h from :func:`dpjax.transforms.laplace_dpsgd_theta` with a_h = h^κ. Feed it the (clipped)
+    θ_h from :func:`dpjax.dp_sgd.transforms.laplace_dp_sgd_theta` with a_h = h^κ. Feed it the
+    (clipped)
     gradient of ONE uniformly drawn example per step.
 
     Args:
@@ -198,15 +199,15 @@ def laplace_dpsgd(
         key: required JAX PRNG key.
 
     Returns:
-        An ``optax.GradientTransformation``; account with :func:`laplace_dpsgd_event`.
+        An ``optax.GradientTransformation``; account with :func:`laplace_dp_sgd_event`.
 
     Formal guarantees:
-        See :func:`dpjax.transforms.add_laplace_dpsgd_noise`: step h is (Δ₁/θ_h)-DP
+        See :func:`dpjax.dp_sgd.transforms.add_laplace_dp_sgd_noise`: step h is (Δ₁/θ_h)-DP
         (replace-one), the run of T steps (Σ_{h≤T} Δ₁/θ_h, 0)-DP by basic composition
-        (:func:`laplace_dpsgd_event`); Theorem 36 of the lecture states ε·a_h-DP for the h-th
+        (:func:`laplace_dp_sgd_event`); Theorem 36 of the lecture states ε·a_h-DP for the h-th
         iterate.
     """
-    noise = add_laplace_dpsgd_noise(
+    noise = add_laplace_dp_sgd_noise(
         l1_sensitivity=l1_sensitivity, epsilon=epsilon, rho=rho, kappa=kappa, key=key
     )
 
@@ -217,13 +218,13 @@ def laplace_dpsgd(
     return optax.chain(noise, step)
 
 
-def laplace_dpsgd_event(
+def laplace_dp_sgd_event(
     *, l1_sensitivity: float, epsilon: float, rho: float, kappa: float, steps: int
 ) -> LaplaceDPSGDEvent:
-    """The privacy event of ``steps`` iterations of :func:`laplace_dpsgd` (replace-one).
+    """The privacy event of ``steps`` iterations of :func:`laplace_dp_sgd_optimizer` (replace-one).
 
     Args:
-        l1_sensitivity, epsilon, rho, kappa: as given to :func:`laplace_dpsgd`.
+        l1_sensitivity, epsilon, rho, kappa: as given to :func:`laplace_dp_sgd_optimizer`.
         steps: T ≥ 1 iterations run (= noisy releases).
 
     Returns:
@@ -231,17 +232,17 @@ def laplace_dpsgd_event(
         the run is (Σ_h ε_h, 0)-DP by basic composition.
 
     Example:
-        >>> ev = laplace_dpsgd_event(l1_sensitivity=1.0, epsilon=1.0, rho=0.5, kappa=0.0, steps=2)
+        >>> ev = laplace_dp_sgd_event(l1_sensitivity=1.0, epsilon=1.0, rho=0.5, kappa=0.0, steps=2)
         >>> [round(e, 4) for e in ev.epsilons]  # θ_2 = (1/2^-0.5 + 1)/1 = 1 + √2
         [1.0, 0.4142]
     """
     _validate.positive("l1_sensitivity", l1_sensitivity)
-    _validate.epsilon(epsilon)
+    _validate.epsilon("epsilon", epsilon)
     _validate.in_range("rho", rho, 0.0, 1.0, low_inclusive=False)
     _validate.non_negative("kappa", kappa)
     steps = _validate.positive_int("steps", steps)
     h = np.arange(1, steps + 1, dtype=np.float64)
-    theta = laplace_dpsgd_theta(
+    theta = laplace_dp_sgd_theta(
         h, l1_sensitivity=l1_sensitivity, epsilon=epsilon, rho=rho, kappa=kappa
     )
     return LaplaceDPSGDEvent(epsilons=tuple(l1_sensitivity / theta), relation=REPLACE_ONE)

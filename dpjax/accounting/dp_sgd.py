@@ -19,20 +19,20 @@ from collections.abc import Sequence
 from typing import Any
 
 from dpjax import _validate
-from dpjax.accounting.events import PoissonSampledGaussianEvent
 from dpjax.accounting.tight import (
     DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
     PLDGridTooLargeError,
     tight_epsilon,
 )
+from dpjax.events import PoissonSampledGaussianEvent
 from dpjax.relation import ADD_OR_REMOVE_ONE, NeighbouringRelation
 
-__all__ = ["dpsgd_epsilon", "calibrate_noise_multiplier", "max_steps"]
+__all__ = ["dp_sgd_epsilon", "calibrate_noise_multiplier", "max_steps"]
 
 _MAX_STEPS_CAP = 10**8
 
 
-def dpsgd_epsilon(
+def dp_sgd_epsilon(
     *,
     noise_multiplier: float,
     sampling_rate: float,
@@ -78,14 +78,14 @@ def dpsgd_epsilon(
         ε.
 
     Example:
-        >>> eps = dpsgd_epsilon(noise_multiplier=1.0, sampling_rate=0.01, steps=1000, delta=1e-5)
+        >>> eps = dp_sgd_epsilon(noise_multiplier=1.0, sampling_rate=0.01, steps=1000, delta=1e-5)
         >>> round(eps, 2)
         1.83
     """
     noise_multiplier = _validate.positive("noise_multiplier", noise_multiplier)
-    sampling_rate = _validate.probability(sampling_rate, "sampling_rate")
+    sampling_rate = _validate.probability("sampling_rate", sampling_rate)
     steps = _validate.positive_int("steps", steps)
-    delta = _validate.delta(delta)
+    delta = _validate.delta("delta", delta)
     event = PoissonSampledGaussianEvent(
         noise_multiplier=noise_multiplier,
         sampling_rate=sampling_rate,
@@ -102,9 +102,9 @@ def dpsgd_epsilon(
 
 
 def _epsilon_or_inf(**kwargs: Any) -> float:
-    """:func:`dpsgd_epsilon`, or inf where the PLD grid is too large (read as over budget)."""
+    """:func:`dp_sgd_epsilon`, or inf where the PLD grid is too large (read as over budget)."""
     try:
-        return dpsgd_epsilon(**kwargs)
+        return dp_sgd_epsilon(**kwargs)
     except PLDGridTooLargeError:
         return math.inf
 
@@ -121,15 +121,15 @@ def calibrate_noise_multiplier(
     value_discretization_interval: float = DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
     orders: Sequence[float] | None = None,
 ) -> float:
-    """The smallest σ/C (to relative tolerance ``rtol``) with ``dpsgd_epsilon`` ≤ target.
+    """The smallest σ/C (to relative tolerance ``rtol``) with ``dp_sgd_epsilon`` ≤ target.
 
-    Bisection in log σ on :func:`dpsgd_epsilon` with the same arguments; the returned value is
+    Bisection in log σ on :func:`dp_sgd_epsilon` with the same arguments; the returned value is
     the bracket end whose ε was evaluated ≤ ``target_epsilon``. A σ whose PLD grid cannot be
     built (:class:`~dpjax.accounting.tight.PLDGridTooLargeError`, only at tiny σ) counts as
     "ε above target", which can only make the returned σ larger (never invalid).
 
     Formal guarantees:
-        Those of :func:`dpsgd_epsilon` at the returned σ (ε ≤ ``target_epsilon`` by
+        Those of :func:`dp_sgd_epsilon` at the returned σ (ε ≤ ``target_epsilon`` by
         construction; ε decreases in σ).
 
     Args:
@@ -138,7 +138,7 @@ def calibrate_noise_multiplier(
         sampling_rate: q in (0, 1].
         steps: T, a positive integer.
         method: ``"pld"`` or ``"rdp"``.
-        relation: the neighbouring relation (see :func:`dpsgd_epsilon`).
+        relation: the neighbouring relation (see :func:`dp_sgd_epsilon`).
         rtol: relative width of the final bracket, in (0, 1).
         value_discretization_interval: PLD grid.
         orders: RDP orders.
@@ -152,10 +152,10 @@ def calibrate_noise_multiplier(
         >>> round(s, 1)
         11.8
     """
-    target_epsilon = _validate.epsilon(target_epsilon, "target_epsilon")
+    target_epsilon = _validate.epsilon("target_epsilon", target_epsilon)
     delta = _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
     rtol = _validate.in_range("rtol", rtol, 0.0, 1.0, low_inclusive=False)
-    sampling_rate = _validate.probability(sampling_rate, "sampling_rate")
+    sampling_rate = _validate.probability("sampling_rate", sampling_rate)
     steps = _validate.positive_int("steps", steps)
 
     @functools.cache
@@ -206,14 +206,14 @@ def max_steps(
     value_discretization_interval: float = DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
     orders: Sequence[float] | None = None,
 ) -> int:
-    """The largest number of steps T with ``dpsgd_epsilon`` ≤ target at a given σ/C.
+    """The largest number of steps T with ``dp_sgd_epsilon`` ≤ target at a given σ/C.
 
-    Doubling then integer bisection on :func:`dpsgd_epsilon` (ε increases in T). A T whose PLD
+    Doubling then integer bisection on :func:`dp_sgd_epsilon` (ε increases in T). A T whose PLD
     grid cannot be built counts as "ε above target" (the result stays valid). At q = 1 the
     exact Gaussian profile makes each evaluation take microseconds.
 
     Formal guarantees:
-        Those of :func:`dpsgd_epsilon` at the returned T (ε ≤ ``target_epsilon`` was evaluated
+        Those of :func:`dp_sgd_epsilon` at the returned T (ε ≤ ``target_epsilon`` was evaluated
         for it, with the same method and settings).
 
     Args:
@@ -222,7 +222,7 @@ def max_steps(
         delta: δ in (0, 1).
         sampling_rate: q in (0, 1].
         method: ``"pld"`` or ``"rdp"``.
-        relation: the neighbouring relation (see :func:`dpsgd_epsilon`).
+        relation: the neighbouring relation (see :func:`dp_sgd_epsilon`).
         value_discretization_interval: PLD grid.
         orders: RDP orders.
 
@@ -234,9 +234,9 @@ def max_steps(
         1
     """
     noise_multiplier = _validate.positive("noise_multiplier", noise_multiplier)
-    target_epsilon = _validate.epsilon(target_epsilon, "target_epsilon")
+    target_epsilon = _validate.epsilon("target_epsilon", target_epsilon)
     delta = _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
-    sampling_rate = _validate.probability(sampling_rate, "sampling_rate")
+    sampling_rate = _validate.probability("sampling_rate", sampling_rate)
 
     def ok(steps: int) -> bool:
         eps = _epsilon_or_inf(

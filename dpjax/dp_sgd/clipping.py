@@ -27,7 +27,8 @@ U_i bounds from above the norm of what the sum actually adds for i before scalin
 per-example gradient as stored, and in the ghost path the exact ``Σ_t a_tᵀg_t`` plus the
 rounding of its contraction over the T positions. Norms are sums of squares with a rigorous
 relative error γ_n = n·u/(1 − n·u) for any summation order (long rows in two levels, see
-:func:`dpjax._certified.row_sq_norms`); η covers the rounding of the factor (C/(U(1+η)) in the
+:func:`dpjax.dp_sgd._certified.row_sq_norms`);
+η covers the rounding of the factor (C/(U(1+η)) in the
 wide dtype), of its cast and product in the sum dtype, and of the cast of the finished sum to a
 narrower output dtype: η = 3u_wide + 3u_sum + u_out (u_out only where the output is narrower
 than the sum dtype, e.g. float32 weights with float64 activations). η ≈ 2·10⁻⁷ in float32 and
@@ -72,8 +73,9 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from dpjax import _certified, _validate
-from dpjax._certified import HIGHEST
+from dpjax import _validate
+from dpjax.dp_sgd import _certified
+from dpjax.dp_sgd._certified import HIGHEST
 from dpjax.relation import ADD_OR_REMOVE_ONE, REPLACE_ONE, NeighbouringRelation, as_relation
 
 __all__ = ["ClippingInfo", "ClippedGrad", "clipped_grad", "clip_pytree"]
@@ -277,9 +279,9 @@ def _vmap_clipped_sum(
 
 
 def _ghost_module() -> Any:
-    """dpjax.ghost if it exists (written in parallel), else None."""
+    """dpjax.dp_sgd.ghost if it exists (written in parallel), else None."""
     try:
-        return importlib.import_module("dpjax.ghost")
+        return importlib.import_module("dpjax.dp_sgd.ghost")
     except ImportError:
         return None
 
@@ -302,7 +304,9 @@ def _clipped_sum_dispatch(
     ghost = _ghost_module()
     if method == "ghost":
         if ghost is None:
-            _validate.fail("method", method, "'vmap' or 'auto' (dpjax.ghost is not available)")
+            _validate.fail(
+                "method", method, "'vmap' or 'auto' (dpjax.dp_sgd.ghost is not available)"
+            )
         return ghost.ghost_clipped_sum(loss_fn, params, batch, **kwargs)
     if ghost is not None and ghost.supports(loss_fn, params, *batch):
         return ghost.ghost_clipped_sum(loss_fn, params, batch, **kwargs)
@@ -484,9 +488,9 @@ def clipped_grad(
         per_layer: clip each leaf separately instead of the whole pytree (always uses vmap).
         microbatch_size: process the batch in chunks of this many rows (``lax.scan``) to bound
             memory; the result is the same sum. ``None``: one chunk.
-        method: "vmap" (materialise per-example grads), "ghost" (``dpjax.ghost``: norms without
-            per-example grads, for supported dense models), "auto" (ghost if it supports the
-            loss, else vmap).
+        method: "vmap" (materialise per-example grads), "ghost"
+            (``dpjax.dp_sgd.ghost``: norms without per-example grads, for supported dense
+            models), "auto" (ghost if it supports the loss, else vmap).
         nan_safe: zero (and count) examples whose certified norm bound is NaN/inf (a NaN/inf
             gradient entry, or a squared norm overflowing the wide dtype); never release them.
 

@@ -1,0 +1,53 @@
+"""DP-SGD: per-example clipping, Poisson sampling, noise and optimizers, in one place.
+
+The pieces compose as an optax pipeline (Abadi et al. 2016, "Deep learning with differential
+privacy", Algorithm 1; lecture on ML under DP):
+
+    sampler (Poisson, padded)  ->  clipped_grad (per-example clip, sum)  ->
+    add_gaussian_noise (once, σC)  ->  normalize_by (public expected batch size)  ->  optimizer
+
+Modules: ``samplers`` (Poisson / shuffled / uniform batches with a fixed padded shape),
+``clipping`` (per-example clipped sums, certified against rounding), ``ghost`` (ghost clipping:
+norms without per-example gradients), ``transforms`` (noise and normalisation as optax
+``GradientTransformation``s, the Laplace DP-SGD noise), ``optimizers`` (``dp_sgd_optimizer``,
+gradient accumulation, Laplace DP-SGD), ``distributed`` (data parallel over a device mesh).
+"""
+
+from dpjax.dp_sgd.clipping import ClippedGrad, ClippingInfo, clip_pytree, clipped_grad
+from dpjax.dp_sgd.distributed import DataParallelClippedGrad, data_parallel, replicate
+from dpjax.dp_sgd.optimizers import (
+    AccumulationState,
+    accumulate_clipped_sums,
+    dp_sgd_optimizer,
+    laplace_dp_sgd_event,
+    laplace_dp_sgd_optimizer,
+)
+from dpjax.dp_sgd.samplers import (
+    PaddedBatch,
+    PoissonSampler,
+    ShuffledBatchSampler,
+    UniformBatchSampler,
+)
+from dpjax.dp_sgd.transforms import add_gaussian_noise, add_laplace_dp_sgd_noise, normalize_by
+
+__all__ = [
+    "AccumulationState",
+    "ClippedGrad",
+    "ClippingInfo",
+    "DataParallelClippedGrad",
+    "PaddedBatch",
+    "PoissonSampler",
+    "ShuffledBatchSampler",
+    "UniformBatchSampler",
+    "accumulate_clipped_sums",
+    "add_gaussian_noise",
+    "add_laplace_dp_sgd_noise",
+    "clip_pytree",
+    "clipped_grad",
+    "data_parallel",
+    "dp_sgd_optimizer",
+    "laplace_dp_sgd_optimizer",
+    "laplace_dp_sgd_event",
+    "normalize_by",
+    "replicate",
+]
