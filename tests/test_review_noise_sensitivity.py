@@ -22,7 +22,8 @@ import optax
 import pytest
 
 import dpjax
-from dpjax import _random, transforms
+from dpjax import _random
+from dpjax.dp_sgd import transforms
 
 C = 1.0
 
@@ -144,7 +145,8 @@ def test_laplace_theta_rounded_up_for_a_float32_tree(h):
 
 _X64_OFF_CODE = """
 import jax, jax.numpy as jnp, numpy as np
-from dpjax import _noise, transforms
+from dpjax import _noise
+from dpjax.dp_sgd import transforms
 kw = dict(l1_sensitivity=1.0, epsilon=1.0, rho=0.5, kappa=0.0)
 seen = []
 original = _noise._check_scale_representable
