@@ -88,7 +88,9 @@ def train(prob: Problem, noise_multiplier: float, axis_name: str = "batch") -> d
     grad_fn = distributed.data_parallel(
         dpjax.clipped_grad(loss, l2_clip_norm=CLIP, method="vmap"), mesh=mesh, axis_name=axis_name
     )
-    tx = optimizer(noise_multiplier, jax.random.key(NOISE_SEED))
+    noise_key = jax.random.key(NOISE_SEED)
+    distributed.assert_same_on_every_process("noise_key", noise_key)  # one draw for the job
+    tx = optimizer(noise_multiplier, noise_key)
     params = distributed.replicate(prob.params, mesh)  # checks: same on every process
     opt_state = distributed.replicate(tx.init(prob.params), mesh)  # the noise key included
 
@@ -109,18 +111,28 @@ def train(prob: Problem, noise_multiplier: float, axis_name: str = "batch") -> d
         "devices": jax.device_count(),
         "rows": [rows.start, rows.stop],
         "params": {k: np.asarray(v).tolist() for k, v in params.items()},
+        "dtypes": {k: str(v.dtype) for k, v in params.items()},
     }
 
 
-def per_process_key_is_refused(prob: Problem) -> str | None:
-    """The footgun: a noise key derived from the process index. ``replicate`` must refuse it."""
+def per_process_key_is_refused(prob: Problem) -> dict[str, str | None]:
+    """The footgun: a noise key derived from the process index. Both checks must refuse it."""
     mesh = jax.make_mesh((jax.device_count(),), ("batch",))
-    bad = optimizer(1.0, jax.random.key(NOISE_SEED + jax.process_index()))
-    try:
-        distributed.replicate(bad.init(prob.params), mesh)
-    except ValueError as err:
-        return str(err)
-    return None
+    bad_key = jax.random.key(NOISE_SEED + jax.process_index())
+    refused: dict[str, str | None] = {}
+    checks = {
+        "assert_same_on_every_process": lambda: distributed.assert_same_on_every_process(
+            "noise_key", bad_key
+        ),
+        "replicate": lambda: distributed.replicate(optimizer(1.0, bad_key).init(prob.params), mesh),
+    }
+    for name, check in checks.items():
+        try:
+            check()
+            refused[name] = None
+        except ValueError as err:
+            refused[name] = str(err)
+    return refused
 
 
 def free_port() -> int:

@@ -135,7 +135,8 @@ def data_parallel(
 
     Args:
         grad_fn: from :func:`dpjax.clipped_grad`.
-        mesh: a mesh with an axis ``axis_name``; default: all devices on one axis.
+        mesh: a mesh with an axis ``axis_name``; default: all devices on one axis (with
+            several processes: every device of every process, ``jax.devices()``).
         axis_name: the mesh axis the batch is split over.
 
     Returns:
@@ -176,6 +177,12 @@ def replicate(tree: Any, mesh: Mesh) -> Any:
 
     Raises:
         ValueError: (several processes) a leaf differs between processes.
+
+    Example:
+        >>> mesh = jax.make_mesh((jax.device_count(),), ("batch",))
+        >>> state = replicate({"w": jnp.zeros(3), "key": jax.random.key(0)}, mesh)
+        >>> state["w"].sharding.is_fully_replicated
+        True
     """
     sharding = jax.sharding.NamedSharding(mesh, P())
     if jax.process_count() == 1:
@@ -185,13 +192,20 @@ def replicate(tree: Any, mesh: Mesh) -> Any:
 
 
 def _put_replicated(x: Any, sharding: jax.sharding.NamedSharding) -> jax.Array:
-    """Host value -> global replicated array (device_put refuses a jax.Array across processes)."""
+    """This process's copy -> a global replicated array, without gathering it from the others.
+
+    (``jax.device_put`` refuses a ``jax.Array`` across processes, all-gathers a numpy value to
+    compare it, and — jax 0.10 with x64 off — compares float64 input with its float32 copy and
+    fails; equality was checked above by digest.)
+    """
     if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(sharding, x.ndim):
         return x
     if isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
-        data = jax.device_put(np.asarray(jax.random.key_data(x)), sharding)
+        data = _put_replicated(jax.random.key_data(x), sharding)
         return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
-    return jax.device_put(np.asarray(x), sharding)
+    host = np.asarray(x)
+    host = host.astype(jax.dtypes.canonicalize_dtype(host.dtype), copy=False)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
 def _leaf_fingerprint(x: Any) -> np.ndarray:
@@ -222,7 +236,11 @@ def assert_same_on_every_process(name: str, tree: Any) -> None:
         tree: a pytree of arrays / PRNG keys (host-local, or replicated global arrays).
 
     Raises:
-        ValueError: naming the leaves that differ and the processes they differ on.
+        ValueError: naming the leaves that differ.
+
+    Example:
+        >>> key = jax.random.key(0)  # not jax.random.key(jax.process_index())
+        >>> assert_same_on_every_process("noise_key", key)  # every process calls it
     """
     paths_and_leaves = jax.tree_util.tree_leaves_with_path(tree)
     if jax.process_count() == 1 or not paths_and_leaves:
@@ -232,13 +250,13 @@ def assert_same_on_every_process(name: str, tree: Any) -> None:
     differs = np.any(everyone != everyone[:1], axis=(0, 2))
     if np.any(differs):
         paths = [
-            jax.tree_util.keystr(p)
+            jax.tree_util.keystr(p) or "<root>"
             for (p, _), d in zip(paths_and_leaves, differs, strict=True)
             if d
         ]
         _validate.fail(
             name,
-            f"leaves {paths} that differ between the {jax.process_count()} processes",
+            f"the leaves {paths} differing between the {jax.process_count()} processes",
             "identical on every process (one noise key for the whole job: the update is ONE "
             "Gaussian mechanism on the global clipped sum, not one per process)",
         )
@@ -297,6 +315,15 @@ def global_batch(local_batch: Any, mesh: Mesh, axis_name: str = "batch") -> Any:
     Raises:
         ValueError: leaves without a common leading axis, or a row count that is not a
             multiple of this process's devices along ``axis_name``.
+
+    Example:
+        >>> import numpy as np
+        >>> mesh = jax.make_mesh((jax.device_count(),), ("batch",))
+        >>> size = 4 * jax.device_count()
+        >>> rows = process_rows(mesh, size)   # one process: every row
+        >>> x, mask = global_batch((np.ones((size, 3))[rows], np.ones(size, bool)[rows]), mesh)
+        >>> x.shape == (size, 3), len(x.sharding.device_set) == jax.device_count()
+        (True, True)
     """
     _check_axis(mesh, axis_name)
     rows = _batch_size((local_batch,))
