@@ -135,6 +135,14 @@ def per_process_key_is_refused(prob: Problem) -> dict[str, str | None]:
     return refused
 
 
+def replicated_shared_key(mesh_axis: str = "batch") -> list[int]:
+    """A typed key that IS shared: replicated over the job, its data read back on this process."""
+    mesh = jax.make_mesh((jax.device_count(),), (mesh_axis,))
+    key = distributed.replicate({"noise_key": jax.random.key(NOISE_SEED)}, mesh)["noise_key"]
+    assert key.sharding.is_fully_replicated and len(key.sharding.device_set) == jax.device_count()
+    return np.asarray(jax.random.key_data(key)).tolist()
+
+
 def free_port() -> int:
     """A TCP port nobody listens on now (for the coordinator on this machine)."""
     with socket.socket() as s:
@@ -213,6 +221,7 @@ def main(argv: list[str] | None = None) -> None:
     result = train(prob, args.noise_multiplier)
     if args.check_key_mismatch:
         result["per_process_key_refused"] = per_process_key_is_refused(prob)
+        result["shared_key_replicated"] = replicated_shared_key()
     print(json.dumps(result), flush=True)
     jax.distributed.shutdown()
 

@@ -117,6 +117,11 @@ def test_a_per_process_noise_key_is_refused(float32_results):
         assert "key" in placed  # the differing leaf: the noise state's key data
 
 
+def test_a_shared_typed_key_is_replicated_over_both_processes(float32_results):
+    expected = np.asarray(jax.random.key_data(jax.random.key(example.NOISE_SEED))).tolist()
+    assert [r["shared_key_replicated"] for r in float32_results] == [expected, expected]
+
+
 # ---- the helpers with ONE process (conftest: 4 CPU devices) -------------------------------
 
 

@@ -31,12 +31,13 @@ Formal guarantees:
     (identical on every process, checked by :func:`replicate` and
     :func:`assert_same_on_every_process`) and added after the ``psum``; every process computes
     the same draw and the same update, so the job releases one noisy sum per step — not one
-    per process (independent per-process draws averaged would shrink the noise by √processes,
-    the optax#148 bug). Each process holds only its shard of the batch; what it sees of the
-    others is their sum (through the ``psum``) — the trust model is that of one curator running
-    the whole job: intermediate per-process sums are not released. The accountant therefore
-    records ONE event per step (the same :class:`dpjax.events` event as one process, with the
-    sampling rate of the global batch), regardless of the number of processes.
+    per process (per-process draws would make the processes diverge, or, averaged, shrink the
+    noise by √processes: the optax#148 bug). Each process holds only its shard of the batch;
+    what it sees of the others is their sum (through the ``psum``) — the trust model is that
+    of one curator running the whole job: intermediate per-process sums are not released. The
+    accountant therefore records ONE event per step (the same :mod:`dpjax.events` event as one
+    process, with the sampling rate of the global batch), regardless of the number of
+    processes.
 """
 
 from __future__ import annotations
@@ -208,13 +209,13 @@ def _put_replicated(x: Any, sharding: jax.sharding.NamedSharding) -> jax.Array:
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
-def _leaf_fingerprint(x: Any) -> np.ndarray:
+def _leaf_fingerprint(name: str, x: Any) -> np.ndarray:
     """A 128-bit digest of a leaf's dtype, shape and bytes, as 4 uint32 (keys: their data)."""
     if isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
         x = jax.random.key_data(x)
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
         if not x.is_fully_replicated:
-            _validate.fail("tree", f"a leaf sharded as {x.sharding}", "replicated or host-local")
+            _validate.fail(name, f"a leaf sharded as {x.sharding}", "replicated or host-local")
         x = x.addressable_data(0)
     host = np.ascontiguousarray(np.asarray(x))
     digest = hashlib.blake2b(digest_size=16)
@@ -245,7 +246,7 @@ def assert_same_on_every_process(name: str, tree: Any) -> None:
     paths_and_leaves = jax.tree_util.tree_leaves_with_path(tree)
     if jax.process_count() == 1 or not paths_and_leaves:
         return
-    local = np.stack([_leaf_fingerprint(x) for _, x in paths_and_leaves])
+    local = np.stack([_leaf_fingerprint(name, x) for _, x in paths_and_leaves])
     everyone = np.asarray(multihost_utils.process_allgather(local))  # (processes, leaves, 4)
     differs = np.any(everyone != everyone[:1], axis=(0, 2))
     if np.any(differs):
