@@ -22,11 +22,14 @@ same command on every host; ``initialize()`` finds the pod)::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 from dataclasses import dataclass
 
 import jax
@@ -153,10 +156,15 @@ def free_port() -> int:
 def spawn(
     num_processes: int, cpu_devices: int, extra_args: list[str], timeout: float
 ) -> list[subprocess.CompletedProcess]:
-    """Run this file as ``num_processes`` processes on this machine; kill them all on failure.
+    """Run this file as ``num_processes`` processes on this machine (a free port, CPU devices).
 
-    Returns every process's completed run (stdout/stderr captured). Raises
-    ``subprocess.TimeoutExpired`` (after killing every process) when one outlives ``timeout``.
+    When one process fails the others are killed at once (they would wait for it at the next
+    collective). Returns every process's completed run, stdout/stderr captured (from files, so
+    a chatty process cannot block on a full pipe).
+
+    Raises:
+        subprocess.TimeoutExpired: after killing every process, when they outlive ``timeout``
+            seconds; it carries every process's output so far.
     """
     port = free_port()
     flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
@@ -166,28 +174,53 @@ def spawn(
     env["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={cpu_devices}"])
     base = [sys.executable, "-m", "examples.distributed_dp_sgd", "--cpu-devices", str(cpu_devices)]
     base += ["--coordinator", f"localhost:{port}", "--num-processes", str(num_processes)]
-    procs = [
-        subprocess.Popen(
-            [*base, "--process-id", str(i), *extra_args],
-            env=env,
-            cwd=root,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(num_processes)
-    ]
-    try:
-        outputs = [p.communicate(timeout=timeout) for p in procs]
-    finally:
-        for p in procs:  # a crashed peer leaves the others waiting at a collective: end them
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
+    with contextlib.ExitStack() as stack:
+        files = [
+            (
+                stack.enter_context(tempfile.TemporaryFile("w+")),
+                stack.enter_context(tempfile.TemporaryFile("w+")),
+            )
+            for _ in range(num_processes)
+        ]
+        procs = [
+            subprocess.Popen(
+                [*base, "--process-id", str(i), *extra_args],
+                env=env,
+                cwd=root,
+                stdout=out,
+                stderr=err,
+                text=True,
+            )
+            for i, (out, err) in enumerate(files)
+        ]
+        timed_out = not _wait_all_or_first_failure(procs, time.monotonic() + timeout)
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+        texts = [(_read(out), _read(err)) for out, err in files]
+    if timed_out:
+        joined = [f"--- process {i} ---\n{o}\n{e}" for i, (o, e) in enumerate(texts)]
+        raise subprocess.TimeoutExpired(base, timeout, output="\n".join(joined))
     return [
-        subprocess.CompletedProcess(p.args, p.returncode, out, err)
-        for p, (out, err) in zip(procs, outputs, strict=True)
+        subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+        for proc, (out, err) in zip(procs, texts, strict=True)
     ]
+
+
+def _wait_all_or_first_failure(procs: list[subprocess.Popen], deadline: float) -> bool:
+    """Wait until every process ended or one failed (True), or the deadline passed (False)."""
+    while time.monotonic() < deadline:
+        codes = [proc.poll() for proc in procs]
+        if all(code is not None for code in codes) or any(code for code in codes):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _read(file) -> str:
+    file.seek(0)
+    return file.read()
 
 
 def main(argv: list[str] | None = None) -> None:
