@@ -231,7 +231,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cpu-devices", type=int, help="CPU devices per process (CPU only)")
     parser.add_argument("--noise-multiplier", type=float, default=1.0)
     parser.add_argument("--x64", action="store_true", help="float64 (to compare to a reference)")
-    parser.add_argument("--check-key-mismatch", action="store_true")
+    parser.add_argument(
+        "--check-key-mismatch", action="store_true", help="also check a per-process key is refused"
+    )
     parser.add_argument("--spawn", type=int, help="launch this many processes on this machine")
     args = parser.parse_args(argv)
     if args.spawn:
