@@ -2,7 +2,8 @@
 
 Closed forms (host-side floats): :func:`basic_composition`, :func:`parallel_composition`,
 :func:`advanced_composition` (and its per-step corollary), :func:`optimal_composition_epsilon`
-(Kairouz–Oh–Viswanath), :func:`group_privacy`, :func:`amplification_by_subsampling`, zCDP
+(Kairouz–Oh–Viswanath), :func:`group_privacy`, :func:`convert_relation` (add/remove-one → replace-one),
+:func:`amplification_by_subsampling`, zCDP
 (:func:`gaussian_zcdp_rho`, :func:`zcdp_compose`, :func:`zcdp_epsilon`), the DP-GD recipes of the
 lecture on ML under DP (:func:`dpgd_sigma_advanced`, :func:`dpgd_sigma_zcdp`).
 
@@ -17,6 +18,7 @@ from dpjax.accounting.composition import (
     advanced_composition_heterogeneous,
     advanced_composition_step_epsilon,
     basic_composition,
+    convert_relation,
     group_privacy,
     parallel_composition,
 )
@@ -80,6 +82,7 @@ __all__ = [
     "amplification_by_subsampling",
     "basic_composition",
     "calibrate_noise_multiplier",
+    "convert_relation",
     "dpgd_sigma_advanced",
     "dpgd_sigma_zcdp",
     "dp_sgd_epsilon",
