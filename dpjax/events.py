@@ -231,8 +231,9 @@ def merge(first: PrivacyEvent, second: PrivacyEvent) -> PrivacyEvent | None:
     """
     if type(first) is not type(second) or not count_is_additive(first):
         return None
-    if dataclasses.replace(first, count=1) != dataclasses.replace(second, count=1):
-        return None
+    for field in dataclasses.fields(first):
+        if field.name != "count" and getattr(first, field.name) != getattr(second, field.name):
+            return None
     return dataclasses.replace(first, count=first.count + second.count)
 
 

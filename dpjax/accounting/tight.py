@@ -728,13 +728,16 @@ def pld_epsilons_incremental(
     else:
         used = _choose_vdi(_group(everything), vdi)
     running, mu_sq, out = None, [], []
+    pieces: dict[ev.PrivacyEvent, pld_lib.PrivacyLossDistribution] = {}  # equal blocks: reuse
     for block in blocks:
         for e in _group(block):
             m = _unit_gaussian_mu_squared(e)
             if m is not None:
                 mu_sq.append(m)
                 continue
-            p = _self_composed(e, e.count, used)
+            if e not in pieces:
+                pieces[e] = _self_composed(e, e.count, used)
+            p = pieces[e]
             running = (
                 p
                 if running is None
