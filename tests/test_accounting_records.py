@@ -286,3 +286,26 @@ def test_incremental_pld_history_stays_an_upper_bound_close_to_direct_compositio
     ]
     assert values == pytest.approx(direct, rel=1e-6)
     assert values[0] < values[1] < values[2]
+
+
+def test_dp_sgd_functions_take_accounting_and_still_read_the_former_method():
+    kwargs = dict(noise_multiplier=3.0, sampling_rate=1.0, steps=10, delta=1e-5)
+    rdp_eps = acc.dp_sgd_epsilon(accounting="rdp", **kwargs)
+    assert rdp_eps == acc.dp_sgd_epsilon(method="rdp", **kwargs)
+    assert rdp_eps > acc.dp_sgd_epsilon(**kwargs) == acc.dp_sgd_epsilon(accounting="pld", **kwargs)
+    with pytest.raises(ValueError, match="method"):
+        acc.dp_sgd_epsilon(accounting="rdp", method="pld", **kwargs)
+    with pytest.raises(ValueError, match="method"):
+        acc.calibrate_noise_multiplier(
+            target_epsilon=1.0,
+            delta=1e-5,
+            sampling_rate=1.0,
+            steps=10,
+            accounting="rdp",
+            method="pld",
+        )
+    assert acc.max_steps(
+        noise_multiplier=4.0, target_epsilon=1.0, delta=1e-5, sampling_rate=1.0, accounting="rdp"
+    ) == acc.max_steps(
+        noise_multiplier=4.0, target_epsilon=1.0, delta=1e-5, sampling_rate=1.0, method="rdp"
+    )

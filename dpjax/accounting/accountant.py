@@ -536,6 +536,13 @@ class PrivacyAccountant:
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
             got = state.get("format") if isinstance(state, dict) else state
             _validate.fail("state['format']", got, repr(STATE_FORMAT))
+        missing = sorted(
+            {"relation", "value_discretization_interval", "orders", "events"} - set(state)
+        )
+        if missing:
+            _validate.fail("state", missing, "a dict with every key written by state_dict")
+        if not isinstance(state["events"], list):
+            _validate.fail("state['events']", state["events"], "a list of event dicts")
         return cls(
             [ev.event_from_dict(e) for e in state["events"]],
             relation=state["relation"],
