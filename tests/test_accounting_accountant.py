@@ -32,8 +32,12 @@ def test_gaussian_and_laplace_events_match_dp_accounting_composed_directly():
     p.compose(composed)
     r = rdp.RdpAccountant(list(acc.DEFAULT_RDP_ORDERS), add)
     r.compose(composed)
-    assert accountant.epsilon(1e-5, accounting="pld") == pytest.approx(p.get_epsilon(1e-5), rel=1e-3)
-    assert accountant.epsilon(1e-5, accounting="rdp") == pytest.approx(r.get_epsilon(1e-5), rel=1e-9)
+    assert accountant.epsilon(1e-5, accounting="pld") == pytest.approx(
+        p.get_epsilon(1e-5), rel=1e-3
+    )
+    assert accountant.epsilon(1e-5, accounting="rdp") == pytest.approx(
+        r.get_epsilon(1e-5), rel=1e-9
+    )
     assert accountant.applicable_methods() == ("pld", "rdp")
     assert accountant.epsilon(1e-5) == pytest.approx(accountant.epsilon(1e-5, accounting="pld"))
     assert accountant.releases == 25
