@@ -14,11 +14,15 @@ Conventions (read these before building an event):
 * ``count`` is the number of noisy releases (noise draws), never a number of micro-batches.
 * Numeric fields are stored as Python floats/ints (NumPy scalars and 0-d arrays are coerced;
   bool, str and JAX tracers are refused by name): privacy parameters are public constants.
+* Events are frozen dataclasses: :func:`merge` joins two events that differ only in ``count``
+  (what :class:`dpjax.accounting.PrivacyAccountant` does to consecutive identical records), and
+  :func:`event_to_dict` / :func:`event_from_dict` turn an event into JSON-able values and back.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from dpjax import _validate
 from dpjax.relation import ADD_OR_REMOVE_ONE, REPLACE_ONE, NeighbouringRelation, as_relation
@@ -31,6 +35,11 @@ __all__ = [
     "PoissonSampledGaussianEvent",
     "FixedBatchGaussianEvent",
     "LaplaceDPSGDEvent",
+    "EVENT_TYPES",
+    "count_is_additive",
+    "merge",
+    "event_to_dict",
+    "event_from_dict",
 ]
 
 
@@ -173,3 +182,100 @@ class LaplaceDPSGDEvent(PrivacyEvent):
             _validate.fail("epsilons", self.epsilons, "a non-empty sequence")
         for e in self.epsilons:
             _validate.epsilon("epsilons[i]", e)
+
+
+#: The event classes by name (what :func:`event_to_dict` writes under ``"type"``).
+EVENT_TYPES: dict[str, type[PrivacyEvent]] = {
+    cls.__name__: cls
+    for cls in (
+        GaussianEvent,
+        LaplaceEvent,
+        EpsilonDeltaEvent,
+        PoissonSampledGaussianEvent,
+        FixedBatchGaussianEvent,
+        LaplaceDPSGDEvent,
+    )
+}
+
+
+def count_is_additive(event: PrivacyEvent) -> bool:
+    """Whether ``count`` releases of ``event`` are accounted as ``count`` independent copies.
+
+    True for every event except shuffled fixed-size batches (``FixedBatchGaussianEvent`` with
+    ``sampling="shuffle"``): their accounting charges ⌈count/⌊n/b⌋⌉ uses per *permutation*, so
+    two separately recorded shuffled runs (two permutations) are not one run of the summed
+    length, and merging them would under-state ε.
+    """
+    return not (isinstance(event, FixedBatchGaussianEvent) and event.sampling == "shuffle")
+
+
+def merge(first: PrivacyEvent, second: PrivacyEvent) -> PrivacyEvent | None:
+    """One event equivalent to ``first`` then ``second``, or None if they cannot be merged.
+
+    They merge when they have the same type, agree in every field but ``count``, and their
+    count is additive (:func:`count_is_additive`); the result carries the summed count.
+
+    Formal guarantees:
+        k releases of a mechanism followed by m more releases of the same mechanism are its
+        (k + m)-fold adaptive composition, which is what an event with ``count = k + m``
+        denotes; every accountant in dpjax composes ``count`` as repeated releases, so the
+        merged event has exactly the guarantee of the pair (PLD and RDP evaluate it at least
+        as tightly, up to floating-point summation order).
+
+    Example:
+        >>> a = GaussianEvent(noise_multiplier=2.0, count=3)
+        >>> merge(a, GaussianEvent(noise_multiplier=2.0)).count
+        4
+        >>> merge(a, GaussianEvent(noise_multiplier=3.0)) is None
+        True
+    """
+    if type(first) is not type(second) or not count_is_additive(first):
+        return None
+    for field in dataclasses.fields(first):
+        if field.name != "count" and getattr(first, field.name) != getattr(second, field.name):
+            return None
+    return dataclasses.replace(first, count=first.count + second.count)
+
+
+def event_to_dict(event: PrivacyEvent) -> dict[str, Any]:
+    """The event as a dict of JSON-able values (``"type"`` names the class).
+
+    Example:
+        >>> event_to_dict(GaussianEvent(noise_multiplier=2.0))
+        {'type': 'GaussianEvent', 'noise_multiplier': 2.0, 'count': 1, 'relation': 'replace_one'}
+    """
+    if type(event).__name__ not in EVENT_TYPES:
+        _validate.fail("event", event, f"an event of a type in {tuple(EVENT_TYPES)}")
+    out: dict[str, Any] = {"type": type(event).__name__}
+    for field in dataclasses.fields(event):
+        value = getattr(event, field.name)
+        if isinstance(value, NeighbouringRelation):
+            value = value.value
+        elif isinstance(value, tuple):
+            value = list(value)
+        out[field.name] = value
+    return out
+
+
+def event_from_dict(data: dict[str, Any]) -> PrivacyEvent:
+    """Rebuild an event written by :func:`event_to_dict` (every field re-validated).
+
+    Raises:
+        ValueError: an unknown ``"type"``, unknown or missing fields, or invalid values.
+    """
+    if not isinstance(data, dict):
+        _validate.fail("data", data, "a dict written by event_to_dict")
+    if data.get("type") not in EVENT_TYPES:
+        _validate.fail("data['type']", data.get("type"), f"one of {tuple(EVENT_TYPES)}")
+    cls = EVENT_TYPES[data["type"]]
+    fields = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {k: v for k, v in data.items() if k != "type"}
+    unknown = set(kwargs) - fields
+    if unknown:
+        _validate.fail("data", sorted(unknown), f"fields of {cls.__name__}: {sorted(fields)}")
+    if "epsilons" in kwargs:
+        kwargs["epsilons"] = tuple(kwargs["epsilons"])
+    try:
+        return cls(**kwargs)
+    except TypeError as err:  # a missing required field
+        raise ValueError(f"data must hold the fields of {cls.__name__}; {err}") from None

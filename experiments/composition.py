@@ -49,12 +49,12 @@ def _epsilons(steps: int, sigma: float, delta_step: float) -> dict[str, float]:
     composed = acc.PrivacyAccountant([generic])
     tight = acc.PrivacyAccountant([gauss])
     return {
-        "basic": composed.epsilon(DELTA, method="basic"),
-        "advanced": composed.epsilon(DELTA, method="advanced"),
-        "optimal": composed.epsilon(DELTA, method="optimal"),
-        "zcdp": tight.epsilon(DELTA, method="zcdp"),
-        "rdp": tight.epsilon(DELTA, method="rdp"),
-        "pld": tight.epsilon(DELTA, method="pld"),
+        "basic": composed.epsilon(DELTA, accounting="basic"),
+        "advanced": composed.epsilon(DELTA, accounting="advanced"),
+        "optimal": composed.epsilon(DELTA, accounting="optimal"),
+        "zcdp": tight.epsilon(DELTA, accounting="zcdp"),
+        "rdp": tight.epsilon(DELTA, accounting="rdp"),
+        "pld": tight.epsilon(DELTA, accounting="pld"),
     }
 
 

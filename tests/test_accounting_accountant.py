@@ -32,10 +32,14 @@ def test_gaussian_and_laplace_events_match_dp_accounting_composed_directly():
     p.compose(composed)
     r = rdp.RdpAccountant(list(acc.DEFAULT_RDP_ORDERS), add)
     r.compose(composed)
-    assert accountant.epsilon(1e-5, method="pld") == pytest.approx(p.get_epsilon(1e-5), rel=1e-3)
-    assert accountant.epsilon(1e-5, method="rdp") == pytest.approx(r.get_epsilon(1e-5), rel=1e-9)
+    assert accountant.epsilon(1e-5, accounting="pld") == pytest.approx(
+        p.get_epsilon(1e-5), rel=1e-3
+    )
+    assert accountant.epsilon(1e-5, accounting="rdp") == pytest.approx(
+        r.get_epsilon(1e-5), rel=1e-9
+    )
     assert accountant.applicable_methods() == ("pld", "rdp")
-    assert accountant.epsilon(1e-5) == pytest.approx(accountant.epsilon(1e-5, method="pld"))
+    assert accountant.epsilon(1e-5) == pytest.approx(accountant.epsilon(1e-5, accounting="pld"))
     assert accountant.releases == 25
 
 
@@ -57,24 +61,24 @@ def test_generic_events_use_composition_theorems_and_refuse_pld():
     accountant.record(acc.EpsilonDeltaEvent(epsilon=0.1, delta=1e-7, count=100))
     assert accountant.applicable_methods() == ("optimal", "advanced", "basic")
     with pytest.raises(ValueError, match="pld"):
-        accountant.epsilon(1e-5, method="pld")
+        accountant.epsilon(1e-5, accounting="pld")
     with pytest.raises(ValueError, match="rdp"):
-        accountant.epsilon(1e-5, method="rdp")
+        accountant.epsilon(1e-5, accounting="rdp")
     with pytest.raises(ValueError, match="zcdp"):
-        accountant.epsilon(1e-5, method="zcdp")
-    basic = accountant.epsilon(1e-5, method="basic")
+        accountant.epsilon(1e-5, accounting="zcdp")
+    basic = accountant.epsilon(1e-5, accounting="basic")
     assert basic == pytest.approx(10.0)
-    adv = accountant.epsilon(2e-5, method="advanced")
+    adv = accountant.epsilon(2e-5, accounting="advanced")
     ref, _ = acc.advanced_composition(epsilon=0.1, delta=1e-7, steps=100, delta_prime=1e-5)
     assert adv == pytest.approx(ref)
-    opt = accountant.epsilon(2e-5, method="optimal")
+    opt = accountant.epsilon(2e-5, accounting="optimal")
     assert opt == pytest.approx(
         acc.optimal_composition_epsilon(epsilon=0.1, delta=1e-7, steps=100, delta_total=2e-5)
     )
     assert accountant.epsilon(2e-5) == opt <= adv
     # δ below the events' own Σδᵢ = 1e-5: no finite ε.
-    assert accountant.epsilon(5e-6, method="basic") == math.inf
-    assert accountant.epsilon(9e-6, method="advanced") == math.inf
+    assert accountant.epsilon(5e-6, accounting="basic") == math.inf
+    assert accountant.epsilon(9e-6, accounting="advanced") == math.inf
 
 
 def test_heterogeneous_pure_events_refuse_optimal_but_compose():
@@ -85,11 +89,11 @@ def test_heterogeneous_pure_events_refuse_optimal_but_compose():
     assert accountant.releases == 4
     assert "optimal" not in accountant.applicable_methods()
     with pytest.raises(ValueError, match="identical"):
-        accountant.epsilon(1e-6, method="optimal")
-    assert accountant.epsilon(0.0, method="basic") == pytest.approx(1.175)
+        accountant.epsilon(1e-6, accounting="optimal")
+    assert accountant.epsilon(0.0, accounting="basic") == pytest.approx(1.175)
     # zCDP of pure DP: ρ = Σ ε²/2.
     rho = (0.25 + 0.0625 + 0.015625 + 0.09) / 2
-    assert accountant.epsilon(1e-6, method="zcdp") == pytest.approx(
+    assert accountant.epsilon(1e-6, accounting="zcdp") == pytest.approx(
         acc.zcdp_epsilon_cks(rho=rho, delta=1e-6)
     )
     assert accountant.epsilon(1e-6) <= 1.175
@@ -97,10 +101,10 @@ def test_heterogeneous_pure_events_refuse_optimal_but_compose():
 
 def test_laplace_event_is_pure_dp_for_every_method():
     accountant = acc.PrivacyAccountant([acc.LaplaceEvent(noise_multiplier=2.0, count=3)])
-    assert accountant.epsilon(0.0, method="basic") == pytest.approx(1.5)
-    assert accountant.epsilon(0.0, method="optimal") == pytest.approx(1.5)
+    assert accountant.epsilon(0.0, accounting="basic") == pytest.approx(1.5)
+    assert accountant.epsilon(0.0, accounting="optimal") == pytest.approx(1.5)
     # PLD of 3 Laplace releases: at most 3Δ/b = 1.5 (up to discretisation) at any δ.
-    assert accountant.epsilon(1e-9, method="pld") <= 1.5 + 1e-3
+    assert accountant.epsilon(1e-9, accounting="pld") <= 1.5 + 1e-3
     assert accountant.epsilon(1e-3) < 1.5
 
 
@@ -129,7 +133,7 @@ def test_replace_one_poisson_event_pld_only():
     accountant = acc.PrivacyAccountant([event])
     assert accountant.applicable_methods() == ("pld",)
     with pytest.raises(ValueError, match="replace-one"):
-        accountant.epsilon(1e-5, method="rdp")
+        accountant.epsilon(1e-5, accounting="rdp")
     assert accountant.epsilon(1e-5) == pytest.approx(
         acc.dp_sgd_epsilon(
             noise_multiplier=1.0,
@@ -160,10 +164,10 @@ def test_independent_fixed_batch_events_rdp_amplified_with_other_releases():
         )
     )
     r.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(10.0), 2))
-    amplified = accountant.epsilon(1e-5, method="rdp")
+    amplified = accountant.epsilon(1e-5, accounting="rdp")
     assert amplified == pytest.approx(r.get_epsilon(1e-5), rel=1e-9)
     # PLD has no amplification for it: 40 + 2 Gaussian releases, far looser.
-    assert accountant.epsilon(1e-5, method="pld") > 2 * amplified
+    assert accountant.epsilon(1e-5, accounting="pld") > 2 * amplified
     assert accountant.epsilon(1e-5) == amplified
 
 
@@ -174,8 +178,8 @@ def test_shuffled_fixed_batch_events_count_epochs_not_steps():
     )
     accountant = acc.PrivacyAccountant([shuffled])
     exact = gaussian_epsilon(sigma=2.0 / math.sqrt(5), sensitivity=1.0, delta=1e-6)
-    assert accountant.epsilon(1e-6, method="pld") == pytest.approx(exact, rel=1e-4)
-    assert accountant.epsilon(1e-6, method="zcdp") == pytest.approx(
+    assert accountant.epsilon(1e-6, accounting="pld") == pytest.approx(exact, rel=1e-4)
+    assert accountant.epsilon(1e-6, accounting="zcdp") == pytest.approx(
         acc.zcdp_epsilon_cks(rho=5 * 4 / (2 * 16.0), delta=1e-6)
     )
     add_fixed = acc.FixedBatchGaussianEvent(
@@ -196,23 +200,23 @@ def test_full_batch_dpgd_event_zcdp_accounts_relation():
         noise_multiplier=4.0, sampling_rate=1.0, count=8, relation="replace_one"
     )
     rho_add = 8 / (2 * 16.0)
-    e_add = acc.PrivacyAccountant([add]).epsilon(1e-5, method="zcdp")
-    e_rep = acc.PrivacyAccountant([rep]).epsilon(1e-5, method="zcdp")
+    e_add = acc.PrivacyAccountant([add]).epsilon(1e-5, accounting="zcdp")
+    e_rep = acc.PrivacyAccountant([rep]).epsilon(1e-5, accounting="zcdp")
     assert e_add == pytest.approx(acc.zcdp_epsilon_cks(rho=rho_add, delta=1e-5))
     assert e_rep == pytest.approx(acc.zcdp_epsilon_cks(rho=4 * rho_add, delta=1e-5))
     sub = acc.PoissonSampledGaussianEvent(noise_multiplier=4.0, sampling_rate=0.5)
     with pytest.raises(ValueError, match="zcdp"):
-        acc.PrivacyAccountant([sub]).epsilon(1e-5, method="zcdp")
+        acc.PrivacyAccountant([sub]).epsilon(1e-5, accounting="zcdp")
 
 
 def test_accountant_validation():
     accountant = acc.PrivacyAccountant([acc.GaussianEvent(1.0)])
     with pytest.raises(ValueError, match="delta"):
         accountant.epsilon(1.0)
-    with pytest.raises(ValueError, match="method"):
-        accountant.epsilon(1e-5, method="gdp")
+    with pytest.raises(ValueError, match="accounting"):
+        accountant.epsilon(1e-5, accounting="gdp")
     with pytest.raises(ValueError, match="no events"):
-        acc.PrivacyAccountant().epsilon(1e-5, method="basic")
+        acc.PrivacyAccountant().epsilon(1e-5, accounting="basic")
 
 
 def test_fixed_batch_event_sampling_field_is_validated():

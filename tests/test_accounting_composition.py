@@ -1,8 +1,8 @@
 """Closed-form composition theorems, group privacy, subsampling and the KOV optimal composition.
 
-Expected values are hand-computed from the lectures' formulas (000, 003, 004) with the numbers
-written out, or come from independent references (dp-accounting's PLD of the canonical
-(ε, δ) pair; brute-force enumeration).
+Expected values are hand-computed from the lectures' formulas (properties of DP, ML under DP,
+advances in DP) with the numbers written out, or come from independent references
+(dp-accounting's PLD of the canonical (ε, δ) pair; brute-force enumeration).
 """
 
 import itertools
@@ -17,7 +17,8 @@ from dpjax import accounting as acc
 
 
 def test_basic_and_parallel_composition_example_8_of_004():
-    # 004 Example 8: Q1, Q2 on x1 compose sequentially (ε1 + ε2); Q3 on disjoint x2 in parallel.
+    # Lecture on advances in DP, Example 8 (sequential and parallel composition): Q1, Q2 on
+    # x1 compose sequentially (ε1 + ε2); Q3 on disjoint x2 in parallel.
     seq = acc.basic_composition([0.3, 0.2])
     assert seq == (pytest.approx(0.5), 0.0)
     assert acc.parallel_composition([seq[0], 0.4]) == (pytest.approx(0.5), 0.0)
@@ -57,7 +58,8 @@ def test_advanced_composition_heterogeneous_reduces_to_homogeneous():
 
 
 def test_corollary_step_epsilon_meets_target():
-    # 000 corollary: ε ≤ ε'/√(8T ln(1/δ')) suffices for (ε', Tδ + δ') when ε' < 1.
+    # Lecture on properties of DP, per-step corollary of advanced composition:
+    # ε ≤ ε'/√(8T ln(1/δ')) suffices for (ε', Tδ + δ') when ε' < 1.
     for target, steps in [(0.5, 100), (0.9, 10_000), (0.1, 10)]:
         step = acc.advanced_composition_step_epsilon(
             target_epsilon=target, steps=steps, delta_prime=1e-5

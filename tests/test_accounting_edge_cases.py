@@ -77,8 +77,8 @@ def test_accountant_full_batch_event_uses_the_exact_gaussian():
     mu = math.sqrt(100_000 + 3 / 50.0**2)
     exact = gaussian_epsilon(sigma=1.0 / mu, sensitivity=1.0, delta=1e-5)
     start = time.perf_counter()
-    assert accountant.epsilon(1e-5, method="pld") == pytest.approx(exact, rel=1e-9)
-    assert accountant.epsilon(1e-5) <= accountant.epsilon(1e-5, method="pld")
+    assert accountant.epsilon(1e-5, accounting="pld") == pytest.approx(exact, rel=1e-9)
+    assert accountant.epsilon(1e-5) <= accountant.epsilon(1e-5, accounting="pld")
     assert time.perf_counter() - start < 5.0
 
 
@@ -237,5 +237,5 @@ def test_accountant_falls_back_when_the_pld_grid_cannot_be_built():
     tiny = acc.PoissonSampledGaussianEvent(noise_multiplier=1e-4, sampling_rate=0.5)
     accountant = acc.PrivacyAccountant([tiny])
     with pytest.raises(tight.PLDGridTooLargeError):
-        accountant.epsilon(1e-5, method="pld")
-    assert accountant.epsilon(1e-5) == accountant.epsilon(1e-5, method="rdp")
+        accountant.epsilon(1e-5, accounting="pld")
+    assert accountant.epsilon(1e-5) == accountant.epsilon(1e-5, accounting="rdp")

@@ -1,4 +1,5 @@
-"""The composition experiment: orderings and √T-versus-T scaling that 000 motivates."""
+"""The composition experiment: orderings and √T-versus-T scaling that the lecture on properties
+of DP motivates."""
 
 import json
 

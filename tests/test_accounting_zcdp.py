@@ -1,4 +1,5 @@
-"""zCDP (ρ of the Gaussian, composition, both conversions) and the DP-GD recipes of 003."""
+"""zCDP (ρ of the Gaussian, composition, both conversions) and the DP-GD recipes of the lecture
+on ML under DP."""
 
 import math
 

@@ -34,7 +34,8 @@ def test_gaussian_distribution_and_wrong_scale(key):
 
 
 def test_classic_formula_matches_lecture():
-    # 000: sigma = Delta sqrt(2 ln(1.25/delta)) / eps
+    # Lecture on properties of DP, the Gaussian mechanism:
+    # sigma = Delta sqrt(2 ln(1.25/delta)) / eps
     s = M.gaussian_sigma(sensitivity=3.0, epsilon=0.5, delta=1e-5, calibration="classic")
     assert s == pytest.approx(3.0 * math.sqrt(2 * math.log(1.25e5)) / 0.5, rel=1e-12)
 

@@ -172,7 +172,7 @@ def test_sampler_events_are_accepted_by_the_accountant():
 
     poisson = dpjax.PoissonSampler(dataset_size=1000, sampling_rate=0.02)
     ev = poisson.event(noise_multiplier=1.2, steps=100)
-    eps = PrivacyAccountant([ev]).epsilon(1e-5, method="pld")
+    eps = PrivacyAccountant([ev]).epsilon(1e-5, accounting="pld")
     ref = dp_sgd_epsilon(noise_multiplier=1.2, sampling_rate=0.02, steps=100, delta=1e-5)
     assert eps == pytest.approx(ref, rel=1e-6)
     for sampler in (
@@ -181,4 +181,4 @@ def test_sampler_events_are_accepted_by_the_accountant():
     ):
         acc = PrivacyAccountant([sampler.event(noise_multiplier=1.2, steps=100)])
         assert acc.relation == dpjax.REPLACE_ONE
-        assert 0 < acc.epsilon(1e-5, method="rdp") < math.inf
+        assert 0 < acc.epsilon(1e-5, accounting="rdp") < math.inf

@@ -226,4 +226,4 @@ def test_laplace_dpsgd_event_composes_basically_in_the_accountant():
     ev = dpjax.laplace_dp_sgd_event(l1_sensitivity=1.0, epsilon=0.1, rho=0.5, kappa=0.8, steps=50)
     acc = PrivacyAccountant([ev])
     assert acc.releases == 50
-    assert acc.epsilon(0.0, method="basic") == pytest.approx(sum(ev.epsilons), rel=1e-12)
+    assert acc.epsilon(0.0, accounting="basic") == pytest.approx(sum(ev.epsilons), rel=1e-12)

@@ -2,9 +2,10 @@
 
 Closed forms (host-side floats): :func:`basic_composition`, :func:`parallel_composition`,
 :func:`advanced_composition` (and its per-step corollary), :func:`optimal_composition_epsilon`
-(Kairouz–Oh–Viswanath), :func:`group_privacy`, :func:`amplification_by_subsampling`, zCDP
-(:func:`gaussian_zcdp_rho`, :func:`zcdp_compose`, :func:`zcdp_epsilon`), the DP-GD recipes of the
-lecture on ML under DP (:func:`dpgd_sigma_advanced`, :func:`dpgd_sigma_zcdp`).
+(Kairouz–Oh–Viswanath), :func:`group_privacy`, :func:`convert_relation` (add/remove-one →
+replace-one), :func:`amplification_by_subsampling`, zCDP (:func:`gaussian_zcdp_rho`,
+:func:`zcdp_compose`, :func:`zcdp_epsilon`, :func:`zcdp_gaussian_sigma`), the DP-GD recipes of
+the lecture on ML under DP (:func:`dpgd_sigma_advanced`, :func:`dpgd_sigma_zcdp`).
 
 Tight accounting through dp-accounting (RDP and PLD): :func:`dp_sgd_epsilon`,
 :func:`calibrate_noise_multiplier`, :func:`max_steps`, :func:`to_dp_event`, and the
@@ -17,6 +18,7 @@ from dpjax.accounting.composition import (
     advanced_composition_heterogeneous,
     advanced_composition_step_epsilon,
     basic_composition,
+    convert_relation,
     group_privacy,
     parallel_composition,
 )
@@ -46,6 +48,7 @@ from dpjax.accounting.zcdp import (
     zcdp_epsilon,
     zcdp_epsilon_bun_steinke,
     zcdp_epsilon_cks,
+    zcdp_gaussian_sigma,
     zcdp_rho_for_epsilon,
 )
 from dpjax.events import (
@@ -80,6 +83,7 @@ __all__ = [
     "amplification_by_subsampling",
     "basic_composition",
     "calibrate_noise_multiplier",
+    "convert_relation",
     "dpgd_sigma_advanced",
     "dpgd_sigma_zcdp",
     "dp_sgd_epsilon",
@@ -99,5 +103,6 @@ __all__ = [
     "zcdp_epsilon",
     "zcdp_epsilon_bun_steinke",
     "zcdp_epsilon_cks",
+    "zcdp_gaussian_sigma",
     "zcdp_rho_for_epsilon",
 ]

@@ -1,37 +1,57 @@
 """An accountant that records heterogeneous privacy events and answers ε(δ).
 
 It counts noisy releases (events' ``count``), never micro-batches, and refuses to mix
-neighbouring relations. ``epsilon(delta)`` returns the smallest ε among the methods that are
-valid for *every* recorded event (each is a valid upper bound, so the minimum is too);
-``epsilon(delta, method=...)`` uses one method and raises if it does not apply.
+neighbouring relations. ``epsilon(delta)`` returns the smallest ε among the accounting methods
+that are valid for *every* recorded event (each is a valid upper bound, so the minimum is too);
+``epsilon(delta, accounting=...)`` uses one method and raises if it does not apply.
+
+Recording costs O(1): consecutive identical events are merged into one of summed ``count``
+(:func:`dpjax.events.merge`), so a training loop that records one event per step keeps one
+event, and ε after 1000 such records costs what ε of one 1000-step event costs. Answers are
+cached per recorded state.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Sequence
+from typing import Any
+
+from dp_accounting import rdp as dp_rdp
 
 from dpjax import _validate
 from dpjax import events as ev
-from dpjax.accounting.composition import advanced_composition_heterogeneous
+from dpjax.accounting.composition import advanced_composition_heterogeneous, convert_relation
 from dpjax.accounting.optimal import optimal_composition_epsilon
 from dpjax.accounting.tight import (
     DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
     PLDGridTooLargeError,
     fixed_batch_uses,
     pld_epsilon,
+    pld_epsilons_incremental,
+    rdp_curve,
     rdp_epsilon,
     to_dp_event,
 )
-from dpjax.accounting.zcdp import zcdp_epsilon_cks
-from dpjax.relation import ADD_OR_REMOVE_ONE, REPLACE_ONE, NeighbouringRelation, as_relation
+from dpjax.accounting.zcdp import gaussian_zcdp_rho, zcdp_epsilon_cks
+from dpjax.relation import (
+    ADD_OR_REMOVE_ONE,
+    REPLACE_ONE,
+    NeighbouringRelation,
+    as_relation,
+    sensitivity_factor,
+)
 
-__all__ = ["METHODS", "PrivacyAccountant"]
+__all__ = ["METHODS", "STATE_FORMAT", "PrivacyAccountant"]
 
 #: Accounting methods, tightest first (PLD ≤ RDP for the same events; "optimal" ≤ "advanced").
 METHODS = ("pld", "rdp", "zcdp", "optimal", "advanced", "basic")
 
 _COMPOSITION_METHODS = ("optimal", "advanced", "basic")
+
+#: The ``"format"`` tag of :meth:`PrivacyAccountant.state_dict`.
+STATE_FORMAT = "dpjax.PrivacyAccountant/1"
 
 #: What to do with a fixed-size batch event stated under add/remove-one.
 FIXED_BATCH_RELATION_ADVICE = (
@@ -59,13 +79,16 @@ def _dp_profile(event: ev.PrivacyEvent) -> list[tuple[float, float, int]] | None
 def _zcdp_rho(event: ev.PrivacyEvent) -> float | None:
     """ρ of the event's releases, or None if zCDP does not apply."""
     if isinstance(event, ev.GaussianEvent):
-        return event.count / (2.0 * event.noise_multiplier**2)
+        return event.count * gaussian_zcdp_rho(sigma=event.noise_multiplier, sensitivity=1.0)
     if isinstance(event, ev.PoissonSampledGaussianEvent) and event.sampling_rate == 1.0:
-        shift = 2.0 if event.relation is REPLACE_ONE else 1.0  # replace-one moves the sum by 2C
-        return event.count * shift**2 / (2.0 * event.noise_multiplier**2)
+        shift = sensitivity_factor(event.relation)  # replace-one moves the sum by 2C
+        return event.count * gaussian_zcdp_rho(sigma=event.noise_multiplier, sensitivity=shift)
     if isinstance(event, ev.FixedBatchGaussianEvent) and event.relation is REPLACE_ONE:
         # No amplification: fixed_batch_uses releases, each of sensitivity 2C.
-        return fixed_batch_uses(event) * 4.0 / (2.0 * event.noise_multiplier**2)
+        rho = gaussian_zcdp_rho(
+            sigma=event.noise_multiplier, sensitivity=sensitivity_factor(REPLACE_ONE)
+        )
+        return fixed_batch_uses(event) * rho
     profile = _dp_profile(event)
     if profile is not None and all(d == 0.0 for _, d, _ in profile):
         # Pure ε-DP implies ε²/2-zCDP (Bun & Steinke 2016, Proposition 1.4).
@@ -73,10 +96,77 @@ def _zcdp_rho(event: ev.PrivacyEvent) -> float | None:
     return None
 
 
+def _why_not(events: Sequence[ev.PrivacyEvent], method: str) -> str | None:
+    """None if ``method`` applies to every event, else the reason."""
+    if not events:
+        return "no events recorded"
+    if method in ("pld", "rdp"):
+        for e in events:
+            try:
+                to_dp_event(e, method=method)
+            except ValueError as err:
+                return str(err)
+        return None
+    if method == "zcdp":
+        bad = [e for e in events if _zcdp_rho(e) is None]
+        return None if not bad else f"zCDP does not apply to {bad[0]!r} (subsampling or δ > 0)"
+    profiles = [_dp_profile(e) for e in events]
+    if any(p is None for p in profiles):
+        bad = events[profiles.index(None)]
+        return (
+            f"composition theorems need an (ε, δ) per release; {bad!r} has a privacy curve "
+            "(use 'pld', 'rdp' or 'zcdp')"
+        )
+    if method == "optimal":
+        pairs = {(e, d) for p in profiles for e, d, _ in p}
+        if len(pairs) > 1:
+            return "the optimal (KOV) composition needs identical (ε, δ) releases"
+    return None
+
+
+def _closed_form_epsilon(events: Sequence[ev.PrivacyEvent], delta: float, method: str) -> float:
+    """ε(δ) of ``events`` by ``"zcdp"`` or a composition theorem (checked applicable)."""
+    if method == "zcdp":
+        if delta == 0.0:
+            return math.inf
+        rho = math.fsum(_zcdp_rho(e) for e in events)
+        return zcdp_epsilon_cks(rho=rho, delta=delta)
+    triples = [t for e in events for t in _dp_profile(e)]
+    spent = math.fsum(c * d for _, d, c in triples)
+    if method == "basic":
+        return math.fsum(c * e for e, _, c in triples) if spent <= delta else math.inf
+    if method == "optimal":
+        eps, d, _ = triples[0]
+        count = sum(c for _, _, c in triples)
+        if delta == 0.0:
+            return count * eps if d == 0.0 else math.inf
+        return optimal_composition_epsilon(epsilon=eps, delta=d, steps=count, delta_total=delta)
+    delta_prime = delta - spent  # advanced
+    if delta_prime <= 0.0:
+        return math.inf
+    return advanced_composition_heterogeneous(
+        [e for e, _, _ in triples],
+        [d for _, d, _ in triples],
+        counts=[c for _, _, c in triples],
+        delta_prime=delta_prime,
+    )[0]
+
+
+def _prefix(events: Sequence[ev.PrivacyEvent], steps: int) -> list[ev.PrivacyEvent]:
+    """The first ``steps`` recorded steps (units of ``count``) of ``events``."""
+    out, left = [], steps
+    for e in events:
+        if left <= 0:
+            break
+        out.append(e if e.count <= left else dataclasses.replace(e, count=left))
+        left -= e.count
+    return out
+
+
 class PrivacyAccountant:
     """Records privacy events and answers ε(δ) by the tightest valid method or a named one.
 
-    Methods (see :data:`METHODS`):
+    Accounting methods (``accounting=``; see :data:`METHODS`):
 
     * ``"pld"`` / ``"rdp"``: dp-accounting (:mod:`dpjax.accounting.tight`); Gaussian, Laplace,
       Poisson-subsampled Gaussian (RDP: add/remove-one or q = 1) and fixed-batch Gaussian
@@ -89,19 +179,33 @@ class PrivacyAccountant:
       a fixed (ε, δ): generic (ε, δ), Laplace (Δ₁/b, 0), Laplace DP-SGD (ε_h, 0) events;
       ``"optimal"`` needs all of them identical.
 
+    Cost: consecutive identical events are merged on :meth:`record` (one event of summed
+    ``count``), PLD and RDP evaluate each distinct event once (RDP curves of one release are
+    cached and scaled by the count), and ε is cached per recorded state and δ. ε after 1000
+    one-step DP-SGD records (σ = 1.1, q = 0.01) takes about 0.3 s by PLD and milliseconds by
+    RDP once the one-step curve is cached; :meth:`epsilon_history` composes PLDs incrementally.
+
     Gaussian-only records (Gaussian, full-batch DP-GD and fixed-batch events) are one Gaussian
     release with μ = √(Σμᵢ²): ``"pld"`` answers them by the exact Gaussian profile (see
     :func:`dpjax.accounting.tight.pld_epsilon`), so it is fast at any number of releases.
 
     Fixed-size batch events (:class:`~dpjax.events.FixedBatchGaussianEvent`) are
     refused under add/remove-one when recorded: their analyses hold under replace-one only.
+    Shuffled ones are not merged (their cost is not additive in ``count``: two recorded runs are
+    two permutations).
 
     The (ε, δ) composition methods spend Σδᵢ of the requested δ on the events' own δᵢ; if
     nothing is left they return ``inf``.
 
+    To combine an add/remove-one run (DP-SGD) with a replace-one release, turn the run into
+    one replace-one (ε, δ) event with :meth:`as_event` (group privacy,
+    :func:`dpjax.accounting.convert_relation`).
+
     Formal guarantees:
         Each method's result is an upper bound on ε(δ) of the adaptive composition of the
-        recorded releases under the accountant's relation; see the functions it calls.
+        recorded releases under the accountant's relation; see the functions it calls. Merging
+        k and m consecutive releases of one mechanism into a count of k + m is the same
+        composition (:func:`dpjax.events.merge`).
 
     Args:
         events: events to record now.
@@ -111,11 +215,13 @@ class PrivacyAccountant:
 
     Example:
         >>> acc = PrivacyAccountant()
-        >>> acc.record(ev.LaplaceEvent(noise_multiplier=10.0, count=5))
+        >>> for _ in range(5):
+        ...     _ = acc.record(ev.LaplaceEvent(noise_multiplier=10.0))
+        >>> acc  # five one-release records, merged into one event
         PrivacyAccountant(relation='replace_one', events=1, releases=5)
         >>> acc.applicable_methods()
         ('pld', 'rdp', 'zcdp', 'optimal', 'advanced', 'basic')
-        >>> acc.epsilon(0.0, method="basic")
+        >>> acc.epsilon(0.0, accounting="basic")
         0.5
     """
 
@@ -129,6 +235,7 @@ class PrivacyAccountant:
     ):
         self._relation = None if relation is None else as_relation(relation)
         self._events: list[ev.PrivacyEvent] = []
+        self._cache: dict[tuple[float, str], float] = {}
         self._vdi = _validate.real("value_discretization_interval", value_discretization_interval)
         _validate.in_range(
             "value_discretization_interval",
@@ -138,6 +245,11 @@ class PrivacyAccountant:
             low_inclusive=False,
             high_inclusive=True,
         )
+        if orders is not None:
+            orders = tuple(_validate.real("orders[i]", a) for a in orders)
+            for a in orders:
+                if not 1.0 < a < math.inf:
+                    _validate.fail("orders[i]", a, "in (1, inf)")
         self._orders = orders
         for e in events:
             self.record(e)
@@ -156,8 +268,15 @@ class PrivacyAccountant:
 
     @property
     def events(self) -> tuple[ev.PrivacyEvent, ...]:
-        """The recorded events, in order."""
+        """The recorded events, in order, with consecutive identical ones merged into one of
+        summed ``count`` (so 1000 one-step records of one DP-SGD step read as one event with
+        ``count=1000``)."""
         return tuple(self._events)
+
+    @property
+    def steps(self) -> int:
+        """Number of recorded steps: the sum of the events' ``count``."""
+        return sum(e.count for e in self._events)
 
     @property
     def releases(self) -> int:
@@ -169,7 +288,8 @@ class PrivacyAccountant:
         return total
 
     def record(self, event: ev.PrivacyEvent) -> PrivacyAccountant:
-        """Record one event; returns ``self``.
+        """Record one event (merged into the last one if they differ only in ``count``);
+        returns ``self``. Costs O(1).
 
         Raises:
             ValueError: if ``event`` is not a privacy event, its relation differs from the
@@ -186,9 +306,15 @@ class PrivacyAccountant:
                 "event.relation",
                 event.relation.value,
                 f"the accountant's relation {self._relation.value!r} (mixing relations is "
-                "refused: restate the event's sensitivity under one relation)",
+                "refused: restate the event's sensitivity under one relation, or turn an "
+                "add/remove-one accountant into a replace-one event with as_event)",
             )
-        self._events.append(event)
+        merged = ev.merge(self._events[-1], event) if self._events else None
+        if merged is not None:
+            self._events[-1] = merged
+        else:
+            self._events.append(event)
+        self._cache.clear()
         return self
 
     def extend(self, events: Iterable[ev.PrivacyEvent]) -> PrivacyAccountant:
@@ -197,62 +323,43 @@ class PrivacyAccountant:
             self.record(e)
         return self
 
-    def _why_not(self, method: str) -> str | None:
-        """None if ``method`` applies to every recorded event, else the reason."""
-        if not self._events:
-            return "no events recorded"
-        if method in ("pld", "rdp"):
-            for e in self._events:
-                try:
-                    to_dp_event(e, method=method)
-                except ValueError as err:
-                    return str(err)
-            return None
-        if method == "zcdp":
-            bad = [e for e in self._events if _zcdp_rho(e) is None]
-            return None if not bad else f"zCDP does not apply to {bad[0]!r} (subsampling or δ > 0)"
-        profiles = [_dp_profile(e) for e in self._events]
-        if any(p is None for p in profiles):
-            bad = self._events[profiles.index(None)]
-            return (
-                f"composition theorems need an (ε, δ) per release; {bad!r} has a privacy curve "
-                "(use 'pld', 'rdp' or 'zcdp')"
-            )
-        if method == "optimal":
-            pairs = {(e, d) for p in profiles for e, d, _ in p}
-            if len(pairs) > 1:
-                return "the optimal (KOV) composition needs identical (ε, δ) releases"
-        return None
-
     def applicable_methods(self) -> tuple[str, ...]:
-        """The methods that apply to every recorded event, tightest first."""
-        return tuple(m for m in METHODS if self._why_not(m) is None)
+        """The accounting methods that apply to every recorded event, tightest first."""
+        return tuple(m for m in METHODS if _why_not(self._events, m) is None)
 
-    def epsilon(self, delta: float, method: str | None = None) -> float:
-        """ε(δ) of everything recorded, by ``method`` or (None) the tightest valid one.
+    def _check_accounting(self, accounting: str | None) -> tuple[str, ...]:
+        """The methods to evaluate for ``accounting`` (None: every applicable one)."""
+        if accounting is None:
+            methods = self.applicable_methods()
+            if not methods:
+                _validate.fail("accounting", None, "a method valid for every recorded event (none)")
+            return methods
+        _validate.one_of("accounting", accounting, METHODS)
+        why = _why_not(self._events, accounting)
+        if why is not None:
+            raise ValueError(f"accounting={accounting!r} does not apply: {why}")
+        return (accounting,)
+
+    def epsilon(self, delta: float, accounting: str | None = None) -> float:
+        """ε(δ) of everything recorded, by ``accounting`` or (None) the tightest valid method.
+
+        Cached per recorded state: asking again before the next :meth:`record` is free.
 
         Args:
             delta: δ in [0, 1).
-            method: one of :data:`METHODS`, or None for the minimum over applicable methods.
+            accounting: one of :data:`METHODS`, or None for the minimum over the applicable
+                methods.
 
         Returns:
             ε (``inf`` where the method gives no finite ε at this δ).
 
         Raises:
-            ValueError: if ``method`` does not apply to a recorded event, or none applies.
+            ValueError: if ``accounting`` does not apply to a recorded event, or none applies.
         """
         delta = _validate.real("delta", delta)
         _validate.delta("delta", delta)
-        if method is None:
-            methods = self.applicable_methods()
-            if not methods:
-                _validate.fail("method", None, "a method valid for every recorded event (none)")
-            return self._tightest(delta, methods)
-        _validate.one_of("method", method, METHODS)
-        why = self._why_not(method)
-        if why is not None:
-            raise ValueError(f"method={method!r} does not apply: {why}")
-        return self._epsilon(delta, method)
+        methods = self._check_accounting(accounting)
+        return self._tightest(delta, methods)
 
     def _tightest(self, delta: float, methods: tuple[str, ...]) -> float:
         """min over ``methods`` (each a valid upper bound); a PLD whose grid cannot be built
@@ -260,45 +367,203 @@ class PrivacyAccountant:
         results, too_large = [], None
         for m in methods:
             try:
-                results.append(self._epsilon(delta, m))
+                results.append(self._cached(delta, m))
             except PLDGridTooLargeError as err:
+                if len(methods) == 1:
+                    raise
                 too_large = err
         if not results:
             raise too_large  # type: ignore[misc]
         return min(results)
 
+    def _cached(self, delta: float, method: str) -> float:
+        key = (delta, method)
+        if key not in self._cache:
+            self._cache[key] = self._epsilon_of(self._events, delta, method)
+        return self._cache[key]
+
     def epsilons(self, delta: float) -> dict[str, float]:
         """ε(δ) by every applicable method, tightest-first keys."""
         delta = _validate.real("delta", delta)
         _validate.delta("delta", delta)
-        return {m: self._epsilon(delta, m) for m in self.applicable_methods()}
+        return {m: self._cached(delta, m) for m in self.applicable_methods()}
 
-    def _epsilon(self, delta: float, method: str) -> float:
+    def _epsilon_of(self, events: Sequence[ev.PrivacyEvent], delta: float, method: str) -> float:
         if method == "pld":
-            return pld_epsilon(self._events, delta, value_discretization_interval=self._vdi)
+            return pld_epsilon(events, delta, value_discretization_interval=self._vdi)
         if method == "rdp":
-            return rdp_epsilon(self._events, delta, orders=self._orders)
-        if method == "zcdp":
-            if delta == 0.0:
-                return math.inf
-            rho = math.fsum(_zcdp_rho(e) for e in self._events)
-            return zcdp_epsilon_cks(rho=rho, delta=delta)
-        triples = [t for e in self._events for t in _dp_profile(e)]
-        spent = math.fsum(c * d for _, d, c in triples)
-        if method == "basic":
-            return math.fsum(c * e for e, _, c in triples) if spent <= delta else math.inf
-        if method == "optimal":
-            eps, d, _ = triples[0]
-            count = sum(c for _, _, c in triples)
-            if delta == 0.0:
-                return count * eps if d == 0.0 else math.inf
-            return optimal_composition_epsilon(epsilon=eps, delta=d, steps=count, delta_total=delta)
-        delta_prime = delta - spent  # advanced
-        if delta_prime <= 0.0:
-            return math.inf
-        return advanced_composition_heterogeneous(
-            [e for e, _, _ in triples],
-            [d for _, d, _ in triples],
-            counts=[c for _, _, c in triples],
-            delta_prime=delta_prime,
-        )[0]
+            return rdp_epsilon(events, delta, orders=self._orders)
+        return _closed_form_epsilon(events, delta, method)
+
+    def epsilon_history(
+        self, delta: float, *, every: int, accounting: str | None = None
+    ) -> list[tuple[int, float]]:
+        """ε(δ) after every ``every`` recorded steps and after the last one, for plots.
+
+        A step is one unit of an event's ``count``. The k-th entry is ``(s, ε)`` with
+        s = min(k·every, :attr:`steps`): the ε of the first s recorded steps, as
+        :meth:`epsilon` of an accountant holding only them would report it. RDP and the closed
+        forms sum per-event terms (cheap at any number of checkpoints); PLD keeps the composed
+        distribution of the steps so far and composes only the new block
+        (:func:`dpjax.accounting.tight.pld_epsilons_incremental`), so its values may differ
+        from per-prefix :meth:`epsilon` calls by the PLD discretisation error (≈ 1e-9
+        relative), each still a valid upper bound.
+
+        Args:
+            delta: δ in [0, 1).
+            every: checkpoint spacing in recorded steps, a positive integer.
+            accounting: one of :data:`METHODS`, or None for the minimum over the methods that
+                apply to every recorded event.
+
+        Returns:
+            ``[(steps, epsilon), ...]`` in increasing ``steps``, ending at :attr:`steps`.
+
+        Raises:
+            ValueError: invalid arguments, nothing recorded, or ``accounting`` not applicable.
+
+        Example:
+            >>> acc = PrivacyAccountant([ev.LaplaceEvent(noise_multiplier=10.0, count=5)])
+            >>> acc.epsilon_history(0.0, every=2, accounting="basic")
+            [(2, 0.2), (4, 0.4), (5, 0.5)]
+        """
+        delta = _validate.real("delta", delta)
+        _validate.delta("delta", delta)
+        every = _validate.positive_int("every", every)
+        methods = self._check_accounting(accounting)
+        total = self.steps
+        marks = list(range(every, total, every)) + [total]
+        prefixes = [_prefix(self._events, s) for s in marks]
+        results, too_large = [], None
+        for m in methods:
+            try:
+                results.append(self._history_of(prefixes, delta, m))
+            except PLDGridTooLargeError as err:  # skipped when another method answers
+                if len(methods) == 1:
+                    raise
+                too_large = err
+        if not results:
+            raise too_large  # type: ignore[misc]
+        best = [min(values) for values in zip(*results, strict=True)]
+        return list(zip(marks, best, strict=True))
+
+    def _history_of(
+        self, prefixes: list[list[ev.PrivacyEvent]], delta: float, method: str
+    ) -> list[float]:
+        if method == "pld":
+            blocks = _blocks(prefixes)
+            if blocks is not None:
+                return pld_epsilons_incremental(
+                    blocks, delta, value_discretization_interval=self._vdi
+                )
+        if method == "rdp":
+            grids = [rdp_curve(p, orders=self._orders) for p in prefixes]
+            return [float(dp_rdp.compute_epsilon(o, c, delta)[0]) for o, c in grids]
+        return [self._epsilon_of(p, delta, method) for p in prefixes]
+
+    def as_event(
+        self,
+        delta: float,
+        *,
+        relation: NeighbouringRelation | str | None = None,
+        accounting: str | None = None,
+    ) -> ev.EpsilonDeltaEvent:
+        """Everything recorded as one (ε, δ) event, optionally restated under another relation.
+
+        Use it to combine a DP-SGD run (add/remove-one) with a replace-one release in one
+        replace-one accountant: ``replace_acc.record(run_acc.as_event(1e-6,
+        relation="replace_one"))``.
+
+        Formal guarantees:
+            The recorded composition is (ε, δ)-DP under :attr:`relation` with ε =
+            :meth:`epsilon` (δ); under the other relation it is (2ε, (1 + e^ε)δ)-DP by group
+            privacy with k = 2 (Dwork & Roth 2014, Theorem 2.2; see
+            :func:`dpjax.accounting.convert_relation`), add/remove-one → replace-one only.
+
+        Args:
+            delta: δ in [0, 1) at which to read this accountant's ε.
+            relation: the relation of the returned event (default: this accountant's).
+            accounting: as in :meth:`epsilon`.
+
+        Returns:
+            An :class:`~dpjax.events.EpsilonDeltaEvent` with ``count=1``.
+
+        Raises:
+            ValueError: nothing recorded, an infinite ε, a converted δ ≥ 1, or a conversion
+                from replace-one to add/remove-one (not sound in general).
+
+        Example:
+            >>> run = PrivacyAccountant([ev.LaplaceEvent(1.0, relation="add_or_remove_one")])
+            >>> e = run.as_event(0.0, relation="replace_one", accounting="basic")
+            >>> e.epsilon, e.delta, e.relation.value
+            (2.0, 0.0, 'replace_one')
+        """
+        eps = self.epsilon(delta, accounting)
+        if not math.isfinite(eps):
+            _validate.fail("delta", delta, "a δ at which the accountant's ε is finite")
+        target = self._relation if relation is None else as_relation(relation)
+        eps, dlt = convert_relation(epsilon=eps, delta=delta, from_=self._relation, to=target)
+        if not dlt < 1.0:
+            _validate.fail("delta", delta, f"small enough that the converted δ < 1 (got {dlt})")
+        if eps == 0.0:
+            _validate.fail("delta", delta, "a δ at which the accountant's ε is > 0")
+        return ev.EpsilonDeltaEvent(epsilon=eps, delta=dlt, relation=target)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The accountant as a plain dict of JSON-able values (save it with the training state).
+
+        Example:
+            >>> import json
+            >>> acc = PrivacyAccountant([ev.GaussianEvent(noise_multiplier=2.0, count=3)])
+            >>> again = PrivacyAccountant.from_state_dict(json.loads(json.dumps(acc.state_dict())))
+            >>> again.events == acc.events
+            True
+        """
+        return {
+            "format": STATE_FORMAT,
+            "relation": None if self._relation is None else self._relation.value,
+            "value_discretization_interval": self._vdi,
+            "orders": None if self._orders is None else list(self._orders),
+            "events": [ev.event_to_dict(e) for e in self._events],
+        }
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> PrivacyAccountant:
+        """Rebuild an accountant from :meth:`state_dict` (every event re-validated).
+
+        Raises:
+            ValueError: a dict of another format, or invalid contents.
+        """
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            got = state.get("format") if isinstance(state, dict) else state
+            _validate.fail("state['format']", got, repr(STATE_FORMAT))
+        missing = sorted(
+            {"relation", "value_discretization_interval", "orders", "events"} - set(state)
+        )
+        if missing:
+            _validate.fail("state", missing, "a dict with every key written by state_dict")
+        if not isinstance(state["events"], list):
+            _validate.fail("state['events']", state["events"], "a list of event dicts")
+        return cls(
+            [ev.event_from_dict(e) for e in state["events"]],
+            relation=state["relation"],
+            value_discretization_interval=state["value_discretization_interval"],
+            orders=state["orders"],
+        )
+
+
+def _blocks(prefixes: list[list[ev.PrivacyEvent]]) -> list[list[ev.PrivacyEvent]] | None:
+    """The increments between successive prefixes (events and partial counts), or None when a
+    shuffled fixed-batch event is split (its cost is not additive in count: recompute)."""
+    blocks, previous = [], []
+    for p in prefixes:
+        block = []
+        for i, e in enumerate(p):
+            done = previous[i].count if i < len(previous) else 0
+            if e.count == done:
+                continue
+            if done and not ev.count_is_additive(e):
+                return None
+            block.append(dataclasses.replace(e, count=e.count - done))
+        blocks.append(block)
+        previous = p
+    return blocks

@@ -1,8 +1,10 @@
-"""Closed-form composition theorems: basic, parallel, advanced, and group privacy.
+"""Closed-form composition theorems: basic, parallel, advanced, group privacy, and the
+conversion of a guarantee between neighbouring relations.
 
 All functions are host-side Python on plain floats. Every result holds under whichever
 neighbouring relation the inputs' (ε, δ) were stated under: composition, parallel composition
 and group privacy do not change the relation (group privacy counts k steps of that relation).
+:func:`convert_relation` is the one explicit way to change it.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import math
 from collections.abc import Sequence
 
 from dpjax import _validate
+from dpjax.relation import ADD_OR_REMOVE_ONE, REPLACE_ONE, NeighbouringRelation, as_relation
 
 __all__ = [
     "basic_composition",
@@ -19,6 +22,7 @@ __all__ = [
     "advanced_composition_heterogeneous",
     "advanced_composition_step_epsilon",
     "group_privacy",
+    "convert_relation",
 ]
 
 
@@ -242,3 +246,75 @@ def group_privacy(*, epsilon: float, delta: float, group_size: int) -> tuple[flo
     # (e^{kε} − 1)/(e^ε − 1) = Σ_{j<k} e^{jε}, computed with expm1 for small ε.
     ratio = math.expm1(k * epsilon) / math.expm1(epsilon)
     return k * float(epsilon), float(delta) * ratio
+
+
+#: Why a replace-one guarantee is not converted to add/remove-one.
+REPLACE_TO_ADD_REMOVE_REFUSAL = (
+    "a replace-one (ε, δ) guarantee says nothing about data sets of different sizes: a "
+    "mechanism may use n (divide by it, release it, size its batches from it) and be "
+    "replace-one private while adding or removing one record is revealed with certainty. No "
+    "conversion is sound in general; restate the mechanism's sensitivity under add/remove-one "
+    "(with a public normaliser) and account it under that relation instead"
+)
+
+
+def convert_relation(
+    *,
+    epsilon: float,
+    delta: float,
+    from_: NeighbouringRelation | str,
+    to: NeighbouringRelation | str,
+) -> tuple[float, float]:
+    """An (ε, δ) guarantee under relation ``from_`` restated under relation ``to``.
+
+    * same relation: unchanged;
+    * add/remove-one → replace-one: (2ε, (1 + e^ε)δ);
+    * replace-one → add/remove-one: refused (``ValueError``), see below.
+
+    Formal guarantees:
+        Group privacy (Dwork & Roth 2014, Theorem 2.2; lecture on properties of DP, group
+        privacy): an (ε, δ)-DP mechanism is (kε, k e^{(k−1)ε} δ)-DP for data sets at distance
+        k, and more tightly (kε, δ(e^{kε} − 1)/(e^ε − 1))-DP (:func:`group_privacy`). Replacing
+        one record is removing it and then adding another (D → D − x → D − x + y), two steps of
+        add/remove-one through a data set of size n − 1, so an add/remove-one (ε, δ) guarantee
+        gives replace-one (2ε, δ(e^{2ε} − 1)/(e^ε − 1)) = (2ε, (1 + e^ε)δ) (k = 2; also
+        Kasiviswanathan et al. 2011 on the relation between the two notions of neighbours).
+        The converse is not true in general: a replace-one guarantee is silent about data sets
+        of different sizes (a mechanism that releases n is replace-one 0-DP and not
+        add/remove-one private at all), so that direction is refused.
+
+    Args:
+        epsilon: ε in [0, inf) of the guarantee under ``from_``.
+        delta: δ in [0, 1) of the guarantee under ``from_``.
+        from_: the relation the guarantee holds under.
+        to: the relation to restate it under.
+
+    Returns:
+        ``(epsilon, delta)`` under ``to`` (δ may reach or exceed 1: then the guarantee is
+        vacuous).
+
+    Raises:
+        ValueError: invalid ε, δ or relation names, or ``from_='replace_one'``,
+            ``to='add_or_remove_one'``.
+
+    Example:
+        >>> eps, dlt = convert_relation(epsilon=1.0, delta=1e-6, from_="add_or_remove_one",
+        ...                             to="replace_one")
+        >>> eps, round(dlt / 1e-6, 6)  # (2ε, (1 + e)δ)
+        (2.0, 3.718282)
+    """
+    epsilon = _validate.real("epsilon", epsilon)
+    _validate.non_negative("epsilon", epsilon)
+    delta = _validate.real("delta", delta)
+    _validate.delta("delta", delta)
+    source, target = as_relation(from_, "from_"), as_relation(to, "to")
+    if source is target:
+        return float(epsilon), float(delta)
+    if source is REPLACE_ONE and target is ADD_OR_REMOVE_ONE:
+        raise ValueError(
+            "from_='replace_one' cannot be converted to to='add_or_remove_one': "
+            + REPLACE_TO_ADD_REMOVE_REFUSAL
+        )
+    if epsilon == 0.0:
+        return 0.0, 2.0 * float(delta)  # (e^{2ε} − 1)/(e^ε − 1) → 2 as ε → 0
+    return group_privacy(epsilon=epsilon, delta=delta, group_size=2)

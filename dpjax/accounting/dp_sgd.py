@@ -5,7 +5,7 @@ Evaluation and calibration share one code path: both call
 end of its bisection bracket that evaluates to ε ≤ target. So a calibrated noise multiplier
 always evaluates (with the same method and settings) to at most the target ε.
 
-Full-batch DP-GD (``sampling_rate = 1``) with ``method="pld"`` uses the exact Gaussian profile
+Full-batch DP-GD (``sampling_rate = 1``) with ``accounting="pld"`` uses the exact Gaussian profile
 (T releases with σ are one release with σ/√T), which answers in milliseconds at any T. Privacy
 parameters are coerced to Python floats/ints at this boundary (NumPy scalars and 0-d arrays
 accepted; bool, str and JAX tracers refused by name).
@@ -38,10 +38,11 @@ def dp_sgd_epsilon(
     sampling_rate: float,
     steps: int,
     delta: float,
-    method: str = "pld",
+    accounting: str | None = None,
     relation: NeighbouringRelation | str = ADD_OR_REMOVE_ONE,
     value_discretization_interval: float = DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
     orders: Sequence[float] | None = None,
+    method: str | None = None,
 ) -> float:
     """ε after T steps of DP-SGD: Poisson sampling at rate q, clipped sum + N(0, (σC)²).
 
@@ -50,8 +51,8 @@ def dp_sgd_epsilon(
     Formal guarantees:
         The Poisson-subsampled Gaussian mechanism composed T times (Abadi et al. 2016; lecture
         on ML under DP, DP-SGD and amplification by subsampling), accounted by dp-accounting's
-        PLD (``method="pld"``, tight up to discretisation; Koskela et al. 2020, Doroshenko et
-        al. 2022) or RDP (``method="rdp"``, never tighter; Mironov 2017). At q = 1 ``"pld"`` is
+        PLD (``accounting="pld"``, tight up to discretisation; Koskela et al. 2020, Doroshenko et
+        al. 2022) or RDP (``accounting="rdp"``, never tighter; Mironov 2017). At q = 1 ``"pld"`` is
         the exact Gaussian profile (Balle & Wang 2018, Theorem 8) of one release with σ/√T.
         Where the PLD grid would be too large the discretisation is coarsened with a warning
         (still an upper bound; see :func:`dpjax.accounting.tight.pld_epsilon`). ``relation``:
@@ -60,7 +61,7 @@ def dp_sgd_epsilon(
           remove one record; one record moves the clipped sum by at most C.
         * ``REPLACE_ONE`` (the lectures' convention): one record replaced; the sum moves by up
           to 2C — the accountant accounts for this itself, pass σ/C unchanged. Only
-          ``method="pld"`` supports it for q < 1 (RDP raises).
+          ``accounting="pld"`` supports it for q < 1 (RDP raises).
 
         See :mod:`dpjax.accounting.tight` for which method is tight where.
 
@@ -69,10 +70,11 @@ def dp_sgd_epsilon(
         sampling_rate: q in (0, 1].
         steps: T, a positive integer (noisy releases, not micro-batches).
         delta: δ in [0, 1).
-        method: ``"pld"`` or ``"rdp"``.
+        accounting: ``"pld"`` (default) or ``"rdp"``.
         relation: the neighbouring relation of the guarantee.
         value_discretization_interval: PLD grid (default 1e-4).
         orders: RDP orders (default :data:`dpjax.accounting.DEFAULT_RDP_ORDERS`).
+        method: the former name of ``accounting`` (still accepted; give one of the two).
 
     Returns:
         ε.
@@ -86,6 +88,7 @@ def dp_sgd_epsilon(
     sampling_rate = _validate.probability("sampling_rate", sampling_rate)
     steps = _validate.positive_int("steps", steps)
     delta = _validate.delta("delta", delta)
+    accounting = _accounting(accounting, method)
     event = PoissonSampledGaussianEvent(
         noise_multiplier=noise_multiplier,
         sampling_rate=sampling_rate,
@@ -95,10 +98,20 @@ def dp_sgd_epsilon(
     return tight_epsilon(
         [event],
         delta,
-        method=method,
+        method=accounting,
         value_discretization_interval=value_discretization_interval,
         orders=orders,
     )
+
+
+def _accounting(accounting: str | None, method: str | None) -> str:
+    """The accounting method from the new keyword ``accounting`` or the former ``method``."""
+    if accounting is not None and method is not None and accounting != method:
+        _validate.fail(
+            "method", method, f"omitted (it is the former name of accounting={accounting!r})"
+        )
+    chosen = accounting if accounting is not None else method
+    return "pld" if chosen is None else chosen
 
 
 def _epsilon_or_inf(**kwargs: Any) -> float:
@@ -115,11 +128,12 @@ def calibrate_noise_multiplier(
     delta: float,
     sampling_rate: float,
     steps: int,
-    method: str = "pld",
+    accounting: str | None = None,
     relation: NeighbouringRelation | str = ADD_OR_REMOVE_ONE,
     rtol: float = 1e-3,
     value_discretization_interval: float = DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
     orders: Sequence[float] | None = None,
+    method: str | None = None,
 ) -> float:
     """The smallest σ/C (to relative tolerance ``rtol``) with ``dp_sgd_epsilon`` ≤ target.
 
@@ -137,11 +151,12 @@ def calibrate_noise_multiplier(
         delta: δ in (0, 1).
         sampling_rate: q in (0, 1].
         steps: T, a positive integer.
-        method: ``"pld"`` or ``"rdp"``.
+        accounting: ``"pld"`` (default) or ``"rdp"``.
         relation: the neighbouring relation (see :func:`dp_sgd_epsilon`).
         rtol: relative width of the final bracket, in (0, 1).
         value_discretization_interval: PLD grid.
         orders: RDP orders.
+        method: the former name of ``accounting`` (still accepted; give one of the two).
 
     Returns:
         The noise multiplier σ/C.
@@ -157,6 +172,7 @@ def calibrate_noise_multiplier(
     rtol = _validate.in_range("rtol", rtol, 0.0, 1.0, low_inclusive=False)
     sampling_rate = _validate.probability("sampling_rate", sampling_rate)
     steps = _validate.positive_int("steps", steps)
+    accounting = _accounting(accounting, method)
 
     @functools.cache
     def eps(sigma: float) -> float:
@@ -165,7 +181,7 @@ def calibrate_noise_multiplier(
             sampling_rate=sampling_rate,
             steps=steps,
             delta=delta,
-            method=method,
+            accounting=accounting,
             relation=relation,
             value_discretization_interval=value_discretization_interval,
             orders=orders,
@@ -201,10 +217,11 @@ def max_steps(
     target_epsilon: float,
     delta: float,
     sampling_rate: float,
-    method: str = "pld",
+    accounting: str | None = None,
     relation: NeighbouringRelation | str = ADD_OR_REMOVE_ONE,
     value_discretization_interval: float = DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
     orders: Sequence[float] | None = None,
+    method: str | None = None,
 ) -> int:
     """The largest number of steps T with ``dp_sgd_epsilon`` ≤ target at a given σ/C.
 
@@ -221,10 +238,11 @@ def max_steps(
         target_epsilon: ε in (0, inf).
         delta: δ in (0, 1).
         sampling_rate: q in (0, 1].
-        method: ``"pld"`` or ``"rdp"``.
+        accounting: ``"pld"`` (default) or ``"rdp"``.
         relation: the neighbouring relation (see :func:`dp_sgd_epsilon`).
         value_discretization_interval: PLD grid.
         orders: RDP orders.
+        method: the former name of ``accounting`` (still accepted; give one of the two).
 
     Returns:
         T ≥ 0 (0 if even one step exceeds the target).
@@ -237,6 +255,7 @@ def max_steps(
     target_epsilon = _validate.epsilon("target_epsilon", target_epsilon)
     delta = _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
     sampling_rate = _validate.probability("sampling_rate", sampling_rate)
+    accounting = _accounting(accounting, method)
 
     def ok(steps: int) -> bool:
         eps = _epsilon_or_inf(
@@ -244,7 +263,7 @@ def max_steps(
             sampling_rate=sampling_rate,
             steps=steps,
             delta=delta,
-            method=method,
+            accounting=accounting,
             relation=relation,
             value_discretization_interval=value_discretization_interval,
             orders=orders,

@@ -11,11 +11,9 @@ experiment shows).
 
 from __future__ import annotations
 
-import math
-
 from dpjax import _validate
 from dpjax.accounting.composition import advanced_composition
-from dpjax.accounting.zcdp import zcdp_rho_for_epsilon
+from dpjax.accounting.zcdp import zcdp_gaussian_sigma, zcdp_rho_for_epsilon
 from dpjax.mechanisms.gaussian import gaussian_sigma
 
 __all__ = ["advanced_composition_step_budget", "dpgd_sigma_advanced", "dpgd_sigma_zcdp"]
@@ -155,4 +153,4 @@ def dpgd_sigma_zcdp(
     """
     steps = _check(epsilon, delta, steps, sensitivity)
     rho = zcdp_rho_for_epsilon(epsilon=epsilon, delta=delta, conversion=conversion)
-    return float(sensitivity) * math.sqrt(steps / (2.0 * rho))
+    return zcdp_gaussian_sigma(rho=rho, sensitivity=sensitivity, steps=steps)

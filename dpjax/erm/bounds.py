@@ -20,7 +20,13 @@ from __future__ import annotations
 import math
 
 from dpjax import _validate
-from dpjax.relation import REPLACE_ONE, NeighbouringRelation, as_relation
+from dpjax.accounting.zcdp import (
+    zcdp_epsilon_bun_steinke,
+    zcdp_gaussian_sigma,
+    zcdp_rho_for_epsilon,
+)
+from dpjax.mechanisms.gaussian import classic_gaussian_ratio
+from dpjax.relation import REPLACE_ONE, NeighbouringRelation, sensitivity_factor
 
 __all__ = [
     "argmin_sensitivity",
@@ -58,16 +64,13 @@ def argmin_sensitivity(
     _validate.positive("lipschitz", lipschitz)
     _validate.positive("mu", mu)
     n = _validate.positive_int("n", n)
-    factor = 2.0 if as_relation(relation) == REPLACE_ONE else 1.0
-    return factor * float(lipschitz) / (float(mu) * n)
+    return sensitivity_factor(relation) * float(lipschitz) / (float(mu) * n)
 
 
 def classic_sigma(*, sensitivity: float, epsilon: float, delta: float) -> float:
     """σ = Δ√(2 ln(1.25/δ))/ε, the lectures' formula (no ε < 1 check: for bounds only)."""
     _validate.positive("sensitivity", sensitivity)
-    _validate.epsilon("epsilon", epsilon)
-    _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
-    return float(sensitivity) * math.sqrt(2.0 * math.log(1.25 / delta)) / float(epsilon)
+    return float(sensitivity) * classic_gaussian_ratio(epsilon=epsilon, delta=delta)
 
 
 def _noise_moments(d: int, scale: float, noise: str) -> tuple[float, float]:
@@ -190,17 +193,16 @@ def objective_perturbation(
     *, n: int, d: int, epsilon: float, delta: float, lipschitz: float, mu: float
 ) -> float:
     """The lecture's bound dσ²/(2n²μ) with σ² = 8L² ln(1.25/δ)/ε² (objective-pert. lecture)."""
-    sigma = classic_sigma(sensitivity=2.0 * float(lipschitz), epsilon=epsilon, delta=delta)
+    sens = sensitivity_factor(REPLACE_ONE) * float(lipschitz)  # objective perturbation: 2L
+    sigma = classic_sigma(sensitivity=sens, epsilon=epsilon, delta=delta)
     return objective_perturbation_from_scale(n=n, d=d, scale=sigma, mu=mu, lipschitz=lipschitz)
 
 
 def _log_term(n: int, d: int, epsilon: float, delta: float) -> float:
-    """s = √(d ln(1.25/δ))/(εn)."""
+    """s = √(d ln(1.25/δ))/(εn) = √(d/2)·(σ/Δ of the classic Gaussian)/n."""
     n = _validate.positive_int("n", n)
     d = _validate.positive_int("d", d)
-    _validate.epsilon("epsilon", epsilon)
-    _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
-    return math.sqrt(d * math.log(1.25 / delta)) / (float(epsilon) * n)
+    return math.sqrt(d / 2.0) * classic_gaussian_ratio(epsilon=epsilon, delta=delta) / n
 
 
 def tuned_mu_output_perturbation(
@@ -237,7 +239,8 @@ def tuned_mu_objective_perturbation(
 ) -> float:
     """μ* = √d σ/(nR), σ² = 8L² ln(1.25/δ)/ε² (objective-pert. lecture; lit. §1.1)."""
     _validate.positive("radius", radius)
-    sigma = classic_sigma(sensitivity=2.0 * float(lipschitz), epsilon=epsilon, delta=delta)
+    sens = sensitivity_factor(REPLACE_ONE) * float(lipschitz)  # objective perturbation: 2L
+    sigma = classic_sigma(sensitivity=sens, epsilon=epsilon, delta=delta)
     return math.sqrt(_validate.positive_int("d", d)) * sigma / (n * float(radius))
 
 
@@ -252,18 +255,19 @@ def tuned_objective_perturbation(
 
 
 def rho_from_epsilon_delta(epsilon: float, delta: float) -> float:
-    """Largest ρ with ρ + 2√(ρ ln(1/δ)) ≤ ε (zCDP → (ε, δ), Bun & Steinke 2016, Prop. 1.3)."""
-    _validate.epsilon("epsilon", epsilon)
-    _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
-    log_term = math.log(1.0 / delta)
-    return (math.sqrt(log_term + float(epsilon)) - math.sqrt(log_term)) ** 2
+    """Largest ρ with ρ + 2√(ρ ln(1/δ)) ≤ ε (zCDP → (ε, δ), Bun & Steinke 2016, Prop. 1.3).
+
+    Same as :func:`dpjax.accounting.zcdp_rho_for_epsilon` with ``conversion="bun_steinke"``.
+    """
+    return zcdp_rho_for_epsilon(epsilon=epsilon, delta=delta, conversion="bun_steinke")
 
 
 def epsilon_from_rho(rho: float, delta: float) -> float:
-    """ε = ρ + 2√(ρ ln(1/δ)) (Bun & Steinke 2016, Prop. 1.3)."""
-    _validate.positive("rho", rho)
-    _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
-    return float(rho) + 2.0 * math.sqrt(float(rho) * math.log(1.0 / delta))
+    """ε = ρ + 2√(ρ ln(1/δ)) (Bun & Steinke 2016, Prop. 1.3).
+
+    Same as :func:`dpjax.accounting.zcdp_epsilon_bun_steinke`.
+    """
+    return zcdp_epsilon_bun_steinke(rho=rho, delta=delta)
 
 
 def dp_gd_sigma(*, n: int, steps: int, rho: float, lipschitz: float, relation=REPLACE_ONE) -> float:
@@ -273,10 +277,8 @@ def dp_gd_sigma(*, n: int, steps: int, rho: float, lipschitz: float, relation=RE
     DP, concentrated DP; literature §1.4) ⇒ σ = Δ√(T/(2ρ)).
     """
     n = _validate.positive_int("n", n)
-    steps = _validate.positive_int("steps", steps)
-    _validate.positive("rho", rho)
-    sens = (2.0 if as_relation(relation) == REPLACE_ONE else 1.0) * float(lipschitz) / n
-    return sens * math.sqrt(steps / (2.0 * float(rho)))
+    sens = sensitivity_factor(relation) * float(lipschitz) / n
+    return zcdp_gaussian_sigma(rho=rho, sensitivity=sens, steps=steps)
 
 
 def dp_gd_convex(*, d: int, steps: int, sigma: float, lipschitz: float, radius: float) -> float:

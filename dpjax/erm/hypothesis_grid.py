@@ -13,7 +13,7 @@ from dpjax.erm.result import ERMResult
 from dpjax.erm.solver import objective, prepare_data, public_dataset_size, require_x64
 from dpjax.events import EpsilonDeltaEvent
 from dpjax.mechanisms import exponential_mechanism, exponential_mechanism_expected_gap_bound
-from dpjax.relation import REPLACE_ONE, NeighbouringRelation, as_relation
+from dpjax.relation import REPLACE_ONE, NeighbouringRelation, as_relation, sensitivity_factor
 
 __all__ = ["hypothesis_grid", "grid_score_sensitivity", "grid_scores", "exponential_mechanism_grid"]
 
@@ -45,8 +45,7 @@ def grid_score_sensitivity(
     reach = float(radius) * math.sqrt(d)
     if loss.domain_radius is not None and reach > loss.domain_radius:
         _validate.fail("radius", radius, f"≤ {loss.domain_radius / math.sqrt(d):g} for {loss.name}")
-    factor = 2.0 if as_relation(relation) == REPLACE_ONE else 1.0
-    return factor * loss.lipschitz * reach / _validate.positive_int("n", n)
+    return sensitivity_factor(relation) * loss.lipschitz * reach / _validate.positive_int("n", n)
 
 
 def grid_scores(X, y, grid: jax.Array, *, loss: Loss, mu: float, dataset_size: int) -> jax.Array:

@@ -13,7 +13,7 @@ from dpjax.erm.result import ERMResult
 from dpjax.erm.solver import finite_or_zero, public_dataset_size, require_x64
 from dpjax.events import GaussianEvent
 from dpjax.mechanisms import gaussian_sigma
-from dpjax.relation import REPLACE_ONE, NeighbouringRelation, as_relation
+from dpjax.relation import REPLACE_ONE, NeighbouringRelation, as_relation, sensitivity_factor
 
 __all__ = [
     "sufficient_statistics_sensitivity",
@@ -33,7 +33,7 @@ def sufficient_statistics_sensitivity(
     """
     _validate.positive("label_bound", label_bound)
     base = math.sqrt(1.0 + float(label_bound) ** 2)
-    return 2.0 * base if as_relation(relation) == REPLACE_ONE else base
+    return sensitivity_factor(relation) * base
 
 
 def bounded_records(X, y, *, label_bound: float) -> tuple[jax.Array, jax.Array]:

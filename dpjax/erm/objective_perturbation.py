@@ -17,7 +17,7 @@ from dpjax.erm.output_perturbation import gamma_norm_sampler
 from dpjax.erm.result import ERMResult
 from dpjax.erm.solver import objective, prepare_data, require_x64
 from dpjax.events import EpsilonDeltaEvent
-from dpjax.relation import REPLACE_ONE, NeighbouringRelation, as_relation
+from dpjax.relation import REPLACE_ONE, NeighbouringRelation, as_relation, sensitivity_factor
 
 __all__ = [
     "objective_perturbation",
@@ -127,7 +127,7 @@ def calibrate(
         if eps_noise <= 0.0:
             extra, eps_noise = c / (n * math.expm1(eps / 4.0)) - float(mu), eps / 2.0
         return dict(
-            scale=2.0 * L / eps_noise,
+            scale=sensitivity_factor(REPLACE_ONE) * L / eps_noise,
             noise="gamma_norm",
             extra=max(extra, 0.0),
             epsilon=eps,
@@ -141,7 +141,8 @@ def calibrate(
         return dict(scale=sigma, noise="gaussian", extra=extra, epsilon=eps, delta=float(delta))
     from dpjax.mechanisms import gaussian_sigma
 
-    sigma = gaussian_sigma(sensitivity=2.0 * L, epsilon=eps, delta=delta, calibration=calibration)
+    sens = sensitivity_factor(REPLACE_ONE) * L  # ‖∇ℓ‖ ≤ L, one record replaced: 2L
+    sigma = gaussian_sigma(sensitivity=sens, epsilon=eps, delta=delta, calibration=calibration)
     return dict(
         scale=sigma, noise="gaussian", extra=0.0, epsilon=eps + jacobian, delta=float(delta)
     )
@@ -264,7 +265,7 @@ def objective_perturbation(
         excess_risk_bound=bound,
         event=event,
         relation=REPLACE_ONE,
-        sensitivity=2.0 * loss.lipschitz,
+        sensitivity=sensitivity_factor(REPLACE_ONE) * loss.lipschitz,
         noise_scale=cal["scale"],
         extra_regularization=cal["extra"],
     )

@@ -24,6 +24,7 @@ __all__ = [
     "gaussian",
     "gaussian_sigma",
     "classic_gaussian_sigma",
+    "classic_gaussian_ratio",
     "analytic_gaussian_sigma",
     "gaussian_delta",
     "gaussian_epsilon",
@@ -94,6 +95,30 @@ def _sigma_for_ratio(ratio: float, sensitivity: float, epsilon: float, delta: fl
     return sigma
 
 
+def classic_gaussian_ratio(*, epsilon: float, delta: float) -> float:
+    r"""The lectures' formula :math:`\sigma/\Delta_2 = \sqrt{2\ln(1.25/\delta)}/\varepsilon`, as
+    a formula: the one home of it, without the theorem's range check.
+
+    For excess-risk bounds and recipes that quote the formula; to calibrate noise use
+    :func:`classic_gaussian_sigma` (which refuses ε ≥ 1, where the theorem does not hold) or
+    :func:`analytic_gaussian_sigma`.
+
+    Args:
+        epsilon: ε in (0, inf).
+        delta: δ in (0, 1).
+
+    Returns:
+        σ/Δ₂ (``inf`` if it overflows).
+
+    Example:
+        >>> round(classic_gaussian_ratio(epsilon=0.5, delta=1e-5), 4)
+        9.6896
+    """
+    epsilon = _validate.epsilon("epsilon", epsilon)
+    delta = _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
+    return math.sqrt(2.0 * math.log(1.25 / delta)) / epsilon
+
+
 def classic_gaussian_sigma(*, sensitivity: float, epsilon: float, delta: float) -> float:
     r"""The lectures' calibration :math:`\sigma = \Delta_2\sqrt{2\ln(1.25/\delta)}/\varepsilon`.
 
@@ -117,7 +142,7 @@ def classic_gaussian_sigma(*, sensitivity: float, epsilon: float, delta: float) 
             f"got {epsilon!r}. Use calibration='analytic' (Balle & Wang 2018), which is exact "
             "for every epsilon."
         )
-    ratio = math.sqrt(2.0 * math.log(1.25 / delta)) / epsilon
+    ratio = classic_gaussian_ratio(epsilon=epsilon, delta=delta)
     if math.isinf(ratio):
         _validate.fail("epsilon", epsilon, "large enough that sigma/sensitivity is finite")
     return _sigma_for_ratio(ratio, sensitivity, epsilon, delta)

@@ -223,7 +223,7 @@ print(f"non-private: test accuracy {test_acc[0]:.3f}")
 
 # %%
 event = sampler.event(noise_multiplier=NOISE_MULTIPLIERS[0], steps=STEPS)
-assert math.isclose(acc.PrivacyAccountant([event]).epsilon(DELTA, method="pld"), epsilons[0],
+assert math.isclose(acc.PrivacyAccountant([event]).epsilon(DELTA, accounting="pld"), epsilons[0],
                     rel_tol=1e-9)
 assert all(a > b for a, b in zip(epsilons, epsilons[1:]))
 assert test_acc[0] > 0.9
