@@ -431,6 +431,9 @@ def test_bad_key_and_bad_data_are_refused(key):
         private.step(jnp.zeros(DIM), state, {"x": jnp.zeros((N - 1, DIM)), "y": jnp.zeros(N)})
     with pytest.raises(ValueError, match="delta"):
         private.epsilon(state, delta=0.0)
+    with pytest.raises(ValueError, match="state.step"):
+        private.epsilon(-1)
+    assert private.epsilon(np.int64(3)) == private.epsilon(3) > 0
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert private.epsilon(state) == 0.0

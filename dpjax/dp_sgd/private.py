@@ -114,7 +114,7 @@ def nnx_loss(model: Any, loss: Callable[[Any, Any], jax.Array]) -> tuple[Callabl
         >>> model = nnx.Sequential(nnx.Linear(3, 2, rngs=nnx.Rngs(0)), nnx.Dropout(0.5,
         ...     rngs=nnx.Rngs(1)))
         >>> loss_fn, params = nnx_loss(model, lambda m, ex: jnp.sum(m(ex)))
-        >>> loss_fn(params, jnp.ones(3), jax.random.key(0)).shape
+        >>> loss_fn(params, jnp.ones(3, jnp.float32), jax.random.key(0)).shape
         ()
     """
     from flax import nnx  # lazy: flax is optional
@@ -367,9 +367,7 @@ class PrivateTraining:
         Raises:
             ValueError: ``delta`` too small to hold the truncation slack of this cap.
         """
-        t = state if isinstance(state, int) else int(jax.device_get(state.step))
-        t = _validate.integer("state.step", t)
-        _validate.non_negative("state.step", t)
+        t = _steps_of(state)
         if delta is not None:
             delta = _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
         delta = self.delta if delta is None else delta
@@ -409,7 +407,7 @@ class PrivateTraining:
 
         Each point is one accounting call (cached), for plots of privacy spent over training.
         """
-        total = state if isinstance(state, int) else int(jax.device_get(state.step))
+        total = _steps_of(state)
         num_points = _validate.positive_int("num_points", num_points)
         if total <= 0:
             return []
@@ -480,6 +478,14 @@ class PrivateTraining:
             f"l2_clip_norm={self.l2_clip_norm}, expected_batch_size={self.expected_batch_size:.4g}"
             f", max_batch_size={self.max_batch_size}, delta={self.delta})"
         )
+
+
+def _steps_of(state: Any) -> int:
+    """The step count t ≥ 0 of a :class:`PrivateState` (read on the host) or an integer."""
+    value = jax.device_get(state.step) if isinstance(state, PrivateState) else state
+    t = _validate.integer("state.step", value)
+    _validate.non_negative("state.step", t)
+    return t
 
 
 def _progress_bar(total: int, enabled: bool) -> Any:
@@ -627,7 +633,9 @@ def make_private(
         so that the resulting slack (1 + e^ε)·T·p̄ (see :class:`~dpjax.dp_sgd.PoissonSampler`)
         is ≤ 10⁻³·δ, so ``epsilon(state)`` is an (ε, δ) guarantee with the slack included.
         The guarantee covers the released parameters and optimizer state, not the ``metrics``
-        (realised batch size, loss), which are not private.
+        (realised batch size, loss), which are not private. Steps beyond the planned ``steps``
+        are not refused (``step`` is traced code): ``epsilon(state)`` counts every step taken,
+        warns past the plan, and raises if the truncation slack no longer fits in δ.
 
     Example:
         >>> import jax, jax.numpy as jnp, optax, dpjax
