@@ -52,6 +52,18 @@ def private_for(loss_fn=square_loss, **kwargs):
     return make_private(loss_fn, **args)
 
 
+@pytest.fixture(scope="module")
+def linear_private():
+    """One compiled square-loss run (T = 50 planned), shared: each test starts from init."""
+    return private_for(steps=50)
+
+
+@pytest.fixture(scope="module")
+def dropout_private():
+    """One compiled run whose loss takes a per-example dropout key."""
+    return private_for(dropout_square_loss)
+
+
 # ----------------------------------------------------------------------------- schedule
 
 
@@ -119,10 +131,13 @@ def hand_built_step(private, params, key, data, loss_fn, steps):
     return params
 
 
-@pytest.mark.parametrize("loss_fn", [square_loss, dropout_square_loss])
-def test_update_equals_the_hand_built_pipeline(key, loss_fn):
+@pytest.mark.parametrize(
+    ("loss_fn", "fixture"),
+    [(square_loss, "linear_private"), (dropout_square_loss, "dropout_private")],
+)
+def test_update_equals_the_hand_built_pipeline(key, loss_fn, fixture, request):
     data = linear_data(key)
-    private = private_for(loss_fn)
+    private = request.getfixturevalue(fixture)
     params, state = jnp.zeros(DIM), private.init(jnp.zeros(DIM))
     for _ in range(3):
         params, state, metrics = private.step(params, state, data)
@@ -131,9 +146,9 @@ def test_update_equals_the_hand_built_pipeline(key, loss_fn):
     assert int(state.step) == 3 and 0 < int(metrics["batch_size"]) <= private.max_batch_size
 
 
-def test_micro_batch_split_equals_the_unsplit_update(key):
+def test_micro_batch_split_equals_the_unsplit_update(key, dropout_private):
     data = linear_data(key)
-    whole = private_for(dropout_square_loss)
+    whole = dropout_private
     split = private_for(dropout_square_loss, physical_batch_size=5)
     assert split.physical_batch_size == 5 and whole.physical_batch_size is None
     p1, s1, p2, s2 = jnp.zeros(DIM), whole.init(jnp.zeros(DIM)), jnp.zeros(DIM), None
@@ -174,8 +189,8 @@ def test_padding_never_counts_example_zero():
 # ----------------------------------------------------------------------------- accounting
 
 
-def test_epsilon_is_dp_sgd_epsilon_for_t_steps_and_includes_the_slack(key):
-    private = private_for(steps=50)
+def test_epsilon_is_dp_sgd_epsilon_for_t_steps_and_includes_the_slack(key, linear_private):
+    private = linear_private
     data = linear_data(key)
     params, state = jnp.zeros(DIM), private.init(jnp.zeros(DIM))
     assert private.epsilon(state) == 0.0
@@ -212,21 +227,16 @@ def test_target_epsilon_is_calibrated_and_cross_checked():
     assert eps == pytest.approx(reference, rel=1e-3)
 
 
-def test_steps_beyond_the_plan_are_counted_with_a_warning(key):
-    private = private_for(steps=2)
-    data = linear_data(key)
-    params, state = jnp.zeros(DIM), private.init(jnp.zeros(DIM))
-    for _ in range(3):
-        params, state, _ = private.step(params, state, data)
+def test_steps_beyond_the_plan_are_counted_with_a_warning(linear_private):
     with pytest.warns(UserWarning, match="beyond the planned"):
-        assert private.epsilon(state) > private.epsilon(2)
+        assert linear_private.epsilon(51) > linear_private.epsilon(50)
 
 
-def test_state_round_trips_through_flax_serialization(key):
+def test_state_round_trips_through_flax_serialization(key, dropout_private):
     from flax import serialization
 
     data = linear_data(key)
-    private = private_for(dropout_square_loss)
+    private = dropout_private
     params, state = jnp.zeros(DIM), private.init(jnp.zeros(DIM))
     params, state, _ = private.step(params, state, data)
     restored = serialization.from_bytes(private.init(jnp.zeros(DIM)), serialization.to_bytes(state))
@@ -338,11 +348,11 @@ def test_linen_model_with_dropout_trains(key):
     assert eval_loss(params) < 0.7 * before
 
 
-def test_data_may_be_a_tuple_or_a_dict_and_auto_clipping_works(key):
+def test_data_may_be_a_tuple_or_a_dict_and_auto_clipping_works(key, linear_private):
     data = linear_data(key)
     tuple_loss = lambda w, ex: 0.5 * (ex[0] @ w - ex[1]) ** 2  # noqa: E731
-    a = private_for(tuple_loss, clipping="auto")
-    b = private_for(square_loss, clipping="vmap")
+    a = private_for(tuple_loss, clipping="auto", steps=50)
+    b = linear_private
     pa, sa, _ = a.step(jnp.zeros(DIM), a.init(jnp.zeros(DIM)), (data["x"], data["y"]))
     pb, sb, _ = b.step(jnp.zeros(DIM), b.init(jnp.zeros(DIM)), data)
     np.testing.assert_allclose(pa, pb, rtol=1e-9, atol=1e-12)
@@ -351,18 +361,17 @@ def test_data_may_be_a_tuple_or_a_dict_and_auto_clipping_works(key):
 # ----------------------------------------------------------------------------- progress
 
 
-def test_fit_shows_a_progress_bar_with_loss_and_epsilon(key, capsys):
+def test_fit_shows_a_progress_bar_with_loss_and_epsilon(key, capsys, linear_private):
     pytest.importorskip("tqdm")
-    private = private_for(steps=4)
-    private.fit(jnp.zeros(DIM), linear_data(key), progress=True, log_every=2)
+    linear_private.fit(jnp.zeros(DIM), linear_data(key), steps=4, progress=True, log_every=2)
     err = capsys.readouterr().err
     assert "loss=" in err and "epsilon=" in err and "4/4" in err
 
 
-def test_fit_runs_silently_without_tqdm(key, capsys, monkeypatch):
+def test_fit_runs_silently_without_tqdm(key, capsys, monkeypatch, linear_private):
     monkeypatch.setitem(sys.modules, "tqdm", None)  # import tqdm raises ImportError
-    private = private_for(steps=2)
-    _, state, history = private.fit(jnp.zeros(DIM), linear_data(key), progress=True)
+    data = linear_data(key)
+    _, state, history = linear_private.fit(jnp.zeros(DIM), data, steps=2, progress=True)
     assert int(state.step) == 2 and history["step"][-1] == 2
     assert capsys.readouterr().err == ""
 
@@ -420,12 +429,12 @@ def test_bad_input_raises_value_error_naming_the_argument(kwargs, name):
         private_for(**kwargs)
 
 
-def test_bad_key_and_bad_data_are_refused(key):
+def test_bad_key_and_bad_data_are_refused(key, linear_private):
     with pytest.raises(TypeError, match="key"):
         private_for(key=None)
     with pytest.raises(TypeError, match="key"):
         private_for(key=0)
-    private = private_for()
+    private = linear_private
     state = private.init(jnp.zeros(DIM))
     with pytest.raises(ValueError, match="data"):
         private.step(jnp.zeros(DIM), state, {"x": jnp.zeros((N - 1, DIM)), "y": jnp.zeros(N)})
