@@ -98,7 +98,9 @@ def nnx_loss(model: Any, loss: Callable[[Any, Any], jax.Array]) -> tuple[Callabl
     its own dropout mask. No uint32/key leaf reaches ``jax.grad`` (no float0 errors).
 
     After training, ``nnx.update(model, params)`` writes the parameters back; call
-    ``model.eval()`` for deterministic evaluation.
+    ``model.eval()`` for deterministic evaluation. Non-parameter variables are constants here
+    (batch statistics are not updated): use LayerNorm/GroupNorm — BatchNorm mixes the examples
+    of a batch, which per-example clipping cannot bound.
 
     Args:
         model: an ``nnx.Module`` (in training mode: Dropout not deterministic).
@@ -290,8 +292,9 @@ class PrivateTraining:
                 receives one row of it (same structure, leading axis removed).
 
         Returns:
-            ``(params, state, metrics)``; ``metrics`` (loss: mean loss over the batch,
-            batch_size, num_clipped, num_nonfinite) are NOT private: for monitoring only.
+            ``(params, state, metrics)``; ``metrics`` (loss: mean loss over the batch, one
+            extra forward pass; batch_size; num_clipped; num_nonfinite) are NOT private: for
+            monitoring only.
         """
         self._check_data(data)
         return self._jitted_step(params, state, data)
@@ -445,6 +448,7 @@ class PrivateTraining:
             recorded at every refresh (loss is NOT private).
         """
         state = self.init(params) if state is None else state
+        data = jax.tree.map(jnp.asarray, data)  # on the device once, not at every step
         done = int(jax.device_get(state.step))
         todo = (
             max(0, self.steps - done) if steps is None else _validate.positive_int("steps", steps)
