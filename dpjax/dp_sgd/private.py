@@ -605,7 +605,9 @@ def make_private(
         physical_batch_size: rows processed at once (memory). When smaller than the padded
             batch, each Poisson batch is split into micro-batches
             (:meth:`~dpjax.dp_sgd.PaddedBatch.micro_batches`: every record in exactly one),
-            their clipped sums accumulated and the noise added ONCE; ε is unchanged.
+            their clipped sums accumulated and the noise added ONCE; ε is unchanged. All
+            micro-batches run, padding-only ones included (time does not depend on the
+            realised batch size).
         clipping: the clipping backend of :func:`~dpjax.dp_sgd.clipped_grad`: "auto", "vmap"
             or "ghost".
         accounting: "pld" (tight) or "rdp".
