@@ -31,6 +31,7 @@ from dpjax.dp_sgd import (
     dp_sgd_optimizer,
     laplace_dp_sgd_event,
     laplace_dp_sgd_optimizer,
+    make_private,
     normalize_by,
 )
 from dpjax.relation import ADD_OR_REMOVE_ONE, REPLACE_ONE, NeighbouringRelation
@@ -47,7 +48,8 @@ __all__ = [
     "erm",
     "events",
     "mechanisms",
-    # DP-SGD (the parts; see dpjax.dp_sgd)
+    # DP-SGD in one call, then the parts (see dpjax.dp_sgd)
+    "make_private",
     "ClippedGrad",
     "ClippingInfo",
     "clipped_grad",

@@ -1,22 +1,20 @@
-"""DP-SGD on scikit-learn's digits with a small flax MLP, and the ε it spends.
+"""DP-SGD on scikit-learn's digits: a flax nnx MLP with dropout at a target ε, via make_private.
 
 Run from the repository root::
 
-    python -m examples.flax_digits            # or: python examples/flax_digits.py
-    python -m examples.flax_digits --noise-multiplier 2.0 --steps 800
+    python -m examples.flax_digits                       # or: python examples/flax_digits.py
+    python -m examples.flax_digits --target-epsilon 1.0 --epochs 10
 
-The loop is the whole recipe, in the order a reviewer checks it:
+The user-facing part is ``train``'s middle block (under 15 lines): build the per-example loss of
+the nnx model (``dpjax.dp_sgd.nnx_loss``: dropout gets its own key per example and step), call
+``dpjax.make_private`` with the optimizer, the clip norm C, the data set size, the expected batch
+size, the epochs and the target (ε, δ) — it calibrates σ, sizes the padded Poisson sampler and
+accounts — and ``fit``: a tqdm progress bar shows the loss and the ε spent. What happens in each
+step (Poisson sample → clip per example with the mask → noise σC once → ÷ q·n → optimizer) is
+spelled out in README "DP-SGD" and notebook 04.
 
-1. ``PoissonSampler`` draws each training example with probability q into a padded batch
-   (indices + mask), and gives the ``PoissonSampledGaussianEvent`` its sampling justifies;
-2. ``clipped_grad`` returns the SUM of per-example gradients clipped to ℓ2 norm C;
-3. ``dp_sgd_optimizer`` adds N(0, (σC)²) once, divides by the PUBLIC expected batch size
-   q·n, applies the optimizer;
-4. ε comes from ``dpjax.accounting.dp_sgd_epsilon`` for (σ, q, T, δ) — the same numbers as the
-   event.
-
-Inputs are scaled to [0, 1]; the test split is never touched by training (and ε is about the
-training set only).
+Inputs are scaled to [0, 1]; the test split is never touched by training (ε is about the
+training set only). The reported δ includes the padded sampler's truncation slack.
 """
 
 from __future__ import annotations
@@ -29,25 +27,25 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
+from flax import nnx  # noqa: E402
 
 import dpjax  # noqa: E402
-from dpjax.accounting import dp_sgd_epsilon  # noqa: E402
 
 
-class MLP(nn.Module):
-    """64 → hidden → 10, tanh (bounded activations keep per-example gradients tame)."""
+class MLP(nnx.Module):
+    """64 → hidden → dropout → 10, tanh (bounded activations keep per-example gradients tame)."""
 
-    hidden: int = 64
+    def __init__(self, rngs: nnx.Rngs, hidden: int = 64, dropout: float = 0.1):
+        self.hidden = nnx.Linear(64, hidden, rngs=rngs)
+        self.dropout = nnx.Dropout(dropout, rngs=rngs)
+        self.out = nnx.Linear(hidden, 10, rngs=rngs)
 
-    @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        x = jnp.tanh(nn.Dense(self.hidden)(x))
-        return nn.Dense(10)(x)
+        return self.out(self.dropout(jnp.tanh(self.hidden(x))))
 
 
 def load_digits(seed: int = 0, test_fraction: float = 0.2):
@@ -63,122 +61,116 @@ def load_digits(seed: int = 0, test_fraction: float = 0.2):
     return x[train], y[train], x[test], y[test]
 
 
-def make_loss(model: nn.Module):
-    """Per-example cross-entropy: loss_fn(params, x, y) for ONE example."""
-
-    def loss_fn(params, x, y):
-        logits = model.apply({"params": params}, x)
-        return optax.softmax_cross_entropy_with_integer_labels(logits, y)
-
-    return loss_fn
+def example_loss(model: MLP, example: dict) -> jax.Array:
+    """Cross-entropy of ONE example (make_private vmaps it over the batch)."""
+    logits = model(example["x"])
+    return optax.softmax_cross_entropy_with_integer_labels(logits, example["y"])
 
 
-def accuracy(model: nn.Module, params, x, y) -> float:
-    logits = model.apply({"params": params}, jnp.asarray(x))
-    predicted = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+def accuracy(model: MLP, x, y) -> float:
+    predicted = jnp.argmax(model(jnp.asarray(x)), axis=-1).astype(jnp.int32)
     return float(jnp.mean(predicted == jnp.asarray(y, jnp.int32)))
 
 
 def train(
     *,
-    noise_multiplier: float = 1.5,
-    l2_clip_norm: float = 1.0,
-    expected_batch_size: float = 64.0,
-    steps: int = 500,
-    learning_rate: float = 0.1,
+    target_epsilon: float | None = 3.0,
+    noise_multiplier: float | None = None,
     delta: float = 1e-5,
+    epochs: float | None = 20.0,
+    steps: int | None = None,
+    batch_size: int = 64,
+    l2_clip_norm: float = 1.0,
+    learning_rate: float = 0.1,
+    dropout: float = 0.1,
     seed: int = 0,
+    progress: bool = False,
 ) -> dict:
-    """Train the MLP with DP-SGD (Poisson sampling); return accuracy, ε and the event.
+    """Train the nnx MLP with make_private; return accuracy, ε, δ and the run's parameters.
 
     Args:
-        noise_multiplier: σ (noise std σ·C on the clipped sum).
+        target_epsilon: ε to reach at the end (σ calibrated); or give ``noise_multiplier``.
+        noise_multiplier: σ (then ``target_epsilon=None``).
+        delta: δ of the reported (ε, δ) (truncation slack included).
+        epochs: expected passes over the data (T = ⌈epochs·n/batch_size⌉); or give ``steps``.
+        steps: T noisy updates (then ``epochs=None``).
+        batch_size: expected batch size q·n.
         l2_clip_norm: C.
-        expected_batch_size: q·n; sets q = expected_batch_size / n (public).
-        steps: T noisy releases.
         learning_rate: for optax.sgd with momentum 0.9.
-        delta: δ of the reported (ε, δ).
-        seed: seeds the data split, init, sampling and noise keys (all split from one key).
+        dropout: dropout rate of the hidden layer.
+        seed: seeds the split, the model and make_private's key.
+        progress: show the tqdm progress bar (loss, ε spent).
 
     Returns:
         A dict with ``test_accuracy``, ``train_accuracy``, ``epsilon``, ``delta``, ``event``,
-        ``seconds`` and the hyperparameters.
+        ``seconds``, ``history`` and the run's parameters (σ, q, T, C, n).
     """
     x_tr, y_tr, x_te, y_te = load_digits(seed)
-    n = len(y_tr)
-    sampler = dpjax.PoissonSampler(dataset_size=n, sampling_rate=expected_batch_size / n)
-    model = MLP()
-    init_key, noise_key, sample_key = jax.random.split(jax.random.key(seed), 3)
-    params = model.init(init_key, jnp.zeros((1, 64), jnp.float32))["params"]
-    grad_fn = dpjax.clipped_grad(make_loss(model), l2_clip_norm=l2_clip_norm)
-    tx = dpjax.dp_sgd_optimizer(
-        optimizer=optax.sgd(learning_rate, momentum=0.9),
-        noise_multiplier=noise_multiplier,
-        l2_clip_norm=l2_clip_norm,
-        normalizer=sampler.expected_batch_size,
-        key=noise_key,
-    )
-    x_all, y_all = jnp.asarray(x_tr), jnp.asarray(y_tr)
-
-    @jax.jit
-    def step(params, opt_state, key):
-        batch = sampler.sample(key)
-        x, y = x_all[batch.indices], y_all[batch.indices]
-        clipped_sum, _ = grad_fn(params, x, y, mask=batch.mask)
-        updates, opt_state = tx.update(clipped_sum, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state
-
     start = time.perf_counter()
-    opt_state = tx.init(params)
-    for key in jax.random.split(sample_key, steps):
-        params, opt_state = step(params, opt_state, key)
-    jax.block_until_ready(params)
-    seconds = time.perf_counter() - start
-
-    event = sampler.event(noise_multiplier=noise_multiplier, steps=steps)
-    epsilon = dp_sgd_epsilon(
-        noise_multiplier=noise_multiplier,
-        sampling_rate=sampler.sampling_rate,
+    # --- the user-facing part ------------------------------------------------------------
+    model = MLP(nnx.Rngs(seed), dropout=dropout)
+    loss_fn, params = dpjax.dp_sgd.nnx_loss(model, example_loss)
+    private = dpjax.make_private(
+        loss_fn,
+        optimizer=optax.sgd(learning_rate, momentum=0.9),
+        l2_clip_norm=l2_clip_norm,
+        dataset_size=len(y_tr),
+        batch_size=batch_size,
+        epochs=epochs,
         steps=steps,
+        target_epsilon=target_epsilon,
+        noise_multiplier=noise_multiplier,
         delta=delta,
+        key=jax.random.key(seed),
     )
+    params, state, history = private.fit(params, {"x": x_tr, "y": y_tr}, progress=progress)
+    nnx.update(model, params)
+    model.eval()  # dropout off for evaluation
+    # -------------------------------------------------------------------------------------
+    seconds = time.perf_counter() - start
     return {
-        "test_accuracy": accuracy(model, params, x_te, y_te),
-        "train_accuracy": accuracy(model, params, x_tr, y_tr),
-        "epsilon": epsilon,
-        "delta": delta + sampler.delta_slack(steps, epsilon),  # truncation slack depends on ε
-        "event": event,
+        "test_accuracy": accuracy(model, x_te, y_te),
+        "train_accuracy": accuracy(model, x_tr, y_tr),
+        "epsilon": private.epsilon(state),
+        "delta": private.delta,
+        "event": private.event(int(state.step)),
         "seconds": seconds,
-        "dataset_size": n,
-        "sampling_rate": sampler.sampling_rate,
-        "noise_multiplier": noise_multiplier,
-        "l2_clip_norm": l2_clip_norm,
-        "steps": steps,
+        "history": history,
+        "dataset_size": len(y_tr),
+        "sampling_rate": private.sampling_rate,
+        "noise_multiplier": private.noise_multiplier,
+        "l2_clip_norm": private.l2_clip_norm,
+        "steps": private.steps,
+        "max_batch_size": private.max_batch_size,
     }
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--noise-multiplier", type=float, default=1.5)
-    parser.add_argument("--clip", type=float, default=1.0)
-    parser.add_argument("--batch", type=float, default=64.0, help="expected batch size q·n")
-    parser.add_argument("--steps", type=int, default=500)
-    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--target-epsilon", type=float, default=3.0)
     parser.add_argument("--delta", type=float, default=1e-5)
+    parser.add_argument("--epochs", type=float, default=20.0)
+    parser.add_argument("--batch", type=int, default=64, help="expected batch size q·n")
+    parser.add_argument("--clip", type=float, default=1.0)
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--dropout", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     args = parser.parse_args(argv)
     result = train(
-        noise_multiplier=args.noise_multiplier,
-        l2_clip_norm=args.clip,
-        expected_batch_size=args.batch,
-        steps=args.steps,
-        learning_rate=args.lr,
+        target_epsilon=args.target_epsilon,
         delta=args.delta,
+        epochs=args.epochs,
+        batch_size=args.batch,
+        l2_clip_norm=args.clip,
+        learning_rate=args.lr,
+        dropout=args.dropout,
         seed=args.seed,
+        progress=not args.no_progress,
     )
     print(
         f"DP-SGD on digits (n={result['dataset_size']}, q={result['sampling_rate']:.4f}, "
-        f"σ={result['noise_multiplier']}, C={result['l2_clip_norm']}, T={result['steps']}): "
+        f"σ={result['noise_multiplier']:.3f}, C={result['l2_clip_norm']}, T={result['steps']}): "
         f"test accuracy {result['test_accuracy']:.3f} (train {result['train_accuracy']:.3f}) "
         f"at ε = {result['epsilon']:.2f}, δ = {result['delta']:.1e} "
         f"[{result['seconds']:.1f} s]"

@@ -10,7 +10,8 @@ Modules: ``samplers`` (Poisson / shuffled / uniform batches with a fixed padded 
 ``clipping`` (per-example clipped sums, certified against rounding), ``ghost`` (ghost clipping:
 norms without per-example gradients), ``transforms`` (noise and normalisation as optax
 ``GradientTransformation``s, the Laplace DP-SGD noise), ``optimizers`` (``dp_sgd_optimizer``,
-gradient accumulation, Laplace DP-SGD), ``distributed`` (data parallel over a device mesh).
+gradient accumulation, Laplace DP-SGD), ``distributed`` (data parallel over a device mesh),
+``private`` (``make_private``: the one-call path built from these, a training loop, ε spent).
 """
 
 from dpjax.dp_sgd.clipping import ClippedGrad, ClippingInfo, clip_pytree, clipped_grad
@@ -21,6 +22,13 @@ from dpjax.dp_sgd.optimizers import (
     dp_sgd_optimizer,
     laplace_dp_sgd_event,
     laplace_dp_sgd_optimizer,
+)
+from dpjax.dp_sgd.private import (
+    PrivateState,
+    PrivateTraining,
+    make_private,
+    nnx_loss,
+    poisson_schedule,
 )
 from dpjax.dp_sgd.samplers import (
     PaddedBatch,
@@ -37,6 +45,8 @@ __all__ = [
     "DataParallelClippedGrad",
     "PaddedBatch",
     "PoissonSampler",
+    "PrivateState",
+    "PrivateTraining",
     "ShuffledBatchSampler",
     "UniformBatchSampler",
     "accumulate_clipped_sums",
@@ -48,6 +58,9 @@ __all__ = [
     "dp_sgd_optimizer",
     "laplace_dp_sgd_optimizer",
     "laplace_dp_sgd_event",
+    "make_private",
+    "nnx_loss",
     "normalize_by",
+    "poisson_schedule",
     "replicate",
 ]

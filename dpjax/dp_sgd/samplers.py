@@ -57,6 +57,44 @@ class PaddedBatch(NamedTuple):
     indices: jax.Array
     mask: jax.Array
 
+    def micro_batches(self, physical_batch_size: int) -> PaddedBatch:
+        """Split this batch into k = ⌈max_batch_size / m⌉ micro-batches of m rows.
+
+        Slot j of the batch goes to row j // m, column j % m; the last row is padded with
+        masked slots (index 0). So every selected record lies in exactly one micro-batch and
+        the union of the micro-batches is this batch: accumulating their clipped sums and
+        adding noise once is the DP-SGD step on the one Poisson batch (its inclusion
+        probabilities unchanged). Drawing k independent Poisson batches instead lets a record
+        appear several times, and is NOT Poisson sampling at rate k·q.
+
+        Args:
+            physical_batch_size: m ≥ 1, rows per micro-batch (the memory limit).
+
+        Returns:
+            A :class:`PaddedBatch` with ``indices`` and ``mask`` of shape (k, m); iterate over
+            the leading axis (``jax.lax.scan`` or indexing).
+
+        Example:
+            >>> import jax.numpy as jnp
+            >>> b = PaddedBatch(jnp.array([4, 2, 7, 0], jnp.int32), jnp.array([1, 1, 1, 0], bool))
+            >>> micro = b.micro_batches(3)
+            >>> micro.indices.tolist(), micro.mask.tolist()
+            ([[4, 2, 7], [0, 0, 0]], [[True, True, True], [False, False, False]])
+        """
+        m = _validate.positive_int("physical_batch_size", physical_batch_size)
+        if jnp.ndim(self.indices) != 1 or jnp.shape(self.mask) != jnp.shape(self.indices):
+            _validate.fail(
+                "batch",
+                f"indices of shape {jnp.shape(self.indices)}",
+                "one padded batch: indices and mask of the same shape (B,)",
+            )
+        size = jnp.shape(self.indices)[0]
+        k = max(1, -(-size // m))
+        pad = k * m - size
+        indices = jnp.concatenate([self.indices, jnp.zeros((pad,), self.indices.dtype)])
+        mask = jnp.concatenate([self.mask, jnp.zeros((pad,), jnp.bool_)])
+        return PaddedBatch(indices.reshape(k, m), mask.reshape(k, m))
+
 
 def _binomial_cap(n: int, q: float, tail: float) -> int:
     """Smallest m with P[Binomial(n, q) > m] ≤ tail."""

@@ -252,9 +252,9 @@ ax1.legend(fontsize=8)
 
 steps_grid = [10, 100, 1000, 3000]
 eps_pld = [acc.dp_sgd_epsilon(noise_multiplier=NOISE_MULTIPLIER, sampling_rate=SAMPLING_RATE,
-                             steps=s, delta=DELTA, method="pld") for s in steps_grid]
+                             steps=s, delta=DELTA, accounting="pld") for s in steps_grid]
 eps_rdp = [acc.dp_sgd_epsilon(noise_multiplier=NOISE_MULTIPLIER, sampling_rate=SAMPLING_RATE,
-                             steps=s, delta=DELTA, method="rdp") for s in steps_grid]
+                             steps=s, delta=DELTA, accounting="rdp") for s in steps_grid]
 # the lecture's recipe: per-step Gaussian (ε₀, δ₀), amplified by p, then advanced composition
 eps_recipe = []
 for s in steps_grid:
@@ -292,8 +292,8 @@ print(f"full-batch DP-GD, 10 steps, σ/C = 5: PLD {full_batch:.4f}, exact {exact
 assert abs(full_batch - exact_full) < 5e-3
 sigma_needed = acc.calibrate_noise_multiplier(target_epsilon=1.0, delta=DELTA,
                                               sampling_rate=SAMPLING_RATE, steps=1000,
-                                              method="rdp")
+                                              accounting="rdp")
 eps_back = acc.dp_sgd_epsilon(noise_multiplier=sigma_needed, sampling_rate=SAMPLING_RATE,
-                             steps=1000, delta=DELTA, method="rdp")
+                             steps=1000, delta=DELTA, accounting="rdp")
 print(f"σ/C for ε = 1 after 1000 steps at q = {SAMPLING_RATE}: {sigma_needed:.4f} (ε back: {eps_back:.4f})")
 assert 0.99 <= eps_back <= 1.0

@@ -9,21 +9,23 @@
 #    replace-one (`003_eb46ba05ef56608d.txt`, "DP Gradient Descent");
 # 2. **the Gaussian mechanism on the sum**: $N(0, \sigma^2C^2 I)$ added once per step
 #    (`dpjax.add_gaussian_noise`), then division by the PUBLIC expected batch size $qn$
-#    (`dpjax.normalize_by`) and any optax optimizer (post-processing); `dpjax.dp_sgd` chains the
-#    three;
+#    (`dpjax.normalize_by`) and any optax optimizer (post-processing);
+#    `dpjax.dp_sgd_optimizer` chains the three;
 # 3. **accounting**: Poisson sampling at rate $q$ amplifies privacy (003, "privacy
 #    amplification by subsampling") and `dpjax.accounting.dp_sgd_epsilon` composes the $T$
 #    subsampled Gaussian steps tightly (PLD).
 #
-# The model is a small flax MLP on scikit-learn's 8×8 digits (1797 images shipped with the
-# package, no download). We train one model per noise multiplier and plot accuracy against ε.
+# `dpjax.make_private` wires all three (and the Poisson sampler) in one call; we look at the
+# pieces first, then train with it. The model is a small flax MLP on scikit-learn's 8×8 digits
+# (1797 images shipped with the package, no download). We train one model per noise multiplier
+# and plot accuracy against ε.
 
 # %%
 # parameters
 NOISE_MULTIPLIERS = [0.7, 1.0, 1.5, 3.0, 6.0]  # σ of the private runs (0 = non-private baseline added)
 CLIP = 1.0  # C, the per-example clip norm of training
 DEMO_CLIP = 4.0  # the clip norm of the clipping demo (gradients at initialisation are ~3-5)
-EXPECTED_BATCH = 64.0  # q·n
+EXPECTED_BATCH = 64  # q·n
 STEPS = 300  # T
 LEARNING_RATE = 0.1
 DELTA = 1e-5
@@ -160,23 +162,39 @@ assert abs(samples.std() - sigma_demo * CLIP) < 5 * se_std
 assert abs(np.corrcoef(samples[:-1].ravel(), samples[1:].ravel())[0, 1]) < 5 / math.sqrt(samples.size)
 
 # %% [markdown]
-# ## Training: one compiled program per noise level
+# ## Training with `make_private`: one call per noise level
 #
-# `PoissonSampler` draws each example with probability $q = 64/n$ into a padded batch; its
-# `event` is the `PoissonSampledGaussianEvent` the accountant needs. σ is a privacy parameter,
-# a public constant that `dpjax.dp_sgd` checks and refuses as a traced value, so we compile the
-# whole `lax.scan` training loop once per noise multiplier (σ = 0 is the non-private baseline).
+# `dpjax.make_private` states σ, C, the batch and the accountant once. It builds the
+# `PoissonSampler` at rate $q = 64/n$ (padded to a fixed shape, with a cap sized so that its
+# truncation slack $(1 + e^\varepsilon)T\bar p$ is at most $10^{-3}\delta$), gathers each batch
+# from `data` (here a dict of arrays), clips with the padding mask applied, adds $N(0,
+# \sigma^2C^2 I)$ once per step, divides by the PUBLIC $qn$ and applies the optimizer;
+# `epsilon(state)` reads the privacy spent from the step count (one
+# `PoissonSampledGaussianEvent` with `count = t`, δ includes the slack). σ = 0 is not a private
+# run, so the non-private baseline is built from the pieces above with σ = 0.
 
 # %%
-sampler = dpjax.PoissonSampler(dataset_size=n, sampling_rate=EXPECTED_BATCH / n)
-sigmas = [0.0] + list(NOISE_MULTIPLIERS)  # Python floats: privacy parameters are constants
+data = {"x": x_train, "y": y_train}
+sigmas = list(NOISE_MULTIPLIERS)  # Python floats: privacy parameters are constants
 
 
-def train_model(noise_multiplier, key):
+def train_private(noise_multiplier, key):
+    private = dpjax.make_private(
+        lambda params, ex: example_loss(params, ex["x"], ex["y"]),  # the loss of ONE example
+        optimizer=optax.sgd(LEARNING_RATE, momentum=0.9), l2_clip_norm=CLIP, dataset_size=n,
+        batch_size=EXPECTED_BATCH, steps=STEPS, noise_multiplier=noise_multiplier,
+        delta=DELTA, key=key, clipping="vmap")
+    params, state, _ = private.fit(params0, data, progress=False)
+    return private, params, state
+
+
+def train_non_private(key):
+    """The baseline: the same pieces by hand, with σ = 0 (no privacy)."""
+    sampler = dpjax.PoissonSampler(dataset_size=n, sampling_rate=EXPECTED_BATCH / n)
     noise_key, sample_key = jax.random.split(key)
     tx = dpjax.dp_sgd_optimizer(optimizer=optax.sgd(LEARNING_RATE, momentum=0.9),
-                     noise_multiplier=noise_multiplier, l2_clip_norm=CLIP,
-                     normalizer=sampler.expected_batch_size, key=noise_key)
+                                noise_multiplier=0.0, l2_clip_norm=CLIP,
+                                normalizer=sampler.expected_batch_size, key=noise_key)
 
     def step(carry, k):
         params, opt_state = carry
@@ -195,21 +213,20 @@ def accuracy(params, x, y):
     return jnp.mean(jnp.argmax(model.apply({"params": params}, x), axis=-1) == y)
 
 
-trained = [jax.jit(lambda k, s=s: train_model(s, k))(k)
-           for s, k in zip(sigmas, jax.random.split(key_train, len(sigmas)))]
+keys = jax.random.split(key_train, len(sigmas) + 1)
+runs = [train_private(s, k) for s, k in zip(sigmas, keys[1:])]
+trained = [jax.jit(train_non_private)(keys[0])] + [params for _, params, _ in runs]
 test_acc = np.array([accuracy(params, x_test, y_test) for params in trained])
-epsilons = [acc.dp_sgd_epsilon(noise_multiplier=float(s), sampling_rate=sampler.sampling_rate,
-                              steps=STEPS, delta=DELTA) for s in NOISE_MULTIPLIERS]
-# Truncation above the padded cap adds (1 + e^ε)·T·p̄ to δ (it depends on ε): take the largest.
-delta_total = DELTA + max(sampler.delta_slack(STEPS, e) for e in epsilons)
+epsilons = [private.epsilon(state) for private, _, state in runs]
+q = runs[0][0].sampling_rate
 fig, ax = plt.subplots(figsize=(6, 3.5))
 ax.semilogx(epsilons, test_acc[1:], "o-", label="DP-SGD")
 ax.axhline(test_acc[0], color="k", ls="--", label="non-private (σ = 0)")
 for s, e, a in zip(NOISE_MULTIPLIERS, epsilons, test_acc[1:]):
     ax.annotate(f"σ={s}", (e, a), textcoords="offset points", xytext=(4, -10), fontsize=8)
-ax.set_xlabel(f"ε (δ ≤ {delta_total:.1e}), PLD accountant")
+ax.set_xlabel(f"ε (δ = {DELTA:.0e}, truncation slack included), PLD accountant")
 ax.set_ylabel("test accuracy")
-ax.set_title(f"flax MLP on digits, q = {sampler.sampling_rate:.3f}, T = {STEPS}, C = {CLIP}")
+ax.set_title(f"flax MLP on digits, q = {q:.3f}, T = {STEPS}, C = {CLIP}")
 ax.legend()
 plt.show()
 for s, e, a in zip(NOISE_MULTIPLIERS, epsilons, test_acc[1:]):
@@ -217,14 +234,21 @@ for s, e, a in zip(NOISE_MULTIPLIERS, epsilons, test_acc[1:]):
 print(f"non-private: test accuracy {test_acc[0]:.3f}")
 
 # %% [markdown]
-# **Check.** The sampler's event, composed by the generic `PrivacyAccountant`, gives the same ε
-# as `dp_sgd_epsilon`; ε falls as σ grows; the non-private model learns the task and the most
-# private model pays for its privacy in accuracy.
+# **Check.** ε spent, read by `make_private` from the step count, is `dp_sgd_epsilon` for
+# $(\sigma, q, T)$ at the δ left after the truncation slack, and the generic
+# `PrivacyAccountant` gives the same ε for the run's event; ε falls as σ grows; the non-private
+# model learns the task and the most private model pays for its privacy in accuracy.
 
 # %%
-event = sampler.event(noise_multiplier=NOISE_MULTIPLIERS[0], steps=STEPS)
-assert math.isclose(acc.PrivacyAccountant([event]).epsilon(DELTA, accounting="pld"), epsilons[0],
-                    rel_tol=1e-9)
+private, _, state = runs[0]
+delta_accounted = DELTA * (1 - dpjax.dp_sgd.private.SLACK_FRACTION)
+assert int(state.step) == STEPS == private.event().count
+assert epsilons[0] == acc.dp_sgd_epsilon(noise_multiplier=NOISE_MULTIPLIERS[0], sampling_rate=q,
+                                         steps=STEPS, delta=delta_accounted)
+assert math.isclose(acc.PrivacyAccountant([private.event()]).epsilon(delta_accounted,
+                                                                     accounting="pld"),
+                    epsilons[0], rel_tol=1e-9)
+assert private.sampler.delta_slack(STEPS, epsilons[0]) <= DELTA - delta_accounted
 assert all(a > b for a, b in zip(epsilons, epsilons[1:]))
 assert test_acc[0] > 0.9
 assert test_acc[0] > test_acc[-1]
