@@ -89,11 +89,15 @@ def _inside_multisteps() -> bool:
     """Whether a caller up the Python stack is an ``optax.MultiSteps`` method (init or update).
 
     ``optax.MultiSteps`` calls the inner ``init``/``update`` from its own methods, directly or
-    through a traced ``lax.cond`` branch, so its frame is on the stack at trace time.
+    through a traced ``lax.cond`` branch, so one of its frames is on the stack at trace time.
+    Frames are recognised by code name and module (no access to their locals).
     """
     frame = sys._getframe(1)
     while frame is not None:
-        if isinstance(frame.f_locals.get("self"), optax.MultiSteps):
+        name = frame.f_code.co_qualname
+        if name.startswith("MultiSteps.") and frame.f_globals.get("__name__", "").startswith(
+            "optax"
+        ):
             return True
         frame = frame.f_back
     return False
