@@ -10,8 +10,8 @@ import pytest
 from dpjax import ADD_OR_REMOVE_ONE, REPLACE_ONE, laplace_dp_sgd_event
 from dpjax.accounting import dp_sgd_epsilon, zcdp_rho_for_epsilon
 from dpjax.erm import dp_gd, dp_sgd, laplace_dp_sgd, losses, objective, solve
-from dpjax.erm.iterative import default_steps, noisy_gradient_descent
 from dpjax.erm._common import prepare_data
+from dpjax.erm.iterative import default_steps, noisy_gradient_descent
 from dpjax.events import GaussianEvent, PoissonSampledGaussianEvent
 from tests.test_erm_solver import sphere_data
 
