@@ -49,7 +49,7 @@ def _nonprivate(model: Model) -> Callable:
 
 
 def _dpjax(model: Model, method: str, noise: bool = True) -> Callable:
-    grad_fn = clipped_grad(model.loss, l2_clip_norm=CLIP, method=method)
+    grad_fn = clipped_grad(model.loss, l2_clip_norm=CLIP, backend=method)
 
     def step(params, key, xs, ys):
         clipped_sum, _ = grad_fn(params, xs, ys)

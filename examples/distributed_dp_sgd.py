@@ -89,7 +89,7 @@ def train(prob: Problem, noise_multiplier: float, axis_name: str = "batch") -> d
         (jax.device_count(),), (axis_name,), axis_types=(jax.sharding.AxisType.Auto,)
     )
     grad_fn = distributed.data_parallel(
-        dpjax.clipped_grad(loss, l2_clip_norm=CLIP, method="vmap"), mesh=mesh, axis_name=axis_name
+        dpjax.clipped_grad(loss, l2_clip_norm=CLIP, backend="vmap"), mesh=mesh, axis_name=axis_name
     )
     noise_key = jax.random.key(NOISE_SEED)
     distributed.assert_same_on_every_process("noise_key", noise_key)  # one draw for the job

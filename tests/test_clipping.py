@@ -40,7 +40,7 @@ def flat(tree):
 def test_sum_matches_closed_form_reference(data, method):
     params, X, Y = data
     C = 1.5
-    grad_fn = dpjax.clipped_grad(linreg_loss, l2_clip_norm=C, method=method)
+    grad_fn = dpjax.clipped_grad(linreg_loss, l2_clip_norm=C, backend=method)
     s, info = jax.jit(grad_fn)(params, X, Y)
     ref, ref_norms = numpy_clipped_sum(params["w"], params["b"], X, Y, C)
     np.testing.assert_allclose(flat(s), ref, rtol=1e-10, atol=1e-12)
@@ -53,7 +53,7 @@ def test_clipping_bound_holds_for_every_example(data):
     params, X, Y = data
     X = X.at[0].multiply(1e6)  # one huge gradient
     C = 0.7
-    grad_fn = dpjax.clipped_grad(linreg_loss, l2_clip_norm=C, method="vmap")
+    grad_fn = dpjax.clipped_grad(linreg_loss, l2_clip_norm=C, backend="vmap")
     one = jax.jit(lambda x, y: grad_fn(params, x[None], y[None])[0])
     contributions = [flat(one(X[i], Y[i])) for i in range(X.shape[0])]
     norms = np.linalg.norm(contributions, axis=1)
@@ -79,7 +79,7 @@ def test_nan_example_is_zeroed_and_counted(data):
 
 def test_nan_unsafe_propagates(data):
     params, X, Y = data
-    grad_fn = dpjax.clipped_grad(linreg_loss, l2_clip_norm=1.0, nan_safe=False, method="vmap")
+    grad_fn = dpjax.clipped_grad(linreg_loss, l2_clip_norm=1.0, nan_safe=False, backend="vmap")
     s, info = grad_fn(params, X.at[4, 1].set(jnp.nan), Y)
     assert not np.all(np.isfinite(flat(s)))
     assert int(info.num_nonfinite) == 1
@@ -104,9 +104,9 @@ def test_padding_rows_contribute_zero(data):
 def test_microbatching_gives_the_same_sum(data, microbatch_size):
     params, X, Y = data
     mask = jnp.asarray(np.arange(X.shape[0]) != 3)
-    full = dpjax.clipped_grad(linreg_loss, l2_clip_norm=1.0, method="vmap")
+    full = dpjax.clipped_grad(linreg_loss, l2_clip_norm=1.0, backend="vmap")
     micro = dpjax.clipped_grad(
-        linreg_loss, l2_clip_norm=1.0, microbatch_size=microbatch_size, method="vmap"
+        linreg_loss, l2_clip_norm=1.0, microbatch_size=microbatch_size, backend="vmap"
     )
     s_full, i_full = full(params, X.at[5, 0].set(jnp.nan), Y, mask=mask)
     s_micro, i_micro = jax.jit(micro)(params, X.at[5, 0].set(jnp.nan), Y, mask=mask)
@@ -179,7 +179,7 @@ def test_noise_transform_refuses_per_example_gradients(key, data):
         ({"l2_clip_norm": 0.0}, "l2_clip_norm"),
         ({"l2_clip_norm": -1.0}, "l2_clip_norm"),
         ({"l2_clip_norm": float("inf")}, "l2_clip_norm"),
-        ({"l2_clip_norm": 1.0, "method": "fast"}, "method"),
+        ({"l2_clip_norm": 1.0, "backend": "fast"}, "backend"),
         ({"l2_clip_norm": 1.0, "microbatch_size": 0}, "microbatch_size"),
         ({"l2_clip_norm": {"w": 1.0, "b": 1.0}}, "l2_clip_norm"),
         ({"l2_clip_norm": {"w": 1.0, "b": 0.0}, "per_layer": True}, "l2_clip_norm"),
@@ -243,7 +243,7 @@ def int_feature_loss(w, x, y):
 @pytest.mark.parametrize("int_dtype", [jnp.int32, jnp.int64])
 def test_integer_features_are_clipped(method, int_dtype):
     """Finding 1: int activations made ‖a‖²‖g‖² = 2³² wrap to 0 (contribution 65536 C)."""
-    grad_fn = dpjax.clipped_grad(int_feature_loss, l2_clip_norm=1.0, method=method)
+    grad_fn = dpjax.clipped_grad(int_feature_loss, l2_clip_norm=1.0, backend=method)
     for w_dtype in (jnp.float32, jnp.float64):
         w = jnp.ones(1, w_dtype)
         s, info = grad_fn(w, jnp.array([[256]], int_dtype), jnp.zeros(1, w_dtype))
@@ -271,7 +271,7 @@ def test_low_precision_contribution_is_at_most_c(key, method, dtype):
     def loss(w, x):
         return jnp.sum(jnp.sin(x @ w))
 
-    grad_fn = jax.jit(dpjax.clipped_grad(loss, l2_clip_norm=1.0, method=method))
+    grad_fn = jax.jit(dpjax.clipped_grad(loss, l2_clip_norm=1.0, backend=method))
     norms = [contribution_norm(grad_fn(w, 10.0 * xs[i : i + 1])[0]) for i in range(20)]
     assert max(norms) <= 1.0 + 1e-6, max(norms)
     assert min(norms) >= 0.999  # every example is clipped and the shrink is ≤ 0.1%
@@ -280,10 +280,10 @@ def test_low_precision_contribution_is_at_most_c(key, method, dtype):
 @pytest.mark.parametrize("method", ["vmap", "ghost", "auto"])
 @pytest.mark.parametrize("microbatch_size", [None, 3])
 def test_empty_batch_returns_a_zero_sum(data, method, microbatch_size):
-    """Finding 8: a (0, d) batch raised ZeroDivisionError with method="auto"."""
+    """Finding 8: a (0, d) batch raised ZeroDivisionError with backend="auto"."""
     params, X, Y = data
     grad_fn = dpjax.clipped_grad(
-        linreg_loss, l2_clip_norm=1.0, method=method, microbatch_size=microbatch_size
+        linreg_loss, l2_clip_norm=1.0, backend=method, microbatch_size=microbatch_size
     )
     s, info = grad_fn(params, X[:0], Y[:0])
     assert jax.tree.structure(s) == jax.tree.structure(params)
@@ -310,7 +310,7 @@ def test_low_precision_sum_is_returned_wide_for_add_remove(key, method):
     def loss(w, x):
         return jnp.sum(jnp.sin(x @ w))
 
-    grad_fn = jax.jit(dpjax.clipped_grad(loss, l2_clip_norm=1.0, method=method))
+    grad_fn = jax.jit(dpjax.clipped_grad(loss, l2_clip_norm=1.0, backend=method))
     full, _ = grad_fn(w, xs)
     assert full.dtype == jnp.float32
     for row in range(8):

@@ -34,7 +34,7 @@ def test_sharded_clipped_sum_equals_single_device(data, method):
     params, X, Y = data
     mask = jnp.asarray(np.arange(30) % 7 != 3)
     X = X.at[5, 0].set(jnp.nan)
-    grad_fn = dpjax.clipped_grad(loss, l2_clip_norm=0.5, method=method)
+    grad_fn = dpjax.clipped_grad(loss, l2_clip_norm=0.5, backend=method)
     sharded = dpjax.data_parallel(grad_fn)
     assert sharded.num_shards == jax.device_count()
     assert sharded.sensitivity(dpjax.REPLACE_ONE) == grad_fn.sensitivity(dpjax.REPLACE_ONE) == 1.0
@@ -49,7 +49,7 @@ def test_sharded_clipped_sum_equals_single_device(data, method):
 
 def test_full_dpsgd_step_agrees_single_vs_multi_device(key, data):
     params, X, Y = data
-    grad_fn = dpjax.clipped_grad(loss, l2_clip_norm=1.0, method="vmap")
+    grad_fn = dpjax.clipped_grad(loss, l2_clip_norm=1.0, backend="vmap")
     sharded = dpjax.data_parallel(grad_fn)
 
     def run(fn):
@@ -81,7 +81,7 @@ def test_noise_is_added_once_not_per_device(key):
     """Zero gradients → the release is pure noise with std σC (not σC·√4 or σC/√4)."""
     params = {"w1": jnp.zeros((40, 50)), "w2": jnp.zeros(50)}
     X, Y = jnp.zeros((8, 40)), jnp.zeros(8)
-    sharded = dpjax.data_parallel(dpjax.clipped_grad(loss, l2_clip_norm=2.0, method="vmap"))
+    sharded = dpjax.data_parallel(dpjax.clipped_grad(loss, l2_clip_norm=2.0, backend="vmap"))
     tx = dpjax.dp_sgd_optimizer(
         optimizer=optax.identity(), noise_multiplier=0.7, l2_clip_norm=2.0, normalizer=1.0, key=key
     )
@@ -106,7 +106,7 @@ def test_noise_is_added_once_not_per_device(key):
 def test_explicit_mesh_is_supported(data):
     params, X, Y = data
     mesh = jax.make_mesh((4,), ("data",))  # explicit axis types by default
-    grad_fn = dpjax.clipped_grad(loss, l2_clip_norm=0.5, method="vmap")
+    grad_fn = dpjax.clipped_grad(loss, l2_clip_norm=0.5, backend="vmap")
     sharded = dpjax.data_parallel(grad_fn, mesh=mesh, axis_name="data")
     s1, i1 = grad_fn(params, X, Y)
     with jax.set_mesh(mesh):
@@ -126,9 +126,9 @@ def test_data_parallel_validates(data):
 
 @pytest.mark.parametrize("method", ["vmap", "auto"])
 def test_empty_batch_gives_a_zero_sum(data, method):
-    """A (0, d) batch (finding 8: method="auto" raised ZeroDivisionError) sums to zero."""
+    """A (0, d) batch (finding 8: backend="auto" raised ZeroDivisionError) sums to zero."""
     params, X, Y = data
-    sharded = dpjax.data_parallel(dpjax.clipped_grad(loss, l2_clip_norm=0.5, method=method))
+    sharded = dpjax.data_parallel(dpjax.clipped_grad(loss, l2_clip_norm=0.5, backend=method))
     s, info = sharded(params, X[:0], Y[:0])
     assert all(np.all(np.asarray(v) == 0.0) for v in jax.tree.leaves(s))
     assert info.per_example_norms.shape == (0,) and int(info.num_nonfinite) == 0

@@ -48,7 +48,7 @@ def float32_results():
 def reference_params(noise_multiplier: float) -> dict:
     """One process, one device, the unsharded clipped sum: the same keys, data and steps."""
     prob = example.problem()
-    grad_fn = dpjax.clipped_grad(example.loss, l2_clip_norm=1.0, method="vmap")
+    grad_fn = dpjax.clipped_grad(example.loss, l2_clip_norm=1.0, backend="vmap")
     tx = dpjax.dp_sgd_optimizer(
         optimizer=optax.sgd(0.1),
         noise_multiplier=noise_multiplier,

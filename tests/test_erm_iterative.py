@@ -10,8 +10,8 @@ import pytest
 from dpjax import ADD_OR_REMOVE_ONE, REPLACE_ONE, laplace_dp_sgd_event
 from dpjax.accounting import dp_sgd_epsilon, zcdp_rho_for_epsilon
 from dpjax.erm import dp_gd, dp_sgd, laplace_dp_sgd, losses, objective, solve
+from dpjax.erm._common import prepare_data
 from dpjax.erm.iterative import default_steps, noisy_gradient_descent
-from dpjax.erm.solver import prepare_data
 from dpjax.events import GaussianEvent, PoissonSampledGaussianEvent
 from tests.test_erm_solver import sphere_data
 
@@ -30,8 +30,8 @@ def test_zero_noise_unclipped_gd_matches_exact_solver():
         mu=mu,
         radius=1e6,
         steps=steps,
-        clip_norm=1e9,
-        noise_stddev=0.0,
+        l2_clip_norm=1e9,
+        noise_multiplier=0.0,
         normalizer=float(Xp.shape[0]),
         step_sizes=jnp.full(steps, eta),
         weights=jnp.full(steps, 1.0 / steps),

@@ -57,7 +57,7 @@ def test_linear_loss_closed_form():
 def test_lbfgs_path_agrees_with_newton():
     X, y = sphere_data(300, 6, seed=3)
     a = solve(X, y, loss=losses.logistic, mu=0.02)
-    b = solve(X, y, loss=losses.logistic, mu=0.02, method="lbfgs")
+    b = solve(X, y, loss=losses.logistic, mu=0.02, solver="lbfgs")
     assert bool(b.converged)
     np.testing.assert_allclose(np.asarray(a.params), np.asarray(b.params), atol=1e-8)
 
@@ -144,8 +144,8 @@ def test_solver_refuses_bad_input():
         solve(2 * X, y, loss=losses.logistic, mu=0.1)
     with pytest.raises(ValueError, match="y must be"):
         solve(X, 3 * y, loss=losses.logistic, mu=0.1)
-    with pytest.raises(ValueError, match="method must be"):
-        solve(X, y, loss=losses.hinge, mu=0.1, method="newton")
+    with pytest.raises(ValueError, match="solver must be"):
+        solve(X, y, loss=losses.hinge, mu=0.1, solver="newton")
     with pytest.raises(ValueError, match="mu must be"):
         solve(X, y, loss=losses.squared, mu=0.5)  # needs μ ≥ B/R = 1
     with pytest.raises(ValueError, match="h must be"):

@@ -223,9 +223,9 @@ def test_dp_gd_bound_only_where_the_theorem_applies():
     X, y = sphere_data(10, 2, seed=40)
     # a fixed public step count: the default T grows with (nε)²; the verdict does not need it
     kw = dict(loss=losses.logistic, epsilon=1e6, delta=1e-5, radius=5.0, mu=0.1)
-    clipped = dp_gd(jax.random.key(7), X, y, clip_norm=0.05, steps=50, **kw)
+    clipped = dp_gd(jax.random.key(7), X, y, l2_clip_norm=0.05, steps=50, **kw)
     assert clipped.excess_risk_bound == math.inf
-    assert "clip_norm" in clipped.bound_note
+    assert "l2_clip_norm" in clipped.bound_note
     exact = dp_gd(jax.random.key(7), X, y, steps=50, **kw)
     assert math.isfinite(exact.excess_risk_bound) and exact.bound_note is None
     last = dp_gd(jax.random.key(7), X, y, output="last", steps=50, **kw)
@@ -236,10 +236,10 @@ def test_dp_gd_bound_only_where_the_theorem_applies():
         jax.random.key(7),
         X,
         y,
-        clip_norm=0.05,
+        l2_clip_norm=0.05,
         sampling_rate=0.5,
         steps=20,
         dataset_size=10,
         **(kw | dict(epsilon=10.0)),
     )
-    assert sgd.excess_risk_bound == math.inf and "clip_norm" in sgd.bound_note
+    assert sgd.excess_risk_bound == math.inf and "l2_clip_norm" in sgd.bound_note

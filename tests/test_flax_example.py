@@ -54,7 +54,7 @@ def test_linen_model(key, digits_batch, method):
         logits = model.apply({"params": p}, xi)
         return optax.softmax_cross_entropy_with_integer_labels(logits, yi)
 
-    grad_fn = dpjax.clipped_grad(loss_fn, l2_clip_norm=0.5, method=method)
+    grad_fn = dpjax.clipped_grad(loss_fn, l2_clip_norm=0.5, backend=method)
     s, info = jax.jit(grad_fn)(params, x, y)
     ref, norms = reference_clipped_sum(loss_fn, params, x, y, 0.5)
     np.testing.assert_allclose(flatten(s), ref, rtol=2e-4, atol=1e-6)

@@ -79,7 +79,7 @@ def test_clipped_grad_dispatch_ghost_equals_vmap(linen_mlp):
     mask = jnp.arange(24) % 5 != 0
     outs = {}
     for method in ("ghost", "vmap", "auto"):
-        fn = dpjax.clipped_grad(loss_fn, l2_clip_norm=0.5, method=method)
+        fn = dpjax.clipped_grad(loss_fn, l2_clip_norm=0.5, backend=method)
         outs[method] = jax.jit(lambda p, x, y, f=fn: f(p, x, y, mask=mask))(params, *batch)
     for method in ("ghost", "auto"):
         assert_close(outs[method][0], jax.tree.map(np.asarray, outs["vmap"][0]), 2e-6)
@@ -341,7 +341,7 @@ def test_microbatched_ghost_equals_one_pass(key):
     params = {"w1": jax.random.normal(k1, (6, 9)), "b1": jnp.zeros(9)}
     params |= {"w2": jax.random.normal(k2, (9, 3)), "b2": jnp.ones(3)}
     x, y = jax.random.normal(k3, (20, 6)), jnp.zeros((20, 3))
-    fn = dpjax.clipped_grad(plain_mlp_loss, l2_clip_norm=2.0, method="ghost", microbatch_size=8)
+    fn = dpjax.clipped_grad(plain_mlp_loss, l2_clip_norm=2.0, backend="ghost", microbatch_size=8)
     total, info = fn(params, x, y)
     ref_sum, ref_norms = reference(plain_mlp_loss, params, (x, y), 2.0)
     assert_close(total, ref_sum, 1e-12)
@@ -392,7 +392,7 @@ def norm64(tree):
 
 out = {}
 for method in ("ghost", "vmap"):
-    fn = jax.jit(dpjax.clipped_grad(loss, l2_clip_norm=1.0, method=method))
+    fn = jax.jit(dpjax.clipped_grad(loss, l2_clip_norm=1.0, backend=method))
     worst, least = 0.0, np.inf
     for i in range(16):
         k1, k2, k3 = jax.random.split(jax.random.fold_in(kx, i), 3)
@@ -448,7 +448,7 @@ def test_overflowing_activations_ghost_equals_vmap(key):
     x = 1e195 * x.at[1].multiply(1e5).at[4].multiply(1e-30)  # every ‖a‖² overflows float64
     outs = {}
     for method in ("ghost", "vmap"):
-        fn = jax.jit(dpjax.clipped_grad(overflow_loss, l2_clip_norm=1.0, method=method))
+        fn = jax.jit(dpjax.clipped_grad(overflow_loss, l2_clip_norm=1.0, backend=method))
         outs[method] = fn(params, x)
     (g_sum, g_info), (v_sum, v_info) = outs["ghost"], outs["vmap"]
     assert int(v_info.num_nonfinite) == 0 and int(g_info.num_nonfinite) == 0
@@ -469,7 +469,7 @@ def test_infinite_activations_are_dropped_alike(key):
 
     outs = {}
     for method in ("ghost", "vmap"):
-        fn = jax.jit(dpjax.clipped_grad(loss, l2_clip_norm=1.0, method=method))
+        fn = jax.jit(dpjax.clipped_grad(loss, l2_clip_norm=1.0, backend=method))
         outs[method] = fn(params, x)
     (g_sum, g_info), (v_sum, v_info) = outs["ghost"], outs["vmap"]
     assert int(g_info.num_nonfinite) == int(v_info.num_nonfinite) >= 1
@@ -485,7 +485,7 @@ def rss_bytes():
 def test_eager_ghost_steps_do_not_recompile_or_grow(linen_mlp):
     """Finding 7: every eager ghost call compiled a fresh lax.cond (199 compiles in 200 steps)."""
     loss_fn, params, (x, y) = linen_mlp
-    grad_fn = dpjax.clipped_grad(loss_fn, l2_clip_norm=0.5, method="ghost")
+    grad_fn = dpjax.clipped_grad(loss_fn, l2_clip_norm=0.5, backend="ghost")
     compiles = []
 
     def listener(event, duration, **kwargs):
@@ -534,7 +534,7 @@ def test_bfloat16_dense_with_bias_norm_and_sum_see_the_same_activations():
 
     worst = 0.0
     for method in ("ghost", "vmap"):
-        fn = jax.jit(dpjax.clipped_grad(loss, l2_clip_norm=1.0, method=method))
+        fn = jax.jit(dpjax.clipped_grad(loss, l2_clip_norm=1.0, backend=method))
         for _ in range(24):
             v = 10.0 ** rng.uniform(1, 4) * rng.standard_normal((1, 16))
             x = np.where(rng.random() < 0.5, v, -v * (1 + 10.0 ** rng.uniform(-7, -2)))

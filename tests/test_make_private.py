@@ -106,7 +106,7 @@ def test_micro_batches_pad_with_masked_slots():
 def hand_built_step(private, params, key, data, loss_fn, steps):
     """The pieces wired by hand: sampler → gather → clipped_grad(mask) → dp_sgd_optimizer."""
     noise_key, train_key = jax.random.split(key)
-    grad_fn = dpjax.clipped_grad(loss_fn, l2_clip_norm=1.0, method="vmap")
+    grad_fn = dpjax.clipped_grad(loss_fn, l2_clip_norm=1.0, backend="vmap")
     tx = dpjax.dp_sgd_optimizer(
         optimizer=optax.sgd(0.5),
         noise_multiplier=private.noise_multiplier,
@@ -124,7 +124,7 @@ def hand_built_step(private, params, key, data, loss_fn, steps):
             fold = jax.vmap(lambda i: jax.random.key_data(jax.random.fold_in(dropout_key, i)))
             extra = (fold(batch.indices),)
             loss_fn_used = lambda w, e, kd: loss_fn(w, e, jax.random.wrap_key_data(kd))  # noqa: E731
-            grad_fn = dpjax.clipped_grad(loss_fn_used, l2_clip_norm=1.0, method="vmap")
+            grad_fn = dpjax.clipped_grad(loss_fn_used, l2_clip_norm=1.0, backend="vmap")
         clipped_sum, _ = grad_fn(params, ex, *extra, mask=batch.mask)
         updates, opt_state = tx.update(clipped_sum, opt_state, params)
         params = optax.apply_updates(params, updates)

@@ -3,8 +3,11 @@
 The pieces compose as an optax pipeline (Abadi et al. 2016, "Deep learning with differential
 privacy", Algorithm 1; lecture on ML under DP):
 
-    sampler (Poisson, padded)  ->  clipped_grad (per-example clip, sum)  ->
+    sampler (Poisson, padded)  ->  clipped_grad (gather + mask, per-example clip, sum)  ->
     add_gaussian_noise (once, σC)  ->  normalize_by (public expected batch size)  ->  optimizer
+
+σ and C are stated once: ``dp_sgd_optimizer(clipped_grad=grad_fn, noise_multiplier=σ, ...)``
+reads C from ``grad_fn``, and ``event_for(tx, sampler=..., state=...)`` reads σ from ``tx``.
 
 Modules: ``samplers`` (Poisson / shuffled / uniform batches with a fixed padded shape),
 ``clipping`` (per-example clipped sums, certified against rounding), ``ghost`` (ghost clipping:
@@ -18,10 +21,13 @@ from dpjax.dp_sgd.clipping import ClippedGrad, ClippingInfo, clip_pytree, clippe
 from dpjax.dp_sgd.distributed import DataParallelClippedGrad, data_parallel, replicate
 from dpjax.dp_sgd.optimizers import (
     AccumulationState,
+    DPSGDTransformation,
     accumulate_clipped_sums,
     dp_sgd_optimizer,
+    event_for,
     laplace_dp_sgd_event,
     laplace_dp_sgd_optimizer,
+    noise_releases,
 )
 from dpjax.dp_sgd.private import (
     PrivateState,
@@ -42,6 +48,7 @@ __all__ = [
     "AccumulationState",
     "ClippedGrad",
     "ClippingInfo",
+    "DPSGDTransformation",
     "DataParallelClippedGrad",
     "PaddedBatch",
     "PoissonSampler",
@@ -56,10 +63,12 @@ __all__ = [
     "clipped_grad",
     "data_parallel",
     "dp_sgd_optimizer",
+    "event_for",
     "laplace_dp_sgd_optimizer",
     "laplace_dp_sgd_event",
     "make_private",
     "nnx_loss",
+    "noise_releases",
     "normalize_by",
     "poisson_schedule",
     "replicate",

@@ -8,7 +8,7 @@ is the loss of ONE example, and the returned function maps ``(params, *batch)`` 
 
 together with a :class:`ClippingInfo` (pre-clipping norms, counters). It is a **sum**, never a
 mean: divide by a public constant afterwards (:func:`dpjax.normalize_by`), never by the realised
-batch size (anchors §3.3).
+batch size (it differs between neighbours; opacus#571).
 
 Edge cases (per example; U is a certified upper bound of ‖g‖, see below):
 
@@ -74,13 +74,18 @@ import jax
 import jax.numpy as jnp
 
 from dpjax import _validate
-from dpjax.dp_sgd import _certified
+from dpjax.dp_sgd import _certified, _rows
 from dpjax.dp_sgd._certified import HIGHEST
-from dpjax.relation import ADD_OR_REMOVE_ONE, REPLACE_ONE, NeighbouringRelation, as_relation
+from dpjax.dp_sgd.samplers import PaddedBatch
+from dpjax.relation import (
+    ADD_OR_REMOVE_ONE,
+    NeighbouringRelation,
+    sensitivity_factor,
+)
 
 __all__ = ["ClippingInfo", "ClippedGrad", "clipped_grad", "clip_pytree"]
 
-METHODS = ("auto", "vmap", "ghost")
+BACKENDS = ("auto", "vmap", "ghost")
 
 
 class ClippingInfo(NamedTuple):
@@ -149,41 +154,6 @@ def _norms_and_bound(rows: list[jax.Array], wide: Any) -> tuple[jax.Array, jax.A
 
 
 # ----------------------------------------------------------------------------- validation
-
-
-def _batch_size(batch: tuple[Any, ...]) -> int:
-    """Common leading axis of every batch leaf; a ValueError otherwise (mean-vs-sum guard)."""
-    leaves = jax.tree.leaves(batch)
-    if not leaves:
-        _validate.fail("batch", batch, "at least one array with a leading batch axis")
-    sizes = set()
-    for leaf in leaves:
-        shape = jnp.shape(leaf)
-        if len(shape) == 0:
-            _validate.fail(
-                "batch",
-                f"a leaf of shape {shape}",
-                "arrays with a leading batch axis (B, ...): one row per example",
-            )
-        sizes.add(shape[0])
-    if len(sizes) != 1:
-        _validate.fail(
-            "batch", f"leading axes {sorted(sizes)}", "arrays sharing one leading batch axis B"
-        )
-    return sizes.pop()
-
-
-def _check_mask(mask: Any, batch_size: int) -> jax.Array:
-    if mask is None:
-        return jnp.ones((batch_size,), dtype=bool)
-    mask = jnp.asarray(mask)
-    if mask.shape != (batch_size,) or mask.dtype != jnp.bool_:
-        _validate.fail(
-            "mask",
-            f"array of shape {mask.shape} and dtype {mask.dtype}",
-            f"bool of shape ({batch_size},)",
-        )
-    return mask
 
 
 def _check_scalar_loss(loss_fn: Callable, params: Any, batch: tuple[Any, ...]) -> None:
@@ -287,7 +257,7 @@ def _ghost_module() -> Any:
 
 
 def _clipped_sum_dispatch(
-    method: str,
+    backend: str,
     loss_fn: Callable,
     params: Any,
     batch: tuple[Any, ...],
@@ -299,13 +269,13 @@ def _clipped_sum_dispatch(
 ) -> tuple[Any, jax.Array, jax.Array]:
     """Choose the per-example core: "vmap", "ghost", or "auto" (ghost when it supports the loss)."""
     kwargs = dict(l2_clip_norm=l2_clip_norm, mask=mask, nan_safe=nan_safe)
-    if per_layer or method == "vmap":
+    if per_layer or backend == "vmap":
         return _vmap_clipped_sum(loss_fn, params, batch, per_layer=per_layer, **kwargs)
     ghost = _ghost_module()
-    if method == "ghost":
+    if backend == "ghost":
         if ghost is None:
             _validate.fail(
-                "method", method, "'vmap' or 'auto' (dpjax.dp_sgd.ghost is not available)"
+                "backend", backend, "'vmap' or 'auto' (dpjax.dp_sgd.ghost is not available)"
             )
         return ghost.ghost_clipped_sum(loss_fn, params, batch, **kwargs)
     if ghost is not None and ghost.supports(loss_fn, params, *batch):
@@ -316,21 +286,16 @@ def _clipped_sum_dispatch(
 # ----------------------------------------------------------------------------- microbatching
 
 
-def _pad_rows(tree: Any, pad: int) -> Any:
-    def pad_leaf(x: jax.Array) -> jax.Array:
-        x = jnp.asarray(x)
-        return jnp.concatenate([x, jnp.zeros((pad,) + x.shape[1:], x.dtype)], axis=0)
-
-    return jax.tree.map(pad_leaf, tree)
-
-
 def _microbatched(core: Callable, params: Any, batch: tuple, mask: jax.Array, size: int):
     """Run ``core`` on chunks of ``size`` rows with lax.scan, summing the clipped sums."""
     n = mask.shape[0]
     num_chunks = -(-n // size)
     pad = num_chunks * size - n
     if pad:
-        batch, mask = _pad_rows(batch, pad), _pad_rows(mask, pad)  # padded rows have mask False
+        batch, mask = (
+            _rows.pad_rows(batch, pad),
+            _rows.pad_rows(mask, pad),
+        )  # padded rows have mask False
     chunk = lambda x: x.reshape((num_chunks, size) + x.shape[1:])  # noqa: E731
     batch_c, mask_c = jax.tree.map(chunk, batch), chunk(mask)
 
@@ -352,19 +317,21 @@ def _microbatched(core: Callable, params: Any, batch: tuple, mask: jax.Array, si
 class ClippedGrad:
     """A clipped-gradient function bound to the sensitivity of what it returns.
 
-    Built by :func:`clipped_grad`; call it as ``grad_fn(params, *batch, mask=None)``.
+    Built by :func:`clipped_grad`; call it as ``grad_fn(params, *dataset, batch=padded)`` with
+    a sampler's :class:`~dpjax.dp_sgd.samplers.PaddedBatch` (rows gathered and masked here), or
+    as ``grad_fn(params, *rows, mask=None)`` on rows already gathered.
 
     Attributes:
         l2_clip_norm: C as given (a float, or a pytree of per-leaf norms for per-layer clipping).
         l2_norm_bound: the bound on one example's contribution (C, or sqrt(Σ c_l²) per-layer).
     """
 
-    def __init__(self, loss_fn, *, l2_clip_norm, per_layer, microbatch_size, method, nan_safe):
+    def __init__(self, loss_fn, *, l2_clip_norm, per_layer, microbatch_size, backend, nan_safe):
         self.loss_fn = loss_fn
         self.l2_clip_norm = l2_clip_norm
         self.per_layer = per_layer
         self.microbatch_size = microbatch_size
-        self.method = method
+        self.backend = backend
         self.nan_safe = nan_safe
         self.l2_norm_bound = _norm_bound(l2_clip_norm, per_layer)
         self._jitted = jax.jit(self._call_impl)
@@ -378,8 +345,7 @@ class ClippedGrad:
         Returns:
             The ℓ2 sensitivity (a Python float).
         """
-        relation = as_relation(relation)
-        return 2.0 * self.l2_norm_bound if relation == REPLACE_ONE else self.l2_norm_bound
+        return sensitivity_factor(relation) * self.l2_norm_bound
 
     def _clip_norms_for(self, params: Any) -> Any:
         if not self.per_layer:
@@ -397,7 +363,7 @@ class ClippedGrad:
     def _core(self, clip_norms: Any) -> Callable:
         def core(p, batch, mask):
             return _clipped_sum_dispatch(
-                self.method,
+                self.backend,
                 self.loss_fn,
                 p,
                 batch,
@@ -409,20 +375,39 @@ class ClippedGrad:
 
         return core
 
-    def __call__(self, params: Any, *batch: Any, mask: Any = None) -> tuple[Any, ClippingInfo]:
-        """Clipped per-example gradient sum over ``batch`` (rows with ``mask`` False excluded).
+    def __call__(
+        self, params: Any, *data: Any, mask: Any = None, batch: PaddedBatch | None = None
+    ) -> tuple[Any, ClippingInfo]:
+        """Clipped per-example gradient sum (rows with mask False excluded).
+
+        Two ways to call it:
+
+        * ``grad_fn(params, x, y, batch=padded)`` (the DP-SGD path): ``x, y`` are the WHOLE data
+          set (leading axis n) and ``padded`` a :class:`~dpjax.dp_sgd.samplers.PaddedBatch`
+          from a sampler; the rows at ``padded.indices`` are gathered here and
+          ``padded.mask`` applied, so padding slots (which hold index 0) count nothing.
+        * ``grad_fn(params, x_b, y_b, mask=None)``: the rows of one batch, all real unless
+          ``mask`` says otherwise (full-batch DP-GD, or rows you gathered yourself).
 
         A batch of zero rows returns a zero sum (same structure as ``params``).
+
+        Raises:
+            ValueError: ``batch`` together with ``mask`` (the batch carries its mask), a
+                PaddedBatch passed as a data argument, or a real index outside the data.
         """
-        batch_size = _batch_size(batch)
-        mask = _check_mask(mask, batch_size)
+        if batch is not None:
+            if mask is not None:
+                _validate.fail("mask", "given together with batch", "None when batch is passed")
+            data, mask = _rows.gather_batch(batch, data)
+        batch_size = _rows.batch_size(data)
+        mask = _rows.check_mask(mask, batch_size)
         if batch_size == 0:
             zeros = jax.tree.map(_zeros_sum, params)
             norms = jnp.zeros((0,), _certified.wide_dtype())
             zero = jnp.zeros((), jnp.int32)
             return zeros, ClippingInfo(norms, zero, zero)
-        _check_scalar_loss(self.loss_fn, params, batch)
-        return self._jitted(params, batch, mask)
+        _check_scalar_loss(self.loss_fn, params, data)
+        return self._jitted(params, data, mask)
 
     def _call_impl(self, params: Any, batch: tuple, mask: jax.Array) -> tuple[Any, ClippingInfo]:
         """The traced body of ``__call__`` (jitted once per instance: eager calls reuse it)."""
@@ -442,7 +427,7 @@ class ClippedGrad:
     def __repr__(self) -> str:
         return (
             f"ClippedGrad(l2_clip_norm={self.l2_clip_norm!r}, per_layer={self.per_layer}, "
-            f"microbatch_size={self.microbatch_size}, method={self.method!r})"
+            f"microbatch_size={self.microbatch_size}, backend={self.backend!r})"
         )
 
 
@@ -472,7 +457,7 @@ def clipped_grad(
     l2_clip_norm: float | Any,
     per_layer: bool = False,
     microbatch_size: int | None = None,
-    method: str = "auto",
+    backend: str = "auto",
     nan_safe: bool = True,
 ) -> ClippedGrad:
     r"""Per-example clipped gradient SUM of ``loss_fn`` (like ``jax.grad``, for DP-SGD).
@@ -488,20 +473,24 @@ def clipped_grad(
         per_layer: clip each leaf separately instead of the whole pytree (always uses vmap).
         microbatch_size: process the batch in chunks of this many rows (``lax.scan``) to bound
             memory; the result is the same sum. ``None``: one chunk.
-        method: "vmap" (materialise per-example grads), "ghost"
+        backend: the per-example engine: "vmap" (materialise per-example grads), "ghost"
             (``dpjax.dp_sgd.ghost``: norms without per-example grads, for supported dense
             models), "auto" (ghost if it supports the loss, else vmap).
         nan_safe: zero (and count) examples whose certified norm bound is NaN/inf (a NaN/inf
             gradient entry, or a squared norm overflowing the wide dtype); never release them.
 
     Returns:
-        A :class:`ClippedGrad` ``grad_fn``; ``grad_fn(params, *batch, mask=None)`` returns
-        ``(clipped_sum, ClippingInfo)``, every batch argument having leading axis B and ``mask``
-        an optional bool (B,) marking real rows. A batch of B = 0 rows gives a zero sum.
-        ``grad_fn.sensitivity(relation)`` is the ℓ2 sensitivity of ``clipped_sum``.
+        A :class:`ClippedGrad` ``grad_fn`` returning ``(clipped_sum, ClippingInfo)``. With a
+        sampler: ``grad_fn(params, *dataset, batch=padded)`` gathers the rows of the
+        :class:`~dpjax.dp_sgd.samplers.PaddedBatch` ``padded`` from the whole data set and
+        applies its mask (padding slots count nothing). On rows already in hand:
+        ``grad_fn(params, *rows, mask=None)``, every argument having leading axis B and
+        ``mask`` an optional bool (B,) marking real rows. A batch of B = 0 rows gives a zero
+        sum. ``grad_fn.sensitivity(relation)`` is the ℓ2 sensitivity of ``clipped_sum``; give
+        ``grad_fn`` itself to :func:`dpjax.dp_sgd_optimizer` so C is stated once.
 
     Raises:
-        ValueError: non-positive C, unknown method, batch arguments without a shared leading
+        ValueError: non-positive C, unknown backend, batch arguments without a shared leading
             axis, a loss that is not a scalar for one example, a mask of the wrong shape.
 
     Formal guarantees:
@@ -518,8 +507,14 @@ def clipped_grad(
         >>> s, info = grad_fn(jnp.zeros(2), jnp.array([[3.0, 4.0], [0.1, 0.0]]), jnp.ones(2))
         >>> [round(float(v), 3) for v in s], int(info.num_clipped), grad_fn.sensitivity()
         ([-0.7, -0.8], 1, 1.0)
+        >>> from dpjax.dp_sgd.samplers import PaddedBatch
+        >>> padded = PaddedBatch(jnp.array([1, 0, 0]), jnp.array([True, False, False]))
+        >>> x, y = jnp.array([[3.0, 4.0], [0.1, 0.0]]), jnp.ones(2)
+        >>> s, info = grad_fn(jnp.zeros(2), x, y, batch=padded)  # row 1 only; slots 1, 2 padding
+        >>> [round(float(v), 3) for v in s]
+        [-0.1, 0.0]
     """
-    _validate.one_of("method", method, METHODS)
+    _validate.one_of("backend", backend, BACKENDS)
     if microbatch_size is not None:
         microbatch_size = _validate.positive_int("microbatch_size", microbatch_size)
     if not callable(loss_fn):
@@ -529,6 +524,6 @@ def clipped_grad(
         l2_clip_norm=l2_clip_norm,
         per_layer=bool(per_layer),
         microbatch_size=microbatch_size,
-        method=method,
+        backend=backend,
         nan_safe=bool(nan_safe),
     )

@@ -3,15 +3,15 @@ r"""Data-parallel DP-SGD on the devices JAX already drives (``jax.shard_map`` + 
 The batch is split along its leading axis over a 1-D device mesh; every device computes the
 clipped sum of its shard, the shards' sums are added with ``psum``, and the result is
 replicated. Noise is then added ONCE to the global sum by the usual transforms
-(:func:`dpjax.dp_sgd`): a replicated key gives the same draw everywhere, so the released update
-equals the single-device one (optax#148 is the bug this avoids: noising per device and
-averaging shrinks the noise by √devices).
+(:func:`dpjax.dp_sgd_optimizer`): a replicated key gives the same draw everywhere, so the
+released update equals the single-device one (optax#148 is the bug this avoids: noising per
+device and averaging shrinks the noise by √devices).
 
 Example::
 
     mesh = jax.make_mesh((jax.device_count(),), ("batch",))
     grad_fn = dpjax.data_parallel(dpjax.clipped_grad(loss_fn, l2_clip_norm=C), mesh=mesh)
-    clipped_sum, info = jax.jit(grad_fn)(params, x, y, mask=mask)   # replicated sum
+    clipped_sum, info = grad_fn(params, x, y, batch=padded)   # replicated sum
     updates, opt_state = tx.update(clipped_sum, opt_state, params)  # noise once
 
 Several processes (``jax.distributed``: several hosts, or several processes on one machine):
@@ -53,7 +53,9 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from dpjax import _validate
-from dpjax.dp_sgd.clipping import ClippedGrad, ClippingInfo, _batch_size, _check_mask, _pad_rows
+from dpjax.dp_sgd import _rows
+from dpjax.dp_sgd.clipping import ClippedGrad, ClippingInfo
+from dpjax.dp_sgd.samplers import PaddedBatch
 from dpjax.relation import ADD_OR_REMOVE_ONE, NeighbouringRelation
 
 __all__ = [
@@ -69,7 +71,8 @@ __all__ = [
 class DataParallelClippedGrad:
     """A :class:`dpjax.dp_sgd.clipping.ClippedGrad` whose batch is sharded over a device mesh.
 
-    Call it like the wrapped function: ``(params, *batch, mask=None) -> (clipped_sum, info)``;
+    Call it like the wrapped function: ``(params, *dataset, batch=padded)`` or
+    ``(params, *rows, mask=None)`` ``-> (clipped_sum, info)``;
     ``clipped_sum`` is the psum over devices (replicated), ``info`` covers the whole batch.
     """
 
@@ -96,13 +99,24 @@ class DataParallelClippedGrad:
         clipped = jax.lax.psum(info.num_clipped, self.axis_name)
         return total, ClippingInfo(info.per_example_norms, bad, clipped)
 
-    def __call__(self, params: Any, *batch: Any, mask: Any = None) -> tuple[Any, ClippingInfo]:
-        """Clipped sum over the whole (sharded) batch; pads with masked rows to a multiple."""
-        n = _batch_size(batch)
-        mask = _check_mask(mask, n)
+    def __call__(
+        self, params: Any, *data: Any, mask: Any = None, batch: PaddedBatch | None = None
+    ) -> tuple[Any, ClippingInfo]:
+        """Clipped sum over the whole (sharded) batch; pads with masked rows to a multiple.
+
+        ``batch=padded`` (a sampler's PaddedBatch, ``data`` the whole data set) gathers and
+        masks the rows first, as :meth:`ClippedGrad.__call__` does.
+        """
+        if batch is not None:
+            if mask is not None:
+                _validate.fail("mask", "given together with batch", "None when batch is passed")
+            data, mask = _rows.gather_batch(batch, data)
+        batch = data
+        n = _rows.batch_size(batch)
+        mask = _rows.check_mask(mask, n)
         pad = -n % self.num_shards
         if pad:
-            batch, mask = _pad_rows(batch, pad), _pad_rows(mask, pad)
+            batch, mask = _rows.pad_rows(batch, pad), _rows.pad_rows(mask, pad)
         row = P(self.axis_name)
         sharded = jax.shard_map(
             self._local,
@@ -327,7 +341,7 @@ def global_batch(local_batch: Any, mesh: Mesh, axis_name: str = "batch") -> Any:
         (True, True)
     """
     _check_axis(mesh, axis_name)
-    rows = _batch_size((local_batch,))
+    rows = _rows.batch_size((local_batch,))
     sharding = jax.sharding.NamedSharding(mesh, P(axis_name))
     shards = mesh.shape[axis_name]
     local_blocks = len({s[0].start for s in _local_indices(sharding, shards)})

@@ -22,7 +22,7 @@ Cost (issue 9 benchmark, 2-core CPU): the clipped sum without noise is about 1.1
 non-private gradient for the MLP 784-512-512-10, the CNN and logistic regression d = 10⁴,
 against 7–80× for the vmap path; memory stays near the non-private step.
 
-This module is the ``method="ghost"`` path of :func:`dpjax.clipped_grad`; the result equals the
+This module is the ``backend="ghost"`` path of :func:`dpjax.clipped_grad`; the result equals the
 vmap path up to float rounding (tested in ``tests/test_ghost.py``), overflow included.
 
 Certified norms. The clip factor is ``min(1, C/(U·(1+η)))`` with U an upper bound of the norm

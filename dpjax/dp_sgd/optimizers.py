@@ -5,20 +5,27 @@ The one place where σ, C and the normaliser meet is :func:`dp_sgd_optimizer`:
 .. math::  \theta_{t+1} = \theta_t - \text{opt}\Big(\frac{1}{\bar B}\Big[\sum_{i \in B_t}
    \text{clip}_C(g_i) + N(0, \sigma^2 C^2 I)\Big]\Big)
 
-with :math:`\bar B` a PUBLIC constant (the expected batch size q·n). A training step is::
+with :math:`\bar B` a PUBLIC constant (the expected batch size q·n). σ and C are each stated
+once. A training step is::
 
+    sampler = dpjax.PoissonSampler(dataset_size=n, sampling_rate=q)
     grad_fn = dpjax.clipped_grad(loss_fn, l2_clip_norm=C)
-    tx = dpjax.dp_sgd_optimizer(optimizer=optax.adam(1e-3), noise_multiplier=σ, l2_clip_norm=C,
-                     normalizer=q * n, key=jax.random.key(0))
-    clipped_sum, info = grad_fn(params, x, y, mask=mask)
+    tx = dpjax.dp_sgd_optimizer(optimizer=optax.adam(1e-3), clipped_grad=grad_fn,
+                                noise_multiplier=σ, normalizer=sampler.expected_batch_size,
+                                key=jax.random.key(0))
+    padded = sampler.sample(batch_key)
+    clipped_sum, info = grad_fn(params, x, y, batch=padded)   # gathers rows, applies the mask
     updates, opt_state = tx.update(clipped_sum, opt_state, params)
     params = optax.apply_updates(params, updates)
 
-and the privacy is accounted from the sampler's event (:mod:`dpjax.dp_sgd.samplers`).
+and the privacy is accounted from :func:`event_for` ``(tx, sampler=sampler, state=opt_state)``
+(σ read from ``tx``, T from the state's noise count). ``optax.MultiSteps`` around these
+optimizers is refused: use :func:`accumulate_clipped_sums`.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any, NamedTuple
 
 import jax
@@ -28,17 +35,21 @@ import optax
 
 from dpjax import _noise, _validate
 from dpjax.dp_sgd.transforms import (
+    NoiseState,
     add_gaussian_noise,
     add_laplace_dp_sgd_noise,
     laplace_dp_sgd_theta,
     laplace_dpsgd_step_size,
     normalize_by,
 )
-from dpjax.events import LaplaceDPSGDEvent
-from dpjax.relation import REPLACE_ONE
+from dpjax.events import LaplaceDPSGDEvent, PrivacyEvent
+from dpjax.relation import REPLACE_ONE, NeighbouringRelation
 
 __all__ = [
+    "DPSGDTransformation",
     "dp_sgd_optimizer",
+    "event_for",
+    "noise_releases",
     "AccumulationState",
     "accumulate_clipped_sums",
     "laplace_dp_sgd_optimizer",
@@ -46,56 +57,247 @@ __all__ = [
 ]
 
 
+class DPSGDTransformation(optax.GradientTransformation):
+    """An ``optax.GradientTransformation`` that states the σ and C its noise was drawn with.
+
+    Returned by :func:`dp_sgd_optimizer` and :func:`accumulate_clipped_sums`; use it wherever
+    optax expects a transformation. :func:`event_for` reads ``noise_multiplier`` from it, so
+    the accountant is told the σ the noise actually has.
+
+    Attributes:
+        noise_multiplier: σ, noise std in units of ``l2_clip_norm``.
+        l2_clip_norm: C, the bound on one example's contribution (add/remove-one sensitivity).
+        normalizer: the public constant the noisy sum is divided by.
+    """
+
+    noise_multiplier: float
+    l2_clip_norm: float
+    normalizer: float
+
+
+def _stating(tx: optax.GradientTransformation, like: Any = None, **fields: float):
+    """``tx`` as a :class:`DPSGDTransformation` with the fields of ``like`` or ``fields``."""
+    out = DPSGDTransformation(tx.init, tx.update)
+    if like is not None:
+        fields = {k: getattr(like, k) for k in ("noise_multiplier", "l2_clip_norm", "normalizer")}
+    for name, value in fields.items():
+        object.__setattr__(out, name, value)
+    return out
+
+
+def _inside_multisteps() -> bool:
+    """Whether a caller up the Python stack is an ``optax.MultiSteps`` method (init or update).
+
+    ``optax.MultiSteps`` calls the inner ``init``/``update`` from its own methods, directly or
+    through a traced ``lax.cond`` branch, so one of its frames is on the stack at trace time.
+    Frames are recognised by code name and module (no access to their locals).
+    """
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_qualname
+        if name.startswith("MultiSteps.") and frame.f_globals.get("__name__", "").startswith(
+            "optax"
+        ):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _refuse_multisteps() -> None:
+    if _inside_multisteps():
+        _validate.fail(
+            "optimizer",
+            "a DP-SGD optimizer wrapped in optax.MultiSteps",
+            "accumulated with dpjax.accumulate_clipped_sums(tx, every_k=k) instead (MultiSteps "
+            "averages the k clipped sums, so the normaliser is off by k, and runs the noise "
+            "transform on every micro-batch)",
+        )
+
+
+def _refusing_multisteps(tx: optax.GradientTransformation) -> optax.GradientTransformation:
+    """``tx`` whose init and update raise when called from inside ``optax.MultiSteps``."""
+
+    def init_fn(params: Any) -> Any:
+        _refuse_multisteps()
+        return tx.init(params)
+
+    def update_fn(updates: Any, state: Any, params: Any = None) -> Any:
+        _refuse_multisteps()
+        return tx.update(updates, state, params)
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _clip_norm_of(clipped_grad: Any, l2_clip_norm: float | None) -> float:
+    """C stated once: from the clipped-gradient function, or given; both must agree exactly."""
+    if clipped_grad is None:
+        if l2_clip_norm is None:
+            _validate.fail(
+                "clipped_grad", None, "the function from dpjax.clipped_grad (or give l2_clip_norm)"
+            )
+        return float(_validate.positive("l2_clip_norm", l2_clip_norm))
+    bound = getattr(clipped_grad, "l2_norm_bound", None)
+    if not isinstance(bound, float) or not callable(getattr(clipped_grad, "sensitivity", None)):
+        _validate.fail("clipped_grad", clipped_grad, "a function built by dpjax.clipped_grad")
+    if l2_clip_norm is not None and float(l2_clip_norm) != bound:
+        _validate.fail(
+            "l2_clip_norm",
+            l2_clip_norm,
+            f"the clip norm of clipped_grad ({bound!r}) or omitted: the noise is σ times the "
+            "bound on one example's contribution, which clipped_grad fixes",
+        )
+    return bound
+
+
 def dp_sgd_optimizer(
     *,
     optimizer: optax.GradientTransformation,
     noise_multiplier: float,
-    l2_clip_norm: float,
     normalizer: float,
     key: jax.Array,
-) -> optax.GradientTransformation:
+    clipped_grad: Any = None,
+    l2_clip_norm: float | None = None,
+) -> DPSGDTransformation:
     r"""DP-SGD (or DP-Adam, …): Gaussian noise on the clipped sum, public normalisation, optimizer.
 
-    ``chain(add_gaussian_noise(σ·C), normalize_by(normalizer), optimizer)``. Feed it the clipped
-    SUM from ``clipped_grad(loss_fn, l2_clip_norm=C)`` with the same C.
+    ``chain(add_gaussian_noise(σ·C), normalize_by(normalizer), optimizer)`` with C read from
+    ``clipped_grad`` (the function whose clipped SUM you feed it): σ and C are stated once, and
+    :func:`event_for` builds the privacy event from the same σ.
 
     Args:
         optimizer: any optax optimizer (``optax.sgd``, ``optax.adam``, …); post-processing.
         noise_multiplier: σ ≥ 0, noise std in units of C (σ = 0: non-private, for debugging).
-        l2_clip_norm: C > 0, the clip norm of the clipped sum (its add/remove-one sensitivity).
         normalizer: a PUBLIC positive constant, typically the expected batch size q·n.
         key: a JAX PRNG key (required; stored in the noise state and split every step).
+        clipped_grad: the function from :func:`dpjax.clipped_grad` (or
+            :func:`dpjax.data_parallel`) that produces the sums; C is its ``l2_norm_bound``.
+        l2_clip_norm: only for clipped sums not built by dpjax (then ``clipped_grad`` is
+            omitted and you own the wire). Given together with ``clipped_grad``, it must equal
+            that function's C exactly.
 
     Returns:
-        An ``optax.GradientTransformation``.
+        A :class:`DPSGDTransformation` (an ``optax.GradientTransformation`` stating σ, C and the
+        normaliser). Wrapping it in ``optax.MultiSteps`` raises at ``init``: accumulate with
+        :func:`accumulate_clipped_sums`.
+
+    Raises:
+        ValueError: negative σ, non-positive normaliser, neither ``clipped_grad`` nor
+            ``l2_clip_norm``, an ``l2_clip_norm`` different from ``clipped_grad``'s, or (at
+            init/update) a wrapping ``optax.MultiSteps``.
 
     Formal guarantees:
         One update is the Gaussian mechanism with noise multiplier σ = stddev/C on a sum of
         ℓ2 sensitivity C (add/remove-one; 2C replace-one — the accountant doubles it, see
         :mod:`dpjax.events`). With Poisson sampling at rate q for T steps the run is
         accounted by ``PoissonSampledGaussianEvent(σ, q, T)`` (Abadi et al. 2016;
-        lecture on ML under DP, DP-SGD with amplification by subsampling). The normaliser
-        and the optimizer are post-processing.
+        lecture on ML under DP, DP-SGD with amplification by subsampling), which
+        :func:`event_for` returns. The normaliser and the optimizer are post-processing.
 
     Example:
-        >>> import jax, jax.numpy as jnp, optax
-        >>> tx = dp_sgd_optimizer(optimizer=optax.sgd(0.1), noise_multiplier=1.0, l2_clip_norm=1.0,
-        ...            normalizer=32.0, key=jax.random.key(0))
+        >>> import jax, jax.numpy as jnp, optax, dpjax
+        >>> grad_fn = dpjax.clipped_grad(lambda w, x: jnp.dot(w, x), l2_clip_norm=1.0)
+        >>> tx = dp_sgd_optimizer(optimizer=optax.sgd(0.1), clipped_grad=grad_fn,
+        ...     noise_multiplier=1.0, normalizer=32.0, key=jax.random.key(0))
         >>> params = jnp.zeros(3)
-        >>> updates, state = tx.update(jnp.ones(3), tx.init(params), params)
-        >>> updates.shape
-        (3,)
+        >>> clipped_sum, _ = grad_fn(params, jnp.ones((4, 3)))
+        >>> updates, state = tx.update(clipped_sum, tx.init(params), params)
+        >>> updates.shape, tx.l2_clip_norm
+        ((3,), 1.0)
     """
     _validate.non_negative("noise_multiplier", noise_multiplier)
-    _validate.positive("l2_clip_norm", l2_clip_norm)
     _validate.positive("normalizer", normalizer)
+    clip = _clip_norm_of(clipped_grad, l2_clip_norm)
     if not isinstance(optimizer, optax.GradientTransformation):
         _validate.fail("optimizer", optimizer, "an optax.GradientTransformation")
-    return optax.chain(
-        add_gaussian_noise(noise_multiplier * l2_clip_norm, key=key),
+    chain = optax.chain(
+        add_gaussian_noise(noise_multiplier * clip, key=key),
         normalize_by(normalizer),
         optimizer,
     )
+    return _stating(
+        _refusing_multisteps(chain),
+        noise_multiplier=float(noise_multiplier),
+        l2_clip_norm=clip,
+        normalizer=float(normalizer),
+    )
+
+
+def noise_releases(state: Any) -> int:
+    """How many noisy sums the optimizer whose state is ``state`` has released (host-side).
+
+    Reads the count of the one Gaussian :class:`~dpjax.dp_sgd.transforms.NoiseState` in the
+    state: with :func:`accumulate_clipped_sums` that is the number of logical batches, never
+    the number of micro-batches.
+
+    Raises:
+        ValueError: the state holds no noise state, or more than one.
+    """
+    found = [
+        s
+        for s in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, NoiseState))
+        if isinstance(s, NoiseState)
+    ]
+    if len(found) != 1:
+        _validate.fail("state", f"{len(found)} noise states", "the state of one DP-SGD optimizer")
+    return int(found[0].count)
+
+
+def event_for(
+    optimizer: DPSGDTransformation,
+    *,
+    sampler: Any,
+    steps: int | None = None,
+    state: Any = None,
+    relation: NeighbouringRelation | str | None = None,
+) -> PrivacyEvent:
+    """The privacy event of a DP-SGD run: σ from the optimizer, the rate from the sampler.
+
+    σ is stated once (to :func:`dp_sgd_optimizer`) and read back here, so the accountant cannot
+    be told another σ; the number of releases can be read from the optimizer state.
+
+    Args:
+        optimizer: from :func:`dp_sgd_optimizer` (or :func:`accumulate_clipped_sums` of it).
+        sampler: the sampler whose batches the clipped sums were computed on (a
+            :class:`~dpjax.dp_sgd.samplers.PoissonSampler`, ``UniformBatchSampler`` or
+            ``ShuffledBatchSampler``): it supplies the sampling rate / batch size.
+        steps: T, the number of noisy releases; or
+        state: the optimizer state, whose noise count is T (:func:`noise_releases`). Exactly
+            one of ``steps`` and ``state``.
+        relation: the neighbouring relation; default: the sampler's (add/remove-one for
+            Poisson, replace-one for fixed-size batches).
+
+    Returns:
+        ``sampler.event(noise_multiplier=optimizer.noise_multiplier, steps=T, ...)``.
+
+    Raises:
+        ValueError: an optimizer not built by :func:`dp_sgd_optimizer`, both or neither of
+            ``steps``/``state``, or a state with no release yet.
+
+    Formal guarantees:
+        The event describes exactly the noise the optimizer adds (σ·C on a sum of add/remove-one
+        sensitivity C) composed over T releases under the sampler's subsampling (lecture on ML
+        under DP, amplification by subsampling; Abadi et al. 2016).
+
+    Example:
+        >>> import jax, jax.numpy as jnp, optax, dpjax
+        >>> sampler = dpjax.PoissonSampler(dataset_size=100, sampling_rate=0.1)
+        >>> grad_fn = dpjax.clipped_grad(lambda w, x: jnp.dot(w, x), l2_clip_norm=1.0)
+        >>> tx = dpjax.dp_sgd_optimizer(optimizer=optax.sgd(0.1), clipped_grad=grad_fn,
+        ...     noise_multiplier=1.1, normalizer=sampler.expected_batch_size,
+        ...     key=jax.random.key(0))
+        >>> event_for(tx, sampler=sampler, steps=50).noise_multiplier
+        1.1
+    """
+    if not isinstance(optimizer, DPSGDTransformation):
+        _validate.fail("optimizer", optimizer, "a transformation built by dpjax.dp_sgd_optimizer")
+    if (steps is None) == (state is None):
+        _validate.fail("steps", steps, "given, or state given instead (exactly one of them)")
+    if state is not None:
+        steps = noise_releases(state)
+        if steps == 0:
+            _validate.fail("state", "a state with 0 releases", "a state after ≥ 1 update")
+    kwargs = {} if relation is None else {"relation": relation}
+    return sampler.event(noise_multiplier=optimizer.noise_multiplier, steps=steps, **kwargs)
 
 
 class AccumulationState(NamedTuple):
@@ -128,7 +330,9 @@ def accumulate_clipped_sums(
         every_k: k ≥ 1 micro-batches per logical batch.
 
     Returns:
-        An ``optax.GradientTransformation`` with state :class:`AccumulationState`.
+        An ``optax.GradientTransformation`` with state :class:`AccumulationState` (a
+        :class:`DPSGDTransformation` stating the inner σ and C when ``private_optimizer`` is
+        one, so :func:`event_for` works on it: T is the number of logical batches).
 
     Formal guarantees:
         The released quantity per logical batch is exactly the Gaussian mechanism on the clipped
@@ -138,7 +342,7 @@ def accumulate_clipped_sums(
     Example:
         >>> import jax, jax.numpy as jnp, optax
         >>> inner = dp_sgd_optimizer(optimizer=optax.sgd(1.0), noise_multiplier=0.0,
-        ...     l2_clip_norm=1.0, normalizer=1.0, key=jax.random.key(0))
+        ...     l2_clip_norm=1.0, normalizer=1.0, key=jax.random.key(0))  # C given: own sums
         >>> tx = accumulate_clipped_sums(inner, every_k=2)
         >>> state = tx.init(jnp.zeros(1))
         >>> u1, state = tx.update(jnp.ones(1), state)
@@ -172,7 +376,10 @@ def accumulate_clipped_sums(
         micro = jnp.where(is_last, 0, state.micro_step + 1).astype(jnp.int32)
         return out, AccumulationState(micro, acc, inner)
 
-    return optax.GradientTransformation(init_fn, update_fn)
+    tx = optax.GradientTransformation(init_fn, update_fn)
+    if isinstance(private_optimizer, DPSGDTransformation):
+        return _stating(tx, like=private_optimizer)
+    return tx
 
 
 # ----------------------------------------------------------------------------- Laplace DP-SGD
@@ -215,7 +422,7 @@ def laplace_dp_sgd_optimizer(
         return -laplace_dpsgd_step_size((count + 1).astype(jnp.result_type(float)), rho)
 
     step = optax.scale_by_schedule(step_size)
-    return optax.chain(noise, step)
+    return _refusing_multisteps(optax.chain(noise, step))
 
 
 def laplace_dp_sgd_event(

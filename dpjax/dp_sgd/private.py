@@ -235,7 +235,7 @@ class PrivateTraining:
             normalize_by(self.expected_batch_size),
             optimizer,
         )
-        self.grad_fn = clipped_grad(self._example_loss, l2_clip_norm=l2_clip_norm, method=clipping)
+        self.grad_fn = clipped_grad(self._example_loss, l2_clip_norm=l2_clip_norm, backend=clipping)
         self._epsilons: dict[tuple[int, float], float] = {}
         self._jitted_step = jax.jit(self._step_impl)
 

@@ -8,9 +8,10 @@ import jax
 import jax.numpy as jnp
 
 from dpjax import _validate
+from dpjax.erm._common import prepare_data, public_dataset_size, require_x64
 from dpjax.erm.losses import Loss
 from dpjax.erm.result import ERMResult
-from dpjax.erm.solver import objective, prepare_data, public_dataset_size, require_x64
+from dpjax.erm.solver import objective
 from dpjax.events import EpsilonDeltaEvent
 from dpjax.mechanisms import exponential_mechanism, exponential_mechanism_expected_gap_bound
 from dpjax.relation import REPLACE_ONE, NeighbouringRelation, as_relation, sensitivity_factor
@@ -51,7 +52,7 @@ def grid_score_sensitivity(
 def grid_scores(X, y, grid: jax.Array, *, loss: Loss, mu: float, dataset_size: int) -> jax.Array:
     """The score u(w) = −J_N(w) of every grid point, J_N = (1/N)Σℓ + (μ/2)‖w‖², N PUBLIC.
 
-    Data pass through :func:`dpjax.erm.solver.prepare_data` (concrete data checked; traced
+    Data pass through :func:`dpjax.erm._common.prepare_data` (concrete data checked; traced
     data mapped into the loss's bounds, non-finite entries to 0).
     """
     X, y = prepare_data(X, y, loss)

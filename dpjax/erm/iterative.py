@@ -1,16 +1,22 @@
-"""Iterative private ERM: projected DP-GD / DP-SGD (lit. §1.4), Laplace DP-SGD (advances lecture).
+"""Iterative private ERM: projected DP-GD / DP-SGD, Laplace DP-SGD (lecture on advances in DP).
 
-All three are built from the shared DP-SGD pieces — :func:`dpjax.clipped_grad` (per-example
-clipped SUM), :func:`dpjax.add_gaussian_noise` / :func:`dpjax.laplace_dp_sgd_optimizer` (the one
-noise
-path) — then divide by a PUBLIC constant (n, or q·n for Poisson sampling), add the exact
-regulariser gradient μw, step, and project onto the ball ‖w‖ ≤ D.
+DP-GD and DP-SGD follow the lecture on ML under DP (DP gradient descent with per-example
+clipping, zCDP accounting; DP-SGD with amplification by subsampling; Abadi et al. 2016).
+
+All three are built from the shared DP-SGD parts: the samplers (:class:`dpjax.PoissonSampler`,
+never truncated here; :class:`dpjax.UniformBatchSampler` of one example for Laplace DP-SGD),
+:func:`dpjax.clipped_grad` (per-example clipped SUM, gathered and masked from the sampler's
+batch; its ``sensitivity(relation)`` is the Δ every calibration uses) and the noise
+transforms via :func:`dpjax.dp_sgd_optimizer` / :func:`dpjax.laplace_dp_sgd_optimizer` (noise
+once, divide by a PUBLIC constant: n, or q·n for Poisson sampling; add the exact regulariser
+gradient μw; step), then the projection onto the ball ‖w‖ ≤ D.
 
     J(w) = (1/n) Σ_i ℓ(w, x_i, y_i) + (μ/2)‖w‖²   over   W = {‖w‖ ≤ D}
 
-Schedules (literature §1.4): convex (μ = 0): constant η = D/√(T(G² + dσ²)), uniform average of
-the iterates; μ-strongly convex: η_t = 2/(μ(t+1)), t-weighted average (Lacoste-Julien, Schmidt
-& Bach 2012). G = C + μD bounds the exact gradient on W (C the clip norm, default L).
+Schedules (projected SGD; lecture on advances in DP, SGD convergence): convex (μ = 0):
+constant η = D/√(T(G² + dσ²)), uniform average of the iterates; μ-strongly convex:
+η_t = 2/(μ(t+1)), t-weighted average (Lacoste-Julien, Schmidt & Bach 2012). G = C + μD bounds
+the exact gradient on W (C the clip norm, default L).
 """
 
 from __future__ import annotations
@@ -20,17 +26,26 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from dpjax import _validate
-from dpjax.accounting import calibrate_noise_multiplier, zcdp_rho_for_epsilon
-from dpjax.dp_sgd.clipping import clipped_grad
-from dpjax.dp_sgd.optimizers import laplace_dp_sgd_event, laplace_dp_sgd_optimizer
-from dpjax.dp_sgd.transforms import add_gaussian_noise
+from dpjax.accounting import (
+    calibrate_noise_multiplier,
+    zcdp_gaussian_sigma,
+    zcdp_rho_for_epsilon,
+)
+from dpjax.dp_sgd.clipping import ClippedGrad, clipped_grad
+from dpjax.dp_sgd.optimizers import (
+    dp_sgd_optimizer,
+    laplace_dp_sgd_event,
+    laplace_dp_sgd_optimizer,
+)
+from dpjax.dp_sgd.samplers import PoissonSampler, UniformBatchSampler
 from dpjax.erm import bounds
+from dpjax.erm._common import prepare_data, public_dataset_size, require_x64
 from dpjax.erm.losses import Loss
 from dpjax.erm.result import ERMResult
-from dpjax.erm.solver import prepare_data, public_dataset_size, require_x64
-from dpjax.events import GaussianEvent, PoissonSampledGaussianEvent
+from dpjax.events import GaussianEvent
 from dpjax.relation import REPLACE_ONE, NeighbouringRelation, as_relation
 
 __all__ = [
@@ -68,13 +83,23 @@ def schedule(*, steps: int, mu: float, radius: float, grad_bound_sq: float) -> S
 
 
 def default_steps(*, n: int, d: int, rho: float) -> int:
-    """T = ⌈n²ρ/(2d)⌉: beyond it the 1/T term is below the noise term (literature §1.4)."""
+    """T = ⌈n²ρ/(2d)⌉: beyond it the 1/T term is below the noise term.
+
+    (DP-GD bound with zCDP accounting; lecture on ML under DP, DP gradient descent.)
+    """
     return max(1, math.ceil(n**2 * float(rho) / (2.0 * d)))
 
 
 def _project(w: jax.Array, radius: float) -> jax.Array:
     norm = jnp.linalg.norm(w)
     return w * jnp.minimum(1.0, radius / jnp.maximum(norm, 1e-300))
+
+
+def _descent(mu: float, step_sizes: jax.Array) -> optax.GradientTransformation:
+    """g ↦ −η_t (g + μw): the exact regulariser gradient, then the step of iteration t."""
+    return optax.chain(
+        optax.add_decayed_weights(mu), optax.scale_by_schedule(lambda count: -step_sizes[count])
+    )
 
 
 def noisy_gradient_descent(
@@ -86,39 +111,59 @@ def noisy_gradient_descent(
     mu: float,
     radius: float,
     steps: int,
-    clip_norm: float,
-    noise_stddev: float,
-    sampling_rate: float = 1.0,
+    l2_clip_norm: float,
+    noise_multiplier: float,
+    sampler: PoissonSampler | None = None,
     normalizer: float,
     step_sizes: jax.Array,
     weights: jax.Array,
 ) -> tuple[jax.Array, jax.Array]:
     """The hot path (no calibration): T projected steps on the noisy clipped gradient.
 
-    ĝ_t = (clip-sum over the (Poisson) batch + N(0, noise_stddev² I)) / normalizer + μ w_t, with
-    ``normalizer`` a PUBLIC constant (q·n_public), never the realised batch size. Pure in
-    (key, X, y); hyperparameters static. Returns (weighted average of w_1..w_T, last iterate).
+    Built from the DP-SGD parts: ``sampler`` (a :class:`~dpjax.dp_sgd.PoissonSampler` over the
+    rows of X, or None for the full batch), :func:`~dpjax.clipped_grad` (gathers and masks the
+    sampled rows, clips, sums) and :func:`~dpjax.dp_sgd_optimizer` (noise σ·C once, division by
+    the PUBLIC ``normalizer``, then ``+ μw`` and the step η_t), then the projection on ‖w‖ ≤ D:
+
+        ĝ_t = (clip-sum over the batch + N(0, σ²C² I)) / normalizer + μ w_t.
+
+    Pure in (key, X, y); hyperparameters static. ``noise_multiplier`` is σ in units of C
+    (the add/remove-one sensitivity of the clipped sum). Returns (weighted average of
+    w_1..w_T, last iterate).
     """
     n, d = X.shape
-    grad_fn = clipped_grad(loss, l2_clip_norm=clip_norm, method="vmap")
+    grad_fn = clipped_grad(loss, l2_clip_norm=l2_clip_norm, backend="vmap")
     noise_key, sample_key = jax.random.split(key)
-    noise = add_gaussian_noise(noise_stddev, key=noise_key)
+    tx = dp_sgd_optimizer(
+        optimizer=_descent(mu, step_sizes),
+        clipped_grad=grad_fn,
+        noise_multiplier=noise_multiplier,
+        normalizer=normalizer,
+        key=noise_key,
+    )
     w0 = jnp.zeros(d, dtype=X.dtype)
-    public_batch = float(normalizer)
 
     def step(carry, inputs):
         w, avg, state = carry
-        eta, weight, k = inputs
-        mask = None if sampling_rate == 1.0 else jax.random.bernoulli(k, sampling_rate, (n,))
-        clipped_sum, _ = grad_fn(w, X, y, mask=mask)
-        noisy_sum, state = noise.update(clipped_sum, state)
-        g = noisy_sum / public_batch + mu * w
-        return (_project(w - eta * g, radius), avg + weight * w, state), None
+        weight, k = inputs
+        if sampler is None:
+            clipped_sum, _ = grad_fn(w, X, y)
+        else:
+            clipped_sum, _ = grad_fn(w, X, y, batch=sampler.sample(k))
+        updates, state = tx.update(clipped_sum, state, w)
+        return (_project(w + updates, radius), avg + weight * w, state), None
 
     sample_keys = jax.random.split(sample_key, steps)
-    init = (w0, jnp.zeros_like(w0), noise.init(w0))
-    (w_last, w_avg, _), _ = jax.lax.scan(step, init, (step_sizes, weights, sample_keys))
+    init = (w0, jnp.zeros_like(w0), tx.init(w0))
+    (w_last, w_avg, _), _ = jax.lax.scan(step, init, (weights, sample_keys))
     return w_avg, w_last
+
+
+def _clipped_grad(loss: Loss, l2_clip_norm: float | None) -> ClippedGrad:
+    """The per-example clipped sum at C = ``l2_clip_norm`` (default: the loss's L)."""
+    clip = loss.lipschitz if l2_clip_norm is None else l2_clip_norm
+    clip = float(_validate.positive("l2_clip_norm", clip))
+    return clipped_grad(loss, l2_clip_norm=clip, backend="vmap")
 
 
 def _check_common(loss, mu, radius, epsilon, delta, relation):
@@ -140,15 +185,15 @@ def _check_common(loss, mu, radius, epsilon, delta, relation):
 def bound_assumption_note(*, clip: float, lipschitz: float, output: str) -> str | None:
     """Why the DP-GD/DP-SGD theorem does not apply to this call, or None when it does.
 
-    The bound (literature §1.4) is for SGD on unbiased estimates of ∇J, returned as the
-    average. With C < L the clipped field clip_C∇ℓ is not ∇ℓ (the iterates minimise
-    something else, and J(w̄) − J* need not shrink), and the last iterate is not what the
-    theorem bounds.
+    The bound (projected SGD, lecture on advances in DP, SGD convergence) is for SGD on
+    unbiased estimates of ∇J, returned as the average. With C < L the clipped field clip_C∇ℓ
+    is not ∇ℓ (the iterates minimise something else, and J(w̄) − J* need not shrink), and the
+    last iterate is not what the theorem bounds.
     """
     if clip < lipschitz:
         return (
-            f"clip_norm C = {clip:g} < L = {lipschitz:g}: the clipped gradients are not unbiased "
-            "estimates of ∇J, so the DP-GD/DP-SGD excess-risk theorem does not apply"
+            f"l2_clip_norm C = {clip:g} < L = {lipschitz:g}: the clipped gradients are not "
+            "unbiased estimates of ∇J, so the DP-GD/DP-SGD excess-risk theorem does not apply"
         )
     if output != "average":
         return "output='last': the theorem bounds the (weighted) average of the iterates only"
@@ -180,7 +225,7 @@ def dp_gd(
     radius: float,
     mu: float = 0.0,
     steps: int | None = None,
-    clip_norm: float | None = None,
+    l2_clip_norm: float | None = None,
     relation: NeighbouringRelation | str = REPLACE_ONE,
     conversion: str = "cks",
     output: str = "average",
@@ -203,7 +248,7 @@ def dp_gd(
         radius: D, projection radius (should contain w*: D ≥ ‖w*‖; ≥ L/μ if μ > 0).
         mu: μ ≥ 0; μ = 0 → convex schedule, μ > 0 → strongly convex schedule.
         steps: T; default ⌈n²ρ/(2d)⌉ (:func:`default_steps`).
-        clip_norm: C; default L (clipping never active on valid data). With C < L the
+        l2_clip_norm: C; default L (clipping never active on valid data). With C < L the
             release is still private, but ``excess_risk_bound`` is ``inf`` and ``bound_note``
             says why (the clipped field is not ∇J: the theorem's assumption fails).
         relation: neighbouring relation of the guarantee.
@@ -225,7 +270,8 @@ def dp_gd(
         Privacy: T Gaussian mechanisms on a sum of sensitivity Δ (lecture on ML under DP,
         DP gradient descent and its improved analysis with concentrated DP): ρ-zCDP ⇒ (ε, δ)-DP
         under ``relation``.
-        Utility (literature §1.4, with σ = σ_s/n on the average gradient, G = C + μD), stated
+        Utility (projected SGD, lecture on advances in DP, SGD convergence; with σ = σ_s/n on
+        the average gradient, G = C + μD), stated
         only when C ≥ L (then clip_C∇ℓ = ∇ℓ and ĝ is unbiased for ∇J) and output="average":
         convex: E[J(w̄)] − J* ≤ D√((G² + dσ²)/T); μ-SC: ≤ 2(G² + dσ²)/(μ(T+1)), J* = min_W J.
     """
@@ -238,11 +284,10 @@ def dp_gd(
     steps = _validate.positive_int(
         "steps", default_steps(n=n, d=d, rho=rho) if steps is None else steps
     )
-    clip = float(
-        _validate.positive("clip_norm", loss.lipschitz if clip_norm is None else clip_norm)
-    )
-    sens = (2.0 if relation == REPLACE_ONE else 1.0) * clip
-    multiplier = math.sqrt(steps / (2.0 * rho))
+    grad_fn = _clipped_grad(loss, l2_clip_norm)
+    clip = grad_fn.l2_norm_bound
+    sens = grad_fn.sensitivity(relation)
+    multiplier = zcdp_gaussian_sigma(rho=rho, sensitivity=1.0, steps=steps)  # σ / Δ
     stddev = multiplier * sens
     g2 = (clip + float(mu) * float(radius)) ** 2 + d * (stddev / n) ** 2
     sched = schedule(steps=steps, mu=float(mu), radius=radius, grad_bound_sq=g2)
@@ -257,8 +302,8 @@ def dp_gd(
         mu=float(mu),
         radius=float(radius),
         steps=steps,
-        clip_norm=clip,
-        noise_stddev=stddev,
+        l2_clip_norm=clip,
+        noise_multiplier=multiplier * (sens / clip),  # σ / C: the exact factor 2 or 1
         normalizer=float(n),
         step_sizes=sched.step_sizes,
         weights=sched.weights,
@@ -267,7 +312,7 @@ def dp_gd(
 
 
 def _iterative_bound(d, steps, sigma_avg, clip, mu, radius, variance):
-    """Literature §1.4 bounds with E‖ĝ‖² ≤ G² + variance + dσ²."""
+    """Projected-SGD bounds (μ-SC: Lacoste-Julien et al. 2012), E‖ĝ‖² ≤ G² + variance + dσ²."""
     if float(mu) == 0.0:
         lip = math.sqrt(clip**2 + variance)
         return bounds.dp_gd_convex(d=d, steps=steps, sigma=sigma_avg, lipschitz=lip, radius=radius)
@@ -288,7 +333,7 @@ def dp_sgd(
     sampling_rate: float,
     steps: int,
     mu: float = 0.0,
-    clip_norm: float | None = None,
+    l2_clip_norm: float | None = None,
     relation: NeighbouringRelation | str = "add_or_remove_one",
     accountant: str = "pld",
     output: str = "average",
@@ -323,17 +368,20 @@ def dp_sgd(
     _validate.one_of("output", output, ("average", "last"))
     steps = _validate.positive_int("steps", steps)
     X, y = prepare_data(X, y, loss)
-    n, d = X.shape
-    n = public_dataset_size(n, dataset_size, relation)
-    clip = float(
-        _validate.positive("clip_norm", loss.lipschitz if clip_norm is None else clip_norm)
+    rows, d = X.shape
+    n = public_dataset_size(rows, dataset_size, relation)
+    grad_fn = _clipped_grad(loss, l2_clip_norm)
+    clip = grad_fn.l2_norm_bound
+    # Poisson sampling at rate q, never truncated (max_batch_size = rows): no δ slack
+    sampler = PoissonSampler(
+        dataset_size=rows, sampling_rate=float(sampling_rate), max_batch_size=rows
     )
     multiplier = calibrate_noise_multiplier(
         target_epsilon=epsilon,
         delta=delta,
         sampling_rate=sampling_rate,
         steps=steps,
-        method=accountant,
+        accounting=accountant,
         relation=relation,
     )
     stddev = multiplier * clip
@@ -342,12 +390,7 @@ def dp_sgd(
     g2 = (clip + float(mu) * float(radius)) ** 2 + variance + d * (stddev / public_batch) ** 2
     sched = schedule(steps=steps, mu=float(mu), radius=radius, grad_bound_sq=g2)
     bound = _iterative_bound(d, steps, stddev / public_batch, clip, mu, radius, variance)
-    event = PoissonSampledGaussianEvent(
-        noise_multiplier=multiplier,
-        sampling_rate=float(sampling_rate),
-        count=steps,
-        relation=relation,
-    )
+    event = sampler.event(noise_multiplier=multiplier, steps=steps, relation=relation)
     note = bound_assumption_note(clip=clip, lipschitz=loss.lipschitz, output=output)
     w_avg, w_last = noisy_gradient_descent(
         key,
@@ -357,14 +400,14 @@ def dp_sgd(
         mu=float(mu),
         radius=float(radius),
         steps=steps,
-        clip_norm=clip,
-        noise_stddev=stddev,
-        sampling_rate=float(sampling_rate),
+        l2_clip_norm=clip,
+        noise_multiplier=multiplier,
+        sampler=sampler,
         normalizer=public_batch,
         step_sizes=sched.step_sizes,
         weights=sched.weights,
     )
-    sens = (2.0 if relation == REPLACE_ONE else 1.0) * clip
+    sens = grad_fn.sensitivity(relation)
     return _finish(w_avg, w_last, output, bound, event, relation, stddev, sens, public_batch, note)
 
 
@@ -379,7 +422,7 @@ def laplace_dp_sgd(
     rho: float = 0.5,
     kappa: float = 0.8,
     mu: float = 0.0,
-    clip_norm: float | None = None,
+    l2_clip_norm: float | None = None,
 ) -> ERMResult:
     r"""The Laplace-noise batch-1 DP-SGD of the advances lecture (Thms 36–37).
 
@@ -393,7 +436,8 @@ def laplace_dp_sgd(
 
     Args:
         epsilon: ε of Theorem 36. steps: N. rho: ρ ∈ (0, 1). kappa: κ ≥ 0 (noise term of
-        Theorem 37 vanishes iff 2κ + ρ > 2). mu: μ ≥ 0 (exact, not noised). clip_norm: C.
+        Theorem 37 vanishes iff 2κ + ρ > 2). mu: μ ≥ 0 (exact, not noised).
+        l2_clip_norm: C (default L).
 
     Returns:
         :class:`ERMResult` with ``event = dpjax.laplace_dp_sgd_event(...)`` (per-step Δ₁/θ_h;
@@ -412,10 +456,8 @@ def laplace_dp_sgd(
     steps = _validate.positive_int("steps", steps)
     X, y = prepare_data(X, y, loss)
     n, d = X.shape
-    clip = float(
-        _validate.positive("clip_norm", loss.lipschitz if clip_norm is None else clip_norm)
-    )
-    l1 = 2.0 * clip * math.sqrt(d)
+    grad_fn = _clipped_grad(loss, l2_clip_norm)
+    l1 = grad_fn.sensitivity(REPLACE_ONE) * math.sqrt(d)  # ‖v‖₁ ≤ √d‖v‖₂
     event = laplace_dp_sgd_event(
         l1_sensitivity=l1, epsilon=epsilon, rho=rho, kappa=kappa, steps=steps
     )
@@ -423,19 +465,22 @@ def laplace_dp_sgd(
     opt = laplace_dp_sgd_optimizer(
         l1_sensitivity=l1, epsilon=epsilon, rho=rho, kappa=kappa, key=noise_key
     )
-    grad_fn = clipped_grad(loss, l2_clip_norm=clip, method="vmap")
-    idx = jax.random.randint(index_key, (steps,), 0, n)
+    sampler = UniformBatchSampler(dataset_size=n, batch_size=1)
+    index_keys = jax.random.split(index_key, steps)
     gammas = jnp.arange(1, steps + 1, dtype=jnp.float64) ** (-rho)
 
     def step(carry, inputs):
         w, acc, state = carry
-        i, gamma = inputs
-        g, _ = grad_fn(w, X[i][None], y[i][None])
+        k, gamma = inputs
+        i = sampler.sample(k)  # Ω_h: one index, uniform, independent of the other steps
+        g, _ = grad_fn(w, X[i], y[i])
         updates, state = opt.update(g + mu * w, state)
         return (w + updates, acc + gamma * w, state), None
 
     w0 = jnp.zeros(d, dtype=X.dtype)
-    (_, acc, _), _ = jax.lax.scan(step, (w0, jnp.zeros_like(w0), opt.init(w0)), (idx, gammas))
+    (_, acc, _), _ = jax.lax.scan(
+        step, (w0, jnp.zeros_like(w0), opt.init(w0)), (index_keys, gammas)
+    )
     return ERMResult(
         params=acc / jnp.sum(gammas),
         certificate=jnp.zeros((), X.dtype),

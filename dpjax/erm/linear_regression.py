@@ -9,8 +9,8 @@ import jax.numpy as jnp
 
 from dpjax import _validate
 from dpjax._noise import tree_add_noise
+from dpjax.erm._common import finite_or_zero, public_dataset_size, require_x64
 from dpjax.erm.result import ERMResult
-from dpjax.erm.solver import finite_or_zero, public_dataset_size, require_x64
 from dpjax.events import GaussianEvent
 from dpjax.mechanisms import gaussian_sigma
 from dpjax.relation import REPLACE_ONE, NeighbouringRelation, as_relation, sensitivity_factor

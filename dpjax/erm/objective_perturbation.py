@@ -11,11 +11,12 @@ import jax.numpy as jnp
 from dpjax import _validate
 from dpjax._noise import tree_noise_like
 from dpjax.erm import bounds
+from dpjax.erm._common import prepare_data, require_x64
 from dpjax.erm.accelerated import accelerated_minimiser, accelerated_steps, smoothness_bound
 from dpjax.erm.losses import Loss
 from dpjax.erm.output_perturbation import gamma_norm_sampler
 from dpjax.erm.result import ERMResult
-from dpjax.erm.solver import objective, prepare_data, require_x64
+from dpjax.erm.solver import objective
 from dpjax.events import EpsilonDeltaEvent
 from dpjax.relation import REPLACE_ONE, NeighbouringRelation, as_relation, sensitivity_factor
 

@@ -10,16 +10,11 @@ import jax.numpy as jnp
 from dpjax import _validate
 from dpjax._noise import tree_add_noise
 from dpjax.erm import bounds
+from dpjax.erm._common import check_domain, prepare_data, public_dataset_size, require_x64
 from dpjax.erm.accelerated import accelerated_minimiser, accelerated_steps, smoothness_bound
 from dpjax.erm.losses import Loss, moreau_smoothed
 from dpjax.erm.result import ERMResult
-from dpjax.erm.solver import (
-    check_domain,
-    objective,
-    prepare_data,
-    public_dataset_size,
-    require_x64,
-)
+from dpjax.erm.solver import objective
 from dpjax.events import EpsilonDeltaEvent, GaussianEvent
 from dpjax.mechanisms import gaussian_sigma
 from dpjax.relation import REPLACE_ONE, NeighbouringRelation, as_relation
@@ -142,7 +137,7 @@ def output_perturbation(
 
     Raises:
         ValueError: bad parameters, invalid concrete data (see
-            :func:`dpjax.erm.solver.prepare_data`), or add/remove-one without ``normalizer``.
+            :func:`dpjax.erm._common.prepare_data`), or add/remove-one without ``normalizer``.
 
     Formal guarantees:
         Privacy: (ε, δ)-DP (Gaussian) or ε-DP (cms) under ``relation``, for L-Lipschitz convex ℓ

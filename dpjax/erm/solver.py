@@ -13,8 +13,8 @@ How exact is exact enough:
     smooth methods (PL inequality of a μ-strongly convex J) and the duality gap for SDCA. By
     strong convexity ‖ŵ − w*‖ ≤ √(2·cert/μ). ``converged`` is ``cert ≤ tol``.
 
-Methods: damped Newton in float64 (default for smooth losses, moderate d), optax L-BFGS
-(``method="lbfgs"``, large d), and SDCA with a duality-gap certificate for the non-smooth
+Solvers: damped Newton in float64 (default for smooth losses, moderate d), optax L-BFGS
+(``solver="lbfgs"``, large d), and SDCA with a duality-gap certificate for the non-smooth
 hinge and absolute losses (Shalev-Shwartz & Zhang 2013). All are pure and jit/vmap-able.
 
 Requires ``jax.config.update("jax_enable_x64", True)``; the library never flips that flag.
@@ -28,22 +28,17 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from dpjax import _validate
+from dpjax.erm._common import check_domain, prepare_data, require_x64
 from dpjax.erm.losses import Loss, huber_svm
-from dpjax.relation import ADD_OR_REMOVE_ONE, NeighbouringRelation
 
 __all__ = [
     "SolveResult",
     "solve",
     "objective",
     "distance_bound",
-    "require_x64",
-    "prepare_data",
-    "finite_or_zero",
-    "public_dataset_size",
     "DEFAULT_TOL",
     "SDCA_TOL",
 ]
@@ -54,7 +49,7 @@ DEFAULT_TOL = 1e-18
 SDCA_TOL = 1e-11
 """Default duality-gap tolerance of SDCA (the gap is a difference of O(1) float64 numbers)."""
 
-_METHODS = ("auto", "newton", "lbfgs", "sdca")
+_SOLVERS = ("auto", "newton", "lbfgs", "sdca")
 
 
 class SolveResult(NamedTuple):
@@ -73,76 +68,9 @@ class SolveResult(NamedTuple):
     iterations: jax.Array
 
 
-def require_x64() -> None:
-    """Raise unless JAX's float64 mode is on (exact solvers need it)."""
-    if not jax.config.jax_enable_x64:
-        raise ValueError(
-            "dpjax.erm needs float64: the privacy of objective perturbation and the certified "
-            "excess-risk measurements rest on exact minimisation, which float32 (resolution "
-            "~6e-8) cannot deliver. Enable it at program start with "
-            "`jax.config.update('jax_enable_x64', True)` (or JAX_ENABLE_X64=1)."
-        )
-
-
 def distance_bound(certificate: float, mu: float) -> float:
     """‖ŵ − w*‖ ≤ √(2·cert/μ) for a μ-strongly convex J with J(ŵ) − J* ≤ cert."""
     return (2.0 * float(certificate) / float(mu)) ** 0.5
-
-
-def prepare_data(X, y, loss: Loss, *, sign_labels: bool = True) -> tuple[jax.Array, jax.Array]:
-    """Cast (X, y) to float64 and check the bounds the loss constants assume.
-
-    Concrete data are checked (``ValueError``): at least one row, finite entries, ‖x_i‖ ≤ 1,
-    |y_i| ≤ ``loss.label_bound`` and, for margin losses with ``sign_labels`` (every private
-    solver), y_i ∈ {−1, +1} (the reference :func:`solve` accepts |y_i| ≤ 1). Traced data (inside
-    ``jax.jit``) cannot be checked; they are mapped onto the assumptions instead, a no-op on
-    valid data: non-finite entries become 0 (a fixed public value), rows are scaled to
-    ‖x_i‖ ≤ 1 and labels clipped to [−B, B]. A traced margin label y_i = 0 is kept and makes
-    row i contribute nothing (no gradient): pass ±1 labels.
-    """
-    concrete = _validate.is_concrete(X) and _validate.is_concrete(y)
-    if concrete:
-        X_np, y_np = np.asarray(X, dtype=np.float64), np.asarray(y, dtype=np.float64)
-        _check_bounds(X_np, y_np, loss, sign_labels)
-    X = jnp.asarray(X, dtype=jnp.float64)
-    y = jnp.asarray(y, dtype=jnp.float64)
-    if X.ndim != 2 or y.shape != (X.shape[0],):
-        _validate.fail("X, y", (X.shape, y.shape), "shapes (n, d) and (n,)")
-    X, y = finite_or_zero(X), finite_or_zero(y)
-    X = X / jnp.maximum(jnp.linalg.norm(X, axis=1), 1.0)[:, None]
-    if loss.label_bound is not None:
-        y = jnp.clip(y, -loss.label_bound, loss.label_bound)
-    return X, y
-
-
-def finite_or_zero(a: jax.Array) -> jax.Array:
-    """Replace NaN and ±inf entries by 0 (a fixed public value, before any bounded step)."""
-    return jnp.where(jnp.isfinite(a), a, jnp.zeros_like(a))
-
-
-def _check_bounds(X: np.ndarray, y: np.ndarray, loss: Loss, sign_labels: bool) -> None:
-    if X.ndim != 2 or y.shape != (X.shape[0],):
-        _validate.fail("X, y", (X.shape, y.shape), "shapes (n, d) and (n,)")
-    if X.shape[0] == 0:
-        _validate.fail("X", f"{X.shape[0]} rows", "a non-empty array (at least one row)")
-    if not np.all(np.isfinite(X)):
-        _validate.fail("X", f"{int(np.sum(~np.isfinite(X)))} non-finite entries", "finite")
-    if not np.all(np.isfinite(y)):
-        _validate.fail("y", f"{int(np.sum(~np.isfinite(y)))} non-finite entries", "finite")
-    max_norm = float(np.max(np.linalg.norm(X, axis=1)))
-    if max_norm > 1.0 + 1e-9:
-        _validate.fail("X", f"max row norm {max_norm:.6g}", "rows with ‖x_i‖ ≤ 1")
-    if sign_labels and loss.kind == "margin" and not np.all(np.abs(y) == 1.0):
-        bad = np.unique(y[np.abs(y) != 1.0])[:5].tolist()
-        _validate.fail(
-            "y",
-            f"labels {bad}",
-            f"in {{−1, +1}} for the margin loss {loss.name} (a 0 label "
-            "carries no gradient; map {0, 1} labels to {−1, +1})",
-        )
-    bound = loss.label_bound
-    if bound is not None and float(np.max(np.abs(y))) > bound + 1e-12:
-        _validate.fail("y", f"max |y_i| {float(np.max(np.abs(y))):.6g}", f"|y_i| ≤ {bound}")
 
 
 def objective(
@@ -302,27 +230,27 @@ def _sdca_warm_start(loss: Loss, X, y, mu, normalizer, h=1e-2, iterations=30):
     return jnp.clip(-jax.vmap(jax.grad(smooth.phi))(s), lo, hi)
 
 
-def resolve_method(loss: Loss, method: str) -> str:
-    """The method ``"auto"`` picks: Newton for twice-differentiable losses, else SDCA."""
-    _validate.one_of("method", method, _METHODS)
-    if method == "auto":
-        method = "newton" if loss.twice_differentiable else "sdca"
-    if method == "sdca" and loss.dual is None:
-        _validate.fail("method", method, f"'newton' or 'lbfgs' for {loss.name} (no SDCA dual)")
-    if method in ("newton", "lbfgs") and not loss.twice_differentiable:
+def resolve_solver(loss: Loss, solver: str) -> str:
+    """The solver ``"auto"`` picks: Newton for twice-differentiable losses, else SDCA."""
+    _validate.one_of("solver", solver, _SOLVERS)
+    if solver == "auto":
+        solver = "newton" if loss.twice_differentiable else "sdca"
+    if solver == "sdca" and loss.dual is None:
+        _validate.fail("solver", solver, f"'newton' or 'lbfgs' for {loss.name} (no SDCA dual)")
+    if solver in ("newton", "lbfgs") and not loss.twice_differentiable:
         _validate.fail(
-            "method", method, f"'sdca' for the non-smooth {loss.name} loss (gradient ≠ 0 at w*)"
+            "solver", solver, f"'sdca' for the non-smooth {loss.name} loss (gradient ≠ 0 at w*)"
         )
-    return method
+    return solver
 
 
-def default_tol(method: str) -> float:
-    """The certificate tolerance each method is run to by default."""
-    return SDCA_TOL if method == "sdca" else DEFAULT_TOL
+def default_tol(solver: str) -> float:
+    """The certificate tolerance each solver is run to by default."""
+    return SDCA_TOL if solver == "sdca" else DEFAULT_TOL
 
 
 @functools.partial(
-    jax.jit, static_argnames=("loss", "mu", "method", "tol", "max_iter", "normalizer")
+    jax.jit, static_argnames=("loss", "mu", "solver", "tol", "max_iter", "normalizer")
 )
 def solve_prepared(
     X: jax.Array,
@@ -331,7 +259,7 @@ def solve_prepared(
     loss: Loss,
     mu: float,
     tilt: jax.Array | None = None,
-    method: str = "newton",
+    solver: str = "newton",
     tol: float = DEFAULT_TOL,
     max_iter: int = 100,
     normalizer: int | None = None,
@@ -342,13 +270,13 @@ def solve_prepared(
     one compiled program (and it inlines into an outer ``jit``/``vmap``).
     """
     w0 = jnp.zeros(X.shape[1], dtype=X.dtype)
-    if method == "sdca":
+    if solver == "sdca":
         if tilt is not None:
-            raise ValueError("tilt is not supported by method='sdca'")
+            raise ValueError("tilt is not supported by solver='sdca'")
         a0 = _sdca_warm_start(loss, X, y, mu, normalizer)
         return _sdca(loss, X, y, mu, tol, max_iter, normalizer, a0)
     J = objective(loss, mu, X, y, tilt, normalizer)
-    run = _newton if method == "newton" else _lbfgs
+    run = _newton if solver == "newton" else _lbfgs
     return run(J, w0, mu, tol, max_iter)
 
 
@@ -358,7 +286,7 @@ def solve(
     *,
     loss: Loss,
     mu: float,
-    method: str = "auto",
+    solver: str = "auto",
     tol: float | None = None,
     max_iter: int | None = None,
     normalizer: int | None = None,
@@ -373,7 +301,7 @@ def solve(
         y: labels, shape (n,) (±1 for margin losses, |y| ≤ the loss's label bound).
         loss: a :class:`~dpjax.erm.losses.Loss`.
         mu: the strong-convexity parameter μ > 0 of the regulariser.
-        method: ``"auto"`` (Newton if the loss is twice differentiable, else SDCA),
+        solver: ``"auto"`` (Newton if the loss is twice differentiable, else SDCA),
             ``"newton"`` (damped Newton with Armijo backtracking, O(nd² + d³) per step),
             ``"lbfgs"`` (optax L-BFGS, for large d) or ``"sdca"`` (hinge / absolute).
         tol: certificate tolerance; default 1e-18 (Newton, L-BFGS) or 1e-11 (SDCA gap).
@@ -385,7 +313,7 @@ def solve(
         A :class:`SolveResult`; ``converged`` is False if the certificate missed ``tol``.
 
     Raises:
-        ValueError: float64 disabled, μ ≤ 0, bad shapes, rows with ‖x_i‖ > 1, or a method that
+        ValueError: float64 disabled, μ ≤ 0, bad shapes, rows with ‖x_i‖ > 1, or a solver that
             cannot certify this loss.
 
     Formal guarantees:
@@ -402,10 +330,10 @@ def solve(
     """
     require_x64()
     _validate.positive("mu", mu)
-    method = resolve_method(loss, method)
-    tol = default_tol(method) if tol is None else _validate.positive("tol", tol)
+    solver = resolve_solver(loss, solver)
+    tol = default_tol(solver) if tol is None else _validate.positive("tol", tol)
     if max_iter is None:
-        max_iter = {"newton": 100, "lbfgs": 5000, "sdca": 2000}[method]
+        max_iter = {"newton": 100, "lbfgs": 5000, "sdca": 2000}[solver]
     max_iter = _validate.positive_int("max_iter", max_iter)
     check_domain(loss, mu)
     X, y = prepare_data(X, y, loss, sign_labels=False)
@@ -416,45 +344,8 @@ def solve(
         y,
         loss=loss,
         mu=float(mu),
-        method=method,
+        solver=solver,
         tol=float(tol),
         max_iter=max_iter,
         normalizer=normalizer,
     )
-
-
-def check_domain(loss: Loss, mu: float) -> None:
-    """Losses Lipschitz only on ‖w‖ ≤ R need the minimiser there: ‖w*‖ ≤ B/μ ≤ R."""
-    if loss.domain_radius is None:
-        return
-    needed = loss.label_bound / loss.domain_radius
-    if float(mu) < needed:
-        _validate.fail(
-            "mu",
-            mu,
-            f">= label_bound/radius = {needed:g} for {loss.name} (‖w*‖ ≤ B/μ must lie in the "
-            "ball where its Lipschitz constant holds)",
-        )
-
-
-def public_dataset_size(
-    n: int, dataset_size: int | None, relation: NeighbouringRelation, name: str = "dataset_size"
-) -> int:
-    """The n that normalises objectives and gradients and sets schedules: it must be PUBLIC.
-
-    Under replace-one, len(X) is the same on neighbours and may be used. Under add/remove-one
-    it differs by one between neighbours, so dividing by it (or choosing T, η or a sensitivity
-    from it) would make the release depend on a private quantity: the caller must pass it.
-
-    Raises:
-        ValueError: ``name`` is None under add/remove-one, or not a positive integer.
-    """
-    if dataset_size is not None:
-        return _validate.positive_int(name, dataset_size)
-    if relation == ADD_OR_REMOVE_ONE:
-        raise ValueError(
-            f"{name} must be a public positive integer under relation='add_or_remove_one' "
-            "(len(X) differs between neighbours, so it may not set the normaliser, the "
-            "sensitivity, T or the step sizes); got None"
-        )
-    return int(n)

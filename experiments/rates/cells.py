@@ -299,7 +299,7 @@ def _laplace_last_iterate(rho: float, kappa: float, epsilon: float, mu: float, s
         opt = dpjax.laplace_dp_sgd_optimizer(
             l1_sensitivity=l1, epsilon=epsilon, rho=rho, kappa=kappa, key=noise_key
         )
-        grad_fn = dpjax.clipped_grad(loss, l2_clip_norm=clip, method="vmap")
+        grad_fn = dpjax.clipped_grad(loss, l2_clip_norm=clip, backend="vmap")
         idx = jax.random.randint(index_key, (steps,), 0, X.shape[0])
 
         def step(carry, i):

@@ -75,9 +75,9 @@ def example_loss(params, x, y):
 
 key_init, key_clip, key_noise, key_train = jax.random.split(jax.random.key(SEED), 4)
 params0 = model.init(key_init, jnp.zeros((1, 64), jnp.float32))["params"]
-# method="vmap": per-example gradients by jax.vmap (fastest to compile for a model this small;
+# backend="vmap": per-example gradients by jax.vmap (fastest to compile for a model this small;
 # "auto" picks ghost clipping for larger models)
-grad_fn = dpjax.clipped_grad(example_loss, l2_clip_norm=CLIP, method="vmap")
+grad_fn = dpjax.clipped_grad(example_loss, l2_clip_norm=CLIP, backend="vmap")
 print(f"n = {n} training images, {sum(p.size for p in jax.tree.leaves(params0))} parameters")
 
 # %% [markdown]
@@ -89,7 +89,7 @@ print(f"n = {n} training images, {sum(p.size for p in jax.tree.leaves(params0))}
 # demo uses `DEMO_CLIP`, so that some examples are clipped and some are not.)
 
 # %%
-demo_grad_fn = dpjax.clipped_grad(example_loss, l2_clip_norm=DEMO_CLIP, method="vmap")
+demo_grad_fn = dpjax.clipped_grad(example_loss, l2_clip_norm=DEMO_CLIP, backend="vmap")
 idx = jax.random.permutation(key_clip, n)[:64]
 xb, yb = x_train[idx], y_train[idx]
 

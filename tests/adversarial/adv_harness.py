@@ -385,7 +385,7 @@ def jitted_grad_fn(
 ) -> Callable:
     """The library's ``clipped_grad`` for ``target``, jitted: ``f(params, x, y) -> (sum, info)``."""
     grad_fn = dpjax.clipped_grad(
-        target.loss_fn, l2_clip_norm=clip, method=method, microbatch_size=microbatch_size
+        target.loss_fn, l2_clip_norm=clip, backend=method, microbatch_size=microbatch_size
     )
     return jax.jit(lambda p, x, y: grad_fn(p, x, y))
 

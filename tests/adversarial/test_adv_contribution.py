@@ -63,7 +63,7 @@ def test_integer_features_are_clipped(method, w_dtype, x_dtype, feature):
     exactly ≤ C. On main ghost/auto return 65536 (int32) and 4294967296 (int64): ‖a‖²‖g‖²
     wraps to 0 in the integer dtype, the "norm" is 0 and the example passes unclipped.
     """
-    gf = dpjax.clipped_grad(_issue_loss, l2_clip_norm=H.C, method=method)
+    gf = dpjax.clipped_grad(_issue_loss, l2_clip_norm=H.C, backend=method)
     with jax.numpy_dtype_promotion("standard"):  # jnp.dot(int, float), as users write it
         total, _ = gf(jnp.ones(1, w_dtype), jnp.array([[feature]], x_dtype), jnp.zeros(1, w_dtype))
     norm = H.tree_norm64(total)
@@ -91,7 +91,7 @@ import json, jax, jax.numpy as jnp, numpy as np, dpjax
 out = {}
 for method in ("vmap", "ghost", "auto"):
     gf = dpjax.clipped_grad(lambda w, x, y: 0.5 * (jnp.dot(x, w) - y) ** 2, l2_clip_norm=1.0,
-                            method=method)
+                            backend=method)
     s, _ = gf(jnp.ones(1), jnp.array([[256]], jnp.int32), jnp.zeros(1))
     out[method] = float(np.linalg.norm(np.asarray(s, np.float64)))
 print(json.dumps(out))
