@@ -26,7 +26,7 @@ import optax
 
 from dpjax import _validate
 from dpjax.accounting.dp_sgd import calibrate_noise_multiplier, dp_sgd_epsilon
-from dpjax.dp_sgd.clipping import METHODS as CLIPPING_BACKENDS
+from dpjax.dp_sgd.clipping import BACKENDS as CLIPPING_BACKENDS
 from dpjax.dp_sgd.clipping import clipped_grad
 from dpjax.dp_sgd.samplers import (
     PaddedBatch,
