@@ -76,7 +76,9 @@ def write_json(path: pathlib.Path, payload) -> pathlib.Path:
 
 def _num(v: float) -> str:
     """A privacy parameter, short: 1, 0.25, 1e-06, 8286."""
-    return f"{v:.4g}" if v >= 1e-3 or v == 0 else f"{v:.1e}"
+    if v >= 100:
+        return f"{v:.0f}"
+    return f"{v:.3g}" if v >= 1e-3 or v == 0 else f"{v:.1e}"
 
 
 def _span(values: Sequence[float]) -> str:
@@ -133,6 +135,18 @@ def _plt():
     return plt
 
 
+def _tick_label(value: float, _position=None) -> str:
+    """0.002, 0.5, 20, 1000 in plain digits; 10⁻⁵ or 2×10⁴ style outside [1e-3, 1e4)."""
+    if value <= 0:
+        return ""
+    if 1e-3 <= value < 1e4:
+        return f"{value:.2g}" if value < 1 else f"{value:.0f}"
+    exponent = math.floor(math.log10(value) + 1e-9)
+    mantissa = value / 10.0**exponent
+    lead = "" if abs(mantissa - 1.0) < 1e-6 else f"{mantissa:.0f}\\times"
+    return f"${lead}10^{{{exponent}}}$"
+
+
 def _log_ticks(ax, values: np.ndarray) -> None:
     """Readable log-scale y ticks: a few labelled majors, unlabelled minors."""
     from matplotlib import ticker
@@ -141,7 +155,7 @@ def _log_ticks(ax, values: np.ndarray) -> None:
     decades = math.log10(values.max() / values.min()) if values.size else 1.0
     subs = (1.0, 2.0, 5.0) if decades < 2.5 else (1.0,)
     ax.yaxis.set_major_locator(ticker.LogLocator(base=10, subs=subs, numticks=8))
-    ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:.2g}"))
+    ax.yaxis.set_major_formatter(ticker.FuncFormatter(_tick_label))
     ax.yaxis.set_minor_formatter(ticker.NullFormatter())
 
 

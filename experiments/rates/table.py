@@ -263,7 +263,9 @@ def rows() -> list[Row]:
             main=False,
             note=(
                 "a linear-model loss with ‖x‖ = 1 cannot attain the √d of the bound: "
-                "E|<b,x>| = σ√(2/π) for every d, so the refined d-slope is 0."
+                "E|<b,x>| = σ√(2/π) for every d, so the refined d-slope is 0; the second-order "
+                "term μdσ²/2 adds a small positive slope that a large grid resolves (the "
+                "closed-form prediction below includes it), so the CI may exclude 0."
             ),
         ),
         Row(
