@@ -288,9 +288,9 @@ def dpgd_sc_quadratic(mu: float) -> Measure:
 def laplace_released_epsilon(rho: float, kappa: float, epsilon: float, steps: int) -> float:
     """Σ_{h≤N} ε_h: the pure-DP ε of the last iterate after N = ``steps`` Laplace DP-SGD steps.
 
-    From ``dpjax.laplace_dpsgd_event`` (basic composition of the per-step releases, replace-one);
-    it does not depend on Δ₁ (ε_h = Δ₁/θ_h and θ_h ∝ Δ₁). Theorem 36's ``epsilon`` is only the
-    base of the schedule: for (ρ, κ) = (0.5, 1) the sum grows like N/2.
+    From dpjax's Laplace DP-SGD privacy event (basic composition of the per-step releases,
+    replace-one); it does not depend on Δ₁ (ε_h = Δ₁/θ_h and θ_h ∝ Δ₁). Theorem 36's
+    ``epsilon`` is only the base of the schedule: for (ρ, κ) = (0.5, 1) the sum grows like N/2.
 
     Example:
         >>> round(laplace_released_epsilon(0.5, 1.0, 1.0, 2**14))
@@ -298,9 +298,9 @@ def laplace_released_epsilon(rho: float, kappa: float, epsilon: float, steps: in
     """
     import dpjax
 
-    event = dpjax.laplace_dpsgd_event(
-        l1_sensitivity=1.0, epsilon=epsilon, rho=rho, kappa=kappa, steps=steps
-    )
+    # laplace_dp_sgd_event after the DP-SGD API rename on main, laplace_dpsgd_event before it
+    event_of = getattr(dpjax, "laplace_dp_sgd_event", None) or dpjax.laplace_dpsgd_event
+    event = event_of(l1_sensitivity=1.0, epsilon=epsilon, rho=rho, kappa=kappa, steps=steps)
     return float(sum(event.epsilons))
 
 

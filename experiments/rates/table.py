@@ -86,7 +86,7 @@ def _laplace_note(rho: float, kappa: float) -> str:
 LAPLACE_PARAGRAPH = (
     '**Laplace DP-SGD rows: what "converges" means.** They run Theorem 36\'s schedule at base '
     "ε = 1 for N steps; the released last iterate is (Σ_{h≤N} ε_h, 0)-DP (replace-one, basic "
-    "composition of the per-step Laplace releases ε_h = Δ₁/θ_h, `dpjax.laplace_dpsgd_event`), "
+    "composition of the per-step Laplace releases ε_h = Δ₁/θ_h, dpjax's Laplace DP-SGD event), "
     "and that sum grows with N (for (ρ, κ) = (0.5, 1) like N/2: 8286 at N = 2¹⁴). So a slope "
     "below 0 says the noise term shrinks along a path of *weaker* privacy, not at a fixed ε. "
     "The trivial output w = 0 (0-DP) has an excess ≥ 10³ times smaller than the private "
