@@ -10,10 +10,10 @@
 #    replace-one (lecture on ML under DP, "DP Gradient Descent");
 # 2. **the Gaussian mechanism on the sum**: $N(0, \sigma^2C^2 I)$ added once per step
 #    (`dpjax.add_gaussian_noise`), then division by the PUBLIC expected batch size $qn$
-#    (`dpjax.normalize_by`) and any optax optimizer (post-processing); `dpjax.dp_sgd` chains the
+#    (`dpjax.normalize_by`) and any optax optimizer (post-processing); `dpjax.dpsgd` chains the
 #    three;
 # 3. **accounting**: Poisson sampling at rate $q$ amplifies privacy (lecture on ML under DP, "privacy
-#    amplification by subsampling") and `dpjax.accounting.dp_sgd_epsilon` composes the $T$
+#    amplification by subsampling") and `dpjax.accounting.dpsgd_epsilon` composes the $T$
 #    subsampled Gaussian steps tightly (PLD).
 #
 # The model is a small flax MLP on scikit-learn's 8×8 digits (1797 images shipped with the
