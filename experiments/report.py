@@ -87,7 +87,7 @@ def _span(values: Sequence[float]) -> str:
 
 
 def privacy_summary(cells: Sequence[dict]) -> str:
-    """The privacy level of the released outputs over a row's cells, e.g. "(ε, δ) = (1, 1e-06)".
+    """The privacy level of the released outputs over a row's cells, e.g. "(ε, δ) = (1, 1.0e-06)".
 
     Cells carry ``privacy_epsilon``/``privacy_delta``: the guarantee of the released output (for
     Laplace DP-SGD the last iterate's Σε_h, with ``base_epsilon`` the ε of Theorem 36), under the
@@ -119,7 +119,8 @@ def verdict_line(records: Sequence[dict]) -> str:
     )
     tol = ", ".join(sorted({f"±{r['tolerance']:g}" for r in records})) or "±tol"
     return (
-        f"{ok}/{len(records)} rows ✓ (95% CI contains the theory's slope, bound never violated); "
+        f"{ok}/{len(records)} rows ✓ (95% CI contains the theory's slope, "
+        "no bound significantly exceeded); "
         f"{lenient}/{len(records)} within the CI widened by {tol}"
     )
 
