@@ -130,8 +130,9 @@ def rows() -> list[Row]:
             data="sharp_d5",
             note=(
                 "sharp instance: E|<b,x>| = σ√(2/π) ∝ 1/n attains the bound's slope; the exact "
-                "expectation adds μdσ²/2 ∝ n^-2, which steepens the finite-grid slope to about "
-                "−1.02, so a large grid's narrow CI can exclude −1 while it contains the "
+                "expectation adds μdσ²/2 ∝ n^-2, which steepens the finite-grid slope slightly "
+                "(closed form: −1.013 at quick scale), so a large grid's narrow CI can exclude −1 "
+                "while it contains the "
                 "closed-form prediction (strict verdict ✗, lenient ✓: the asymptotic slope, not "
                 "the measurement, is what differs)."
             ),
