@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: reproduce test test-slow test-all lint bench venv clean
+.PHONY: reproduce notebooks test test-slow test-all lint bench venv clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -13,6 +13,10 @@ $(PY):
 
 $(VENV)/.installed-experiments: pyproject.toml | $(PY)
 	$(PIP) install -e ".[experiments]"
+	touch $@
+
+$(VENV)/.installed-notebooks: pyproject.toml | $(PY)
+	$(PIP) install -e ".[notebooks]"
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml | $(PY)
@@ -24,6 +28,11 @@ venv: $(VENV)/.installed-dev
 ## Reproduce the excess-risk rates (and the other experiments) at the quick default scale.
 reproduce: $(VENV)/.installed-experiments
 	$(PY) -m experiments all --out results
+
+## Execute the tutorial notebooks into results/notebooks/ (.ipynb with outputs + .html); the
+## stored notebooks stay output-free.
+notebooks: $(VENV)/.installed-notebooks
+	$(PY) notebooks/build_notebooks.py --execute results/notebooks
 
 ## Run the default test suite (statistical heavy suites are marked `slow` and excluded).
 test: $(VENV)/.installed-dev

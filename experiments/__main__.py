@@ -1,7 +1,17 @@
-"""Command line: ``python -m experiments {all,<name>} [--full] [--seed N] [--out DIR]``.
+"""Command line: ``python -m experiments {all,<name>} [--size S] [--full] [--seed N] [--out DIR]``.
 
 ``--size tiny|quick|full`` picks a scale for experiments whose ``run`` accepts ``size`` (the
 rates: ``quick`` is the default of ``make reproduce``, ``--full`` equals ``--size full``).
+
+Every run writes ``DIR/REPORT.md``, one section per experiment, each between the markers
+``<!-- experiment: NAME -->`` and ``<!-- end: NAME -->``. ``all`` rewrites the whole file with
+every registered experiment's section (in ``registry.ORDER``); a single experiment replaces its
+own section in an existing ``REPORT.md`` and keeps the others (or starts the file), so
+``rates`` then ``audit`` into one folder gives the same report as ``all``. Any registered module
+whose ``run`` returns ``{"report_md": ...}`` gets a section; nothing here names an experiment.
+After each experiment the command prints the files it wrote and, where the summary has one, its
+``verdict`` line (the rates: ``N/M rows ✓``, counting rows whose 95% CI contains the theory's
+slope and whose bound held).
 """
 
 from __future__ import annotations
@@ -9,24 +19,42 @@ from __future__ import annotations
 import argparse
 import inspect
 import pathlib
+import re
 import sys
 import time
 
 from experiments import registry
+
+REPORT_NAME = "REPORT.md"
+REPORT_TITLE = "# dpjax reproduction report"
 
 
 def build_parser() -> argparse.ArgumentParser:
     lines = [f"  {name}: {registry.load(name).DESCRIPTION}" for name in registry.EXPERIMENTS]
     parser = argparse.ArgumentParser(
         prog="python -m experiments",
-        description="Reproduce the lectures' results with dpjax.",
+        description=(
+            "Reproduce the lectures' results with dpjax. Writes JSON, PNG plots and a section "
+            f"of {REPORT_NAME} per experiment under --out, and prints where they are."
+        ),
         epilog="experiments:\n" + ("\n".join(lines) or "  (none yet)"),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("name", help="'all' or one experiment name")
+    parser.add_argument(
+        "name",
+        help=(
+            f"'all' (every experiment; rewrites {REPORT_NAME}) or one experiment name "
+            f"(updates its own section of {REPORT_NAME}, keeps the others)"
+        ),
+    )
     parser.add_argument("--full", action="store_true", help="run the full grid (slow)")
     parser.add_argument("--seed", type=int, default=0, help="root seed (reproducible runs)")
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("results"))
+    parser.add_argument(
+        "--out",
+        type=pathlib.Path,
+        default=pathlib.Path("results"),
+        help=f"output folder for JSON, PNG and {REPORT_NAME} (created; default: results)",
+    )
     parser.add_argument(
         "--size",
         choices=("tiny", "quick", "full"),
@@ -44,23 +72,77 @@ def _run_one(name: str, args: argparse.Namespace) -> dict:
     return module.run(args.out, **kwargs)
 
 
+def _begin(name: str) -> str:
+    return f"<!-- experiment: {name} -->"
+
+
+def _end(name: str) -> str:
+    return f"<!-- end: {name} -->"
+
+
+def read_sections(text: str) -> dict[str, str]:
+    """The sections of a ``REPORT.md`` written by this command: name -> Markdown body."""
+    pattern = re.compile(r"<!-- experiment: (\S+) -->\n(.*?)\n<!-- end: \1 -->", re.DOTALL)
+    return {m.group(1): m.group(2) for m in pattern.finditer(text)}
+
+
+def render_report(sections: dict[str, str]) -> str:
+    """The whole ``REPORT.md``: title, then the sections in ``registry.ORDER`` (others last)."""
+    order = [n for n in registry.ORDER if n in sections]
+    order += [n for n in sections if n not in order]
+    body = "\n\n".join(f"{_begin(n)}\n{sections[n].strip()}\n{_end(n)}" for n in order)
+    return f"{REPORT_TITLE}\n\n" + (body or "No experiment has written a section yet.") + "\n"
+
+
+def update_report(path: pathlib.Path, new: dict[str, str], *, replace_all: bool) -> pathlib.Path:
+    """Write ``new`` sections into ``path``: alone (``replace_all``) or over the existing ones."""
+    old = {} if replace_all or not path.exists() else read_sections(path.read_text())
+    path.write_text(render_report(old | new))
+    return path
+
+
+def _snapshot(out: pathlib.Path) -> dict[pathlib.Path, int]:
+    return {p: p.stat().st_mtime_ns for p in out.iterdir() if p.is_file()}
+
+
+def _written(before: dict[pathlib.Path, int], out: pathlib.Path) -> list[str]:
+    after = _snapshot(out)
+    return sorted(p.name for p, t in after.items() if before.get(p) != t)
+
+
+def _listing(names: list[str], limit: int = 8) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f", … ({len(names)} files)" if len(names) > limit else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     names = list(registry.ORDER) if args.name == "all" else [args.name]
+    for name in names:
+        registry.load(name)  # an unknown name fails before anything runs
     args.out.mkdir(parents=True, exist_ok=True)
-    sections = []
+    out = args.out.resolve()
+    report = args.out / REPORT_NAME
+    verdicts = []
+    fresh = args.name == "all"  # `all` starts REPORT.md afresh; one experiment updates it
     for name in names:
         start = time.perf_counter()
         print(f"[experiments] running {name} ...", flush=True)
+        before = _snapshot(args.out)
         summary = _run_one(name, args)
         print(f"[experiments] {name} done in {time.perf_counter() - start:.1f}s", flush=True)
-        sections.append(summary.get("report_md", ""))
-    if args.name == "all":
-        report = args.out / "REPORT.md"
-        body = "\n\n".join(s for s in sections if s) or "No experiments are registered yet.\n"
-        report.write_text("# dpjax reproduction report\n\n" + body + "\n")
-        print(f"[experiments] report: {report.resolve()}")
-        print(f"[experiments] plots and JSON: {args.out.resolve()}")
+        print(f"[experiments] {name} wrote in {out}: {_listing(_written(before, args.out))}")
+        section = summary.get("report_md", "")
+        if section:  # after each experiment, so an interrupted `all` keeps what finished
+            update_report(report, {name: section}, replace_all=fresh)
+            fresh = False
+        if summary.get("verdict"):
+            verdicts.append(f"[experiments] {name}: {summary['verdict']}")
+            print(verdicts[-1], flush=True)
+    print(f"[experiments] report: {report.resolve()}")
+    print(f"[experiments] plots and JSON: {out}")
+    for line in verdicts:  # the last line(s): what a reader checks first
+        print(line)
     return 0
 
 

@@ -30,6 +30,7 @@ __all__ = [
     "local_slopes",
     "hierarchical_bootstrap_slopes",
     "slope_with_ci",
+    "mean_with_ci",
     "upper_confidence_bound",
     "holm_bound_held",
     "holm_bound_violated",
@@ -145,6 +146,37 @@ def slope_with_ci(
         "means": means,
         "local_slopes": local_slopes(xs, means),
     }
+
+
+def mean_with_ci(
+    samples: np.ndarray, *, n_boot: int = 2000, level: float = 0.95, seed: int = 0
+) -> tuple[float, float, float]:
+    """Mean of a ``(K, S)`` cell and its percentile CI from the hierarchical bootstrap.
+
+    The same resampling as the slope CI (data sets, then seeds within each), so the error bars
+    of the plots and the slope's CI come from one model of the run-to-run variation.
+
+    Args:
+        samples: ``(K, S)`` excess risks of one cell.
+        n_boot: bootstrap replicates.
+        level: two-sided confidence level.
+        seed: seeds the resampling.
+
+    Returns:
+        ``(mean, low, high)``.
+
+    Example:
+        >>> m, lo, hi = mean_with_ci(np.arange(12.0).reshape(3, 4), n_boot=500)
+        >>> bool(lo < m < hi), m
+        (True, 5.5)
+    """
+    samples = np.asarray(samples, dtype=np.float64)
+    if samples.ndim != 2:
+        raise ValueError(f"samples must be a (K, S) array; got shape {samples.shape}")
+    boot = _resampled_means(samples, n_boot, np.random.default_rng(seed))
+    tail = 100.0 * (1.0 - level) / 2.0
+    low, high = np.percentile(boot, [tail, 100.0 - tail])
+    return float(samples.mean()), float(low), float(high)
 
 
 def upper_confidence_bound(samples: np.ndarray, level: float = 0.99) -> float:

@@ -285,6 +285,25 @@ def dpgd_sc_quadratic(mu: float) -> Measure:
     return measure
 
 
+def laplace_released_epsilon(rho: float, kappa: float, epsilon: float, steps: int) -> float:
+    """Σ_{h≤N} ε_h: the pure-DP ε of the last iterate after N = ``steps`` Laplace DP-SGD steps.
+
+    From dpjax's Laplace DP-SGD privacy event (basic composition of the per-step releases,
+    replace-one); it does not depend on Δ₁ (ε_h = Δ₁/θ_h and θ_h ∝ Δ₁). Theorem 36's
+    ``epsilon`` is only the base of the schedule: for (ρ, κ) = (0.5, 1) the sum grows like N/2.
+
+    Example:
+        >>> round(laplace_released_epsilon(0.5, 1.0, 1.0, 2**14))
+        8286
+    """
+    import dpjax
+
+    # laplace_dp_sgd_event after the DP-SGD API rename on main, laplace_dpsgd_event before it
+    event_of = getattr(dpjax, "laplace_dp_sgd_event", None) or dpjax.laplace_dpsgd_event
+    event = event_of(l1_sensitivity=1.0, epsilon=epsilon, rho=rho, kappa=kappa, steps=steps)
+    return float(sum(event.epsilons))
+
+
 @functools.cache
 def _laplace_last_iterate(rho: float, kappa: float, epsilon: float, mu: float, steps: int):
     """Compiled vmapped N-step run of ``dpjax.laplace_dp_sgd_optimizer``: the LAST iterate."""
@@ -338,7 +357,14 @@ def laplace_dpsgd_last(rho: float, kappa: float, mu: float = 1.0) -> Measure:
             return instances.ridge_excess(W, inst.w_star, mu), math.inf, inst.zero_excess, 0.0, 0.0
 
         cell = _per_dataset(keys, rng, one, diameter=2.0 / mu)
-        cell.extra.update(rho=rho, kappa=kappa, steps=s.n)
+        cell.extra.update(
+            rho=rho,
+            kappa=kappa,
+            steps=s.n,
+            base_epsilon=s.epsilon,
+            released_epsilon=laplace_released_epsilon(rho, kappa, s.epsilon, s.n),
+            released_delta=0.0,
+        )
         return cell
 
     return measure

@@ -23,7 +23,9 @@ class Scale:
         steps_grid: N = n values of the Laplace DP-SGD rows (batch 1, N steps).
         d_grid, eps_grid: the secondary rows' grids (at n = ``n_fixed``).
         datasets: K data sets per cell. seeds: S noise seeds per data set.
-        n_boot: hierarchical-bootstrap replicates. tolerance: slope tolerance of the verdict.
+        n_boot: hierarchical-bootstrap replicates. tolerance: the slack of the lenient
+            verdict "expected slope within the CI widened by ±tolerance" (the strict verdict,
+            "the CI contains the expected slope", has none).
     """
 
     n_grid: tuple[int, ...]
@@ -44,11 +46,11 @@ def _powers(lo: int, hi: int, every: int = 1) -> tuple[int, ...]:
 
 SCALES: dict[str, Scale] = {
     "tiny": Scale(
-        n_grid=(512, 2048),
-        n_grid_iterative=(256, 1024),
-        steps_grid=(1024, 8192),
-        d_grid=(2, 16),
-        eps_grid=(0.25, 1.0),
+        n_grid=(512, 1024, 2048),  # three points per fitted line, even at the smoke scale
+        n_grid_iterative=(256, 512, 1024),
+        steps_grid=(1024, 2896, 8192),  # ≈ 2^10, 2^11.5, 2^13
+        d_grid=(2, 4, 8, 16),
+        eps_grid=(0.25, 0.5, 1.0),
         n_fixed=1024,
         datasets=2,
         seeds=48,
@@ -120,6 +122,8 @@ class Row:
     Attributes:
         name: short identifier (file names).
         method, instance, variable: what the report shows.
+        title: the plot's title in words (e.g. "output perturbation, smooth logistic loss").
+        plot_note: a short explanation drawn on the figure (e.g. why there is no bound).
         expected_slope: the slope this instance should show (the refined prediction where the
             instance is benign, e.g. −2 for a smooth loss under output perturbation).
         bound_slope: the slope of the stated worst-case upper bound.
@@ -140,6 +144,8 @@ class Row:
     bound_slope: float
     measure: Measure
     settings: Callable[[Scale], list[Setting]]
+    title: str = ""
+    plot_note: str = ""
     main: bool = True
     note: str = ""
     data: str = ""

@@ -12,7 +12,7 @@ import numpy as np
 from experiments import fitting, report
 from experiments.rates.grid import DELTA, SCALES, Cell, Row, Scale, Setting
 from experiments.rates.solvers import SolverUnavailable
-from experiments.rates.table import rows
+from experiments.rates.table import LAPLACE_PARAGRAPH, rows
 
 __all__ = ["run", "run_row", "summarise_row"]
 
@@ -87,6 +87,10 @@ def summarise_row(row: Row, settings, cells: list[Cell], scale: Scale, seed: int
     if row.normaliser is not None:
         raw = [cells[i].extra["raw_mean"] for i in window]
         raw_slope = fitting.log_log_slope([xs[i] for i in window], raw)[0]
+    mean_cis = [
+        fitting.mean_with_ci(c.excess, n_boot=scale.n_boot, seed=seed + i)[1:]
+        for i, c in enumerate(cells)
+    ]
     predicted = [c.extra.get("predicted_mean") for c in cells]
     predicted_slope = None
     if all(p is not None for p in predicted):
@@ -102,6 +106,10 @@ def summarise_row(row: Row, settings, cells: list[Cell], scale: Scale, seed: int
             "delta": s.delta,
             "runs": int(c.excess.size),
             "mean": means[i],
+            "mean_ci_low": mean_cis[i][0],
+            "mean_ci_high": mean_cis[i][1],
+            "privacy_epsilon": c.extra.get("released_epsilon", s.epsilon),
+            "privacy_delta": c.extra.get("released_delta", s.delta),
             "ucb99": fitting.upper_confidence_bound(c.excess),
             "bound": c.bound,
             "ratio_to_bound": means[i] / c.bound,
@@ -131,7 +139,9 @@ def summarise_row(row: Row, settings, cells: list[Cell], scale: Scale, seed: int
         "ci_low": fit["ci_low"],
         "ci_high": fit["ci_high"],
         "local_slopes": fit["local_slopes"],
+        "ci_contains_expected": bool(fit["ci_low"] <= row.expected_slope <= fit["ci_high"]),
         "within_tolerance": bool(lo <= row.expected_slope <= hi),
+        "tolerance": scale.tolerance,
         "raw_slope_before_normalising": raw_slope,
         "predicted_slope": predicted_slope,
         "predicted_in_ci": None
@@ -141,8 +151,12 @@ def summarise_row(row: Row, settings, cells: list[Cell], scale: Scale, seed: int
         "cells_bound_held": int(sum(held_by_cell.values())),
         "cells_bound_established": int(sum(established)),
         "cells_vacuous": int(sum(vacuous)),
+        "privacy": report.privacy_summary(cell_results),
+        "fit_points": len(window),
         "ratio_to_bound_range": _ratio_range([means[i] / cells[i].bound for i in counted]),
         "note": row.note,
+        "title": row.title or row.method,
+        "plot_note": row.plot_note,
         "cell_results": cell_results,
     }
 
@@ -219,8 +233,10 @@ def run(
             "skipped": skipped,
         },
     )
+    verdict = report.verdict_line(records)
     return {
         "report_md": _markdown(results, records, skipped, scale, size, seed),
+        "verdict": verdict,
         "records": records,
         "rows": results,
         "skipped": skipped,
@@ -236,11 +252,18 @@ def _markdown(results, records, skipped, scale: Scale, size: str, seed: int) -> 
         f"per cell, δ = {DELTA:g}, hierarchical bootstrap B = {scale.n_boot}. Float64 "
         "throughout; optima certified (≤ 1% of the smallest mean excess of the row).\n\n"
         + report.markdown_table(records, scale.tolerance)
-        + "\n"
+        + f"\n**{report.verdict_line(records)}.**\n\n"
         + notes
+        + (f"\n\n{LAPLACE_PARAGRAPH}" if any(_is_laplace(r) for r in results) else "")
         + _comparison(results)
-        + "\n\nPlots: `rates_<row>.png`; every cell's numbers: `rates_experiment.json`.\n"
+        + "\n\nPlots: `rates_<row>.png` (means with 95% bootstrap CIs, the fit, the theory's "
+        "slope through the fit's centre, the stated bound, vacuous cells marked); every cell's "
+        "numbers: `rates_experiment.json`.\n"
     )
+
+
+def _is_laplace(row: dict) -> bool:
+    return row["name"].startswith("laplace_dpsgd")
 
 
 def _prediction_note(row: dict) -> str:

@@ -2,12 +2,15 @@
 # # 1. Mechanisms: the pictures that make each one click
 #
 # A tour of the noise mechanisms of the lectures, run on dpjax's public API. Every formula cites
-# the lecture note it comes from (the seed files in `/work/shared/seeds/`, index in its README):
+# the lecture it comes from, by topic, and the primary paper:
 #
-# * `001_22975d579ade9c52.txt`: pure ε-DP, randomized response, the Laplace mechanism and its utility;
-# * `000_a9865af81d0677e1.txt`: (ε, δ)-DP, the privacy-loss random variable, the Gaussian mechanism;
-# * `004_f02b245d52dd0fec.txt`: mixed noise, smooth sensitivity of the median, bounded Laplace,
-#   the exponential mechanism and report-noisy-max.
+# * lecture on privacy background: pure ε-DP, randomized response (Warner 1965), the Laplace
+#   mechanism and its utility (Dwork, McSherry, Nissim & Smith 2006; Dwork & Roth 2014, §3.3);
+# * lecture on properties of DP: (ε, δ)-DP, the privacy-loss random variable, the Gaussian
+#   mechanism (Dwork & Roth 2014, Theorem A.1; analytic calibration: Balle & Wang 2018);
+# * lecture on advances in DP: mixed noise, smooth sensitivity of the median (Nissim,
+#   Raskhodnikova & Smith 2007), bounded Laplace (Holohan et al. 2020), the exponential mechanism
+#   (McSherry & Talwar 2007) and report-noisy-max.
 #
 # Each section draws the mechanism's output on two **neighbouring** data sets, and ends with a check
 # cell that compares a number measured with dpjax against the number the lecture predicts.
@@ -46,7 +49,7 @@ def runs(mechanism, key, value, n=N_RUNS, **kwargs):
 #
 # For $f: X \to \mathbb{R}^k$ with ℓ1 sensitivity $\Delta_1 = \sup_{D \sim D'} \|f(D) - f(D')\|_1$,
 # $M(D) = f(D) + (Z_1, \dots, Z_k)$ with $Z_i \sim \mathrm{Lap}(\Delta_1/\varepsilon)$ i.i.d. is
-# ε-DP (Laplace mechanism theorem, `001_22975d579ade9c52.txt`). Below: a counting query with
+# ε-DP (Laplace mechanism theorem, lecture on privacy background; Dwork & Roth 2014, Theorem 3.6). Below: a counting query with
 # $f(D) = 0$, $f(D') = 1$, $\Delta_1 = 1$. The log ratio of the two output densities stays inside
 # $[-\varepsilon, \varepsilon]$ everywhere: that is the definition of ε-DP.
 
@@ -92,7 +95,7 @@ assert abs(log_ratio[centres[populated] < f_D].mean() - EPSILON) < 0.05
 #
 # For $k$ coordinates, $E\|M(D) - f(D)\|_1 = k\Delta_1/\varepsilon$ and
 # $P\left(\|M(D) - f(D)\|_\infty > \frac{\Delta_1}{\varepsilon}\ln\frac{k}{\beta}\right) < \beta$
-# (Laplace utility theorem, `001_22975d579ade9c52.txt`). We measure both on a $k$-dimensional
+# (Laplace utility theorem, lecture on privacy background; Dwork & Roth 2014, Theorem 3.8). We measure both on a $k$-dimensional
 # histogram query (disjoint bins, so $\Delta_1 = 1$ under add/remove-one).
 
 # %%
@@ -122,7 +125,7 @@ assert exceed < beta + 5 * math.sqrt(beta * (1 - beta) / len(l1))
 #
 # With ℓ2 sensitivity $\Delta_2$, $M(D) = f(D) + N(0, \sigma^2 I)$ with
 # $\sigma = \Delta_2\sqrt{2\ln(1.25/\delta)}/\varepsilon$ is (ε, δ)-DP
-# (Gaussian mechanism theorem, `000_a9865af81d0677e1.txt`; the note writes "variance" where the
+# (Gaussian mechanism theorem, lecture on properties of DP; Dwork & Roth 2014, Theorem A.1; the note writes "variance" where the
 # standard deviation is meant). The theorem only covers $\varepsilon < 1$, and dpjax refuses the
 # classical formula beyond it. The *analytic* calibration (Balle & Wang 2018) finds the smallest
 # σ for which the exact privacy profile
@@ -136,7 +139,7 @@ classic = [mech.gaussian_sigma(sensitivity=1.0, epsilon=e, delta=DELTA, calibrat
            for e in eps_grid if e < 1]
 analytic = [mech.gaussian_sigma(sensitivity=1.0, epsilon=e, delta=DELTA) for e in eps_grid]
 fig, ax = plt.subplots(figsize=(6, 3.5))
-ax.loglog(eps_grid[eps_grid < 1], classic, label="classic √(2 ln(1.25/δ))/ε (000)")
+ax.loglog(eps_grid[eps_grid < 1], classic, label="classic √(2 ln(1.25/δ))/ε (Dwork–Roth A.1)")
 ax.loglog(eps_grid, analytic, label="analytic (Balle & Wang 2018)")
 ax.set_xlabel("ε")
 ax.set_ylabel("σ / Δ₂")
@@ -169,7 +172,7 @@ assert sigma_analytic < sigma_classic
 # ### Why Gaussian noise needs a δ: the privacy-loss random variable
 #
 # The privacy loss of an output $o$ is $L(o) = \ln\frac{P(M(D) = o)}{P(M(D') = o)}$ with
-# $o \sim M(D)$ (`000_a9865af81d0677e1.txt`). For the Gaussian mechanism it is *linear* in $o$, so
+# $o \sim M(D)$ (lecture on properties of DP, the privacy-loss random variable). For the Gaussian mechanism it is *linear* in $o$, so
 # it exceeds any ε with positive probability: no pure ε-DP, only (ε, δ). The exact δ(ε) is the
 # expectation $E_{o \sim M(D)}[(1 - e^{\varepsilon - L(o)})_+]$; we estimate it by Monte Carlo
 # from dpjax's Gaussian samples and compare with `gaussian_delta`. We use a small σ so that δ is
@@ -214,7 +217,7 @@ assert math.isclose(delta_exact[4], DELTA_DEMO, rel_tol=1e-6)
 # %% [markdown]
 # ### Utility against ε
 #
-# Laplace noise has mean absolute error $b = \Delta_1/\varepsilon$ (`001_22975d579ade9c52.txt`);
+# Laplace noise has mean absolute error $b = \Delta_1/\varepsilon$ (lecture on privacy background);
 # analytic Gaussian noise has root mean square error σ(ε, δ). Measured with dpjax on a scalar
 # query with sensitivity 1, against ε:
 
@@ -228,7 +231,7 @@ gauss_rmse = [np.sqrt(np.mean(runs(mech.gaussian, k, 0.0, n=20_000, sensitivity=
               for k, e in zip(keys[1::2], eps_sweep)]
 fig, ax = plt.subplots(figsize=(6, 3.5))
 ax.loglog(eps_sweep, lap_mae, "o", label="Laplace: measured mean |error|")
-ax.loglog(eps_sweep, 1 / eps_sweep, "-", label="Δ₁/ε (001)")
+ax.loglog(eps_sweep, 1 / eps_sweep, "-", label="Δ₁/ε (Laplace utility)")
 ax.loglog(eps_sweep, gauss_rmse, "s", label="Gaussian: measured RMSE")
 ax.loglog(eps_sweep, [mech.gaussian_sigma(sensitivity=1.0, epsilon=e, delta=DELTA)
                       for e in eps_sweep], "-", label=f"analytic σ(ε, δ={DELTA:g})")
@@ -243,7 +246,7 @@ assert abs(slope + 1) < 0.05
 # %% [markdown]
 # ## Randomized response
 #
-# The coin protocol (`001_22975d579ade9c52.txt`, "Example: Randomized Response"): flip a coin;
+# The coin protocol (lecture on privacy background, "Example: Randomized Response"; Warner 1965): flip a coin;
 # heads, answer truthfully; tails, answer yes/no at random. A respondent reports the truth with
 # probability $1/2 + 1/4 = 3/4$, so the likelihood ratio of a report under the two possible
 # answers is $(3/4)/(1/4) = 3$: the protocol is $\varepsilon = \ln 3$-DP (the lecture's question
@@ -301,10 +304,10 @@ assert abs(float(estimate[1]) - float(truth.mean())) < 5 * se_est
 #
 # To select the candidate $q$ with the highest score $f(x, q)$ (score sensitivity Δ), the
 # exponential mechanism releases $q$ with probability $\propto \exp(\varepsilon f(x, q)/(2\Delta))$
-# (`004_f02b245d52dd0fec.txt`, Theorem 27: ε-DP). Its utility (Lemma 28): with $d$ candidates,
+# (lecture on advances in DP, Theorem 27: ε-DP; McSherry & Talwar 2007). Its utility (Lemma 28): with $d$ candidates,
 # $P\left(f(x, Q) < f^* - \frac{2\Delta(\ln d + t)}{\varepsilon}\right) \le e^{-t}$.
 # Report-noisy-max adds i.i.d. exponential noise of rate ε/(2Δ) to the scores and releases the
-# argmax; it is ε-DP with the same bounds (004, Example 30).
+# argmax; it is ε-DP with the same bounds (lecture on advances in DP, Example 30).
 #
 # The election of Example 29: scores (15, 20, 25), ε = 1, so candidate 1 wins with probability
 # $e^{7.5}/(e^{7.5} + e^{10} + e^{12.5})$. Its neighbour: one voter moves from candidate 3 to 1.
@@ -325,7 +328,7 @@ for i, (name, f) in enumerate(freq.items()):
     ax.bar(np.arange(3) + 0.2 * i - 0.3, f, width=0.2, label=name)
 ax.set_xticks(range(3), ["candidate 1", "candidate 2", "candidate 3"])
 ax.set_yscale("log")
-ax.set_title("selection frequencies, ε = 1 (004 Examples 29-30)")
+ax.set_title("selection frequencies, ε = 1 (advanced-DP lecture, Examples 29-30)")
 ax.legend()
 plt.show()
 print(f"P[candidate 1 wins]: measured {freq['EM D'][0]:.5f}, lecture {lecture_p1:.5f}")
@@ -378,11 +381,11 @@ assert all(g <= bnd for g, bnd in zip(gap_em, bound_em))
 assert all(g <= bnd for g, bnd in zip(gap_rnm, bound_em))
 
 # %% [markdown]
-# ## Mixed noise (004, Definition 9 and Theorem 10)
+# ## Mixed noise (lecture on advances in DP, Definition 9 and Theorem 10)
 #
 # The mixed-noise mechanism adds $N(0, \sigma^2_{MNM})$ when $\Delta f \le t_0$ and
 # $\mathrm{Lap}(\Delta f/\varepsilon)$ otherwise, with $t_0 = \sqrt\pi\,\delta\varepsilon/2$ and
-# $\sigma^2_{MNM} = 2(\Delta f/\varepsilon)^2$ (`004_f02b245d52dd0fec.txt`, Theorem 10), so
+# $\sigma^2_{MNM} = 2(\Delta f/\varepsilon)^2$ (lecture on advances in DP, Theorem 10), so
 # that its variance is always the Laplace one, $2(\Delta f/\varepsilon)^2$.
 #
 # **A caveat dpjax documents:** (ε, δ)-DP of additive noise is scale invariant, so the Gaussian
@@ -428,7 +431,7 @@ print(f"variance: measured {draws.var():.3f}, lecture 2(Δ/ε)² = {predicted_va
 assert abs(draws.var() / predicted_var - 1) < 5 * math.sqrt(5 / N_RUNS)
 
 # %% [markdown]
-# ## Bounded Laplace (004, Definition 24 and Theorem 26)
+# ## Bounded Laplace (lecture on advances in DP, Definition 24 and Theorem 26; Holohan et al. 2020)
 #
 # Example 25: ages lie in $[0, 110]$; an unbounded Laplace release of a small answer can be a
 # negative age. The bounded Laplace mechanism samples the Laplace density **restricted** to the
@@ -478,7 +481,7 @@ print(f"P[output ≤ 1]: {p_D:.4f} vs {p_Dp:.4f}, ratio {p_D / p_Dp:.3f} ≤ e^�
 assert p_D / p_Dp <= math.exp(EPSILON) * (1 + 5 * math.sqrt(1 / (p_Dp * N_RUNS)))
 
 # %% [markdown]
-# ## Smooth sensitivity of the median (004, Examples 12, 20, 21)
+# ## Smooth sensitivity of the median (lecture on advances in DP, Examples 12, 20, 21; Nissim, Raskhodnikova & Smith 2007)
 #
 # The median of $n$ values in $[0, \Lambda]$ has global sensitivity Λ. Its local sensitivity
 # $\max(x_{m+1} - x_m, x_m - x_{m-1})$ is small on typical data, but scaling noise to it is not

@@ -5,13 +5,14 @@
 # `dpjax.accounting` on the same releases, from the lectures' composition theorems to the tight
 # numerical accountants:
 #
-# * basic and advanced composition, group privacy: `000_a9865af81d0677e1.txt`;
-# * zCDP for the Gaussian mechanism and amplification by subsampling (DP-SGD):
-#   `003_eb46ba05ef56608d.txt`;
-# * sequential and parallel composition: `004_f02b245d52dd0fec.txt`;
+# * basic and advanced composition, group privacy: lecture on properties of DP (Dwork, Rothblum
+#   & Vadhan 2010; Dwork & Roth 2014, §3.5);
+# * zCDP for the Gaussian mechanism (Bun & Steinke 2016) and amplification by subsampling
+#   (DP-SGD; Balle, Barthe & Gaboardi 2018): lecture on ML under DP;
+# * sequential and parallel composition: lecture on advances in DP (McSherry 2009);
 # * the optimal composition theorem (Kairouz, Oh & Viswanath 2015), Rényi DP (Mironov 2017) and
-#   privacy-loss distributions (PLD, through Google's `dp-accounting`), cited in
-#   `000_a9865af81d0677e1.txt` ("see [Kairouz et al., 2015] for slightly tighter results").
+#   privacy-loss distributions (PLD, through Google's `dp-accounting`), cited in the lecture on
+#   properties of DP ("see [Kairouz et al., 2015] for slightly tighter results").
 #
 # Every section ends with a check cell: a number computed by dpjax against the lecture's formula
 # or an exact closed form.
@@ -50,7 +51,7 @@ def slope(xs, ys):
 # ## T pure-DP releases: basic, advanced, optimal, zCDP, RDP, PLD
 #
 # Each release is the Laplace mechanism with $b = \Delta_1/\varepsilon_0$, so it is
-# $(\varepsilon_0, 0)$-DP. Then (`000_a9865af81d0677e1.txt`):
+# $(\varepsilon_0, 0)$-DP. Then (lecture on properties of DP, composition):
 #
 # * **basic composition**: $T\varepsilon_0$;
 # * **advanced composition**: for every $\delta' > 0$, $(\varepsilon', T\delta + \delta')$-DP with
@@ -58,7 +59,7 @@ def slope(xs, ys):
 #   (the drift term of the lecture's proof);
 # * **optimal composition** (Kairouz, Oh & Viswanath 2015): the exact worst case over all
 #   $(\varepsilon_0, 0)$-DP mechanisms;
-# * **zCDP**: an ε₀-DP mechanism is $\varepsilon_0^2/2$-zCDP and ρ's add up (003);
+# * **zCDP**: an ε₀-DP mechanism is $\varepsilon_0^2/2$-zCDP and ρ's add up (Bun & Steinke 2016; lecture on ML under DP);
 # * **RDP / PLD**: numerical accountants for the Laplace mechanism itself.
 #
 # `PrivacyAccountant` records the events and answers ε(δ) by each method.
@@ -82,7 +83,7 @@ for method, values in laplace_eps.items():
           f"{slope(T_GRID[-3:], values[-3:]):.2f}")
 
 # %% [markdown]
-# **Check (000).** dpjax's advanced composition equals the lecture's formula; basic composition
+# **Check (advanced composition).** dpjax's advanced composition equals the lecture's formula; basic composition
 # grows like $T$ (slope 1) and the tight accountants like $\sqrt T$ (slope ≈ 1/2 while the drift
 # $T\varepsilon_0^2/2$ is small); the optimal composition theorem is never worse than advanced
 # or basic, and the Laplace-specific PLD is never worse than the generic optimum (up to its
@@ -107,7 +108,7 @@ for i in range(len(T_GRID)):
 #
 # To make $T$ releases $(\varepsilon', T\delta + \delta')$-DP with $0 < \varepsilon' < 1$ it suffices
 # that each is ε-DP with $\varepsilon \le \varepsilon'/\sqrt{8T\ln(1/\delta')}$
-# (corollary of advanced composition, `000_a9865af81d0677e1.txt`).
+# (corollary of advanced composition, lecture on properties of DP).
 
 # %%
 target = 0.5
@@ -124,7 +125,7 @@ for T in (10, 100, 1000):
 #
 # Releases on the *same* data compose sequentially ($\sum_i \varepsilon_i$); releases on
 # *disjoint* parts of the data (the bins of a histogram) compose in parallel, at
-# $\max_i \varepsilon_i$ (`004_f02b245d52dd0fec.txt`, sequential and parallel composition).
+# $\max_i \varepsilon_i$ (lecture on advances in DP, sequential and parallel composition).
 
 # %%
 bins = [EPS_STEP] * 20
@@ -138,7 +139,7 @@ assert math.isclose(sequential, 20 * EPS_STEP) and parallel == EPS_STEP
 #
 # A Gaussian release with noise $\sigma$ and sensitivity Δ is $\rho = \Delta^2/(2\sigma^2)$-zCDP,
 # zCDP composes additively, and $\rho$-zCDP implies
-# $(\rho + 2\sqrt{\rho\ln(1/\delta)}, \delta)$-DP (`003_eb46ba05ef56608d.txt`, "Improved analysis
+# $(\rho + 2\sqrt{\rho\ln(1/\delta)}, \delta)$-DP (lecture on ML under DP, "Improved analysis
 # with concentrated DP"). Here the truth is known exactly: $T$ Gaussian releases of the same
 # query are one Gaussian release with sensitivity $\sqrt T\,\Delta$, whose exact ε(δ) is
 # Balle & Wang's profile (`dpjax.mechanisms.gaussian_epsilon`).
@@ -150,7 +151,7 @@ for T in T_GRID:
     for method, value in accountant.epsilons(DELTA).items():
         gauss_eps.setdefault(method, []).append(value)
     rho = acc.zcdp_compose([acc.gaussian_zcdp_rho(sigma=SIGMA, sensitivity=1.0)] * T)
-    gauss_eps.setdefault("zcdp (003: ρ + 2√(ρ ln 1/δ))", []).append(
+    gauss_eps.setdefault("zcdp (BS16: ρ + 2√(ρ ln 1/δ))", []).append(
         acc.zcdp_epsilon_bun_steinke(rho=rho, delta=DELTA))
     exact.append(mech.gaussian_epsilon(sigma=SIGMA, sensitivity=math.sqrt(T), delta=DELTA))
 fig, ax = plt.subplots(figsize=(7, 4))
@@ -174,8 +175,8 @@ for i, T in enumerate(T_GRID):
         assert values[i] >= exact[i] - 2e-3, (method, T)
 rho = T_GRID[-1] / (2 * SIGMA**2)
 print(f"T = {T_GRID[-1]}: exact ε = {exact[-1]:.4f}, PLD {gauss_eps['pld'][-1]:.4f},"
-      f" RDP {gauss_eps['rdp'][-1]:.4f}, zCDP (003) {rho + 2 * math.sqrt(rho * math.log(1 / DELTA)):.4f}")
-assert math.isclose(gauss_eps["zcdp (003: ρ + 2√(ρ ln 1/δ))"][-1],
+      f" RDP {gauss_eps['rdp'][-1]:.4f}, zCDP (BS16) {rho + 2 * math.sqrt(rho * math.log(1 / DELTA)):.4f}")
+assert math.isclose(gauss_eps["zcdp (BS16: ρ + 2√(ρ ln 1/δ))"][-1],
                     rho + 2 * math.sqrt(rho * math.log(1 / DELTA)), rel_tol=1e-12)
 
 # %% [markdown]
@@ -183,7 +184,7 @@ assert math.isclose(gauss_eps["zcdp (003: ρ + 2√(ρ ln 1/δ))"][-1],
 #
 # An (ε, δ)-DP mechanism protects a group of $k$ records at level
 # $\left(k\varepsilon, \delta\frac{e^{k\varepsilon}-1}{e^{\varepsilon}-1}\right)$
-# (`000_a9865af81d0677e1.txt`, "Group Privacy"). For the Laplace mechanism the factor $e^{k\varepsilon}$
+# (lecture on properties of DP, "Group Privacy"; Dwork & Roth 2014, Theorem 2.2). For the Laplace mechanism the factor $e^{k\varepsilon}$
 # is attained: a count that differs by $k$ shifts the output by $k$, and
 # $P[M(D) \le 0] / P[M(D_k) \le 0] = e^{k\varepsilon}$. We measure it with dpjax's Laplace draws.
 
@@ -230,7 +231,7 @@ print(f"(ε, δ) = (0.5, 1e-6) for a group of 3: ({eps_k:.2f}, {delta_k:.3e})")
 #
 # If $M$ is (ε, δ)-DP and runs on a secret random subsample containing each record with
 # probability $p$, the composition is $(\ln(1 + (e^\varepsilon - 1)p), p\delta)$-DP
-# (`003_eb46ba05ef56608d.txt`, "Privacy amplification by subsampling"; ≈ pε for small ε).
+# (lecture on ML under DP, "Privacy amplification by subsampling"; ≈ pε for small ε).
 # DP-SGD composes $T$ such subsampled Gaussian steps. The lecture's recipe amplifies each step and
 # composes with advanced composition; the tight accountants (RDP, the "moments accountant" of
 # Abadi et al.; PLD) account the subsampled Gaussian directly (`dp_sgd_epsilon`). For the recipe
@@ -265,7 +266,7 @@ for s in steps_grid:
     total, _ = acc.advanced_composition(epsilon=eps_amp, delta=delta_amp, steps=s,
                                         delta_prime=DELTA / 2)
     eps_recipe.append(min(total, s * eps_amp))
-ax2.loglog(steps_grid, eps_recipe, "o-", label="amplify + advanced composition (003)")
+ax2.loglog(steps_grid, eps_recipe, "o-", label="amplify + advanced composition (lecture recipe)")
 ax2.loglog(steps_grid, eps_rdp, "s-", label="RDP (moments accountant)")
 ax2.loglog(steps_grid, eps_pld, "^-", label="PLD")
 ax2.set_xlabel("DP-SGD steps T")

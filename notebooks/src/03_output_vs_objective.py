@@ -5,14 +5,15 @@
 # $J(w) = \frac1n\sum_i \ell(w; x_i, y_i) + \frac\mu2\|w\|^2$ with $\|x_i\| \le 1$ and the
 # 1-Lipschitz logistic loss, solved privately two ways:
 #
-# * **output perturbation** (`000_a9865af81d0677e1.txt`): solve exactly, then add Gaussian noise
+# * **output perturbation** (lecture on output perturbation; Chaudhuri, Monteleoni & Sarwate 2011): solve exactly, then add Gaussian noise
 #   scaled to the sensitivity of the minimiser, $\|w^* - w^{*\prime}\|_2 \le 2L/(\mu n)$
 #   (sensitivity lemma, replace-one neighbours);
-# * **objective perturbation** (`002_2b8193132caeaf52.txt`; Chaudhuri, Monteleoni & Sarwate 2011):
+# * **objective perturbation** (lecture on objective perturbation; Chaudhuri, Monteleoni & Sarwate
+#   2011; Kifer, Smith & Thakurta 2012):
 #   add a random linear tilt $b^\top w/n$, $b \sim N(0, \sigma^2 I)$, then solve exactly.
 #
 # Then the bias-noise trade-off in the regularisation μ, and the median example where objective
-# perturbation fails without strong convexity (002).
+# perturbation fails without strong convexity (lecture on objective perturbation).
 #
 # **Float64:** the privacy of both solvers rests on *exact* minimisation and the excess risks we
 # measure are as small as 1e-5, below float32 resolution; the next cell enables JAX's x64 mode
@@ -61,9 +62,9 @@ print(f"n = {N}, d = {D}, L = {loss.lipschitz}, c = {loss.smoothness}")
 # We draw `N_KEYS` private solutions of each kind (`jax.vmap` over keys: the solvers are pure
 # functions of the key) and measure the excess regularised risk $J(w_{priv}) - J(w^*)$ against
 #
-# * output perturbation (000, "utility"):
+# * output perturbation (lecture on output perturbation, "utility"):
 #   $E[J(w_{priv})] - J(w^*) \le \frac{3L^2\sqrt{d\log(1.25/\delta)}}{\varepsilon\mu n}$;
-# * objective perturbation (002, "utility analysis"):
+# * objective perturbation (lecture on objective perturbation, "utility analysis"):
 #   $E[J(w_{priv})] - J(w^*) \le \frac{d\sigma^2}{2n^2\mu}$ with
 #   $\sigma^2 = 8L^2\log(1.25/\delta)/\varepsilon^2$.
 #
@@ -89,8 +90,8 @@ fig, ax = plt.subplots(figsize=(7, 3.5))
 bins = np.geomspace(min(excess_out.min(), excess_obj.min()), excess_out.max(), 40)
 ax.hist(excess_out, bins, alpha=0.6, label="output perturbation")
 ax.hist(excess_obj, bins, alpha=0.6, label="objective perturbation")
-ax.axvline(lecture_out, color="C0", ls="--", label="000 bound (output)")
-ax.axvline(lecture_obj, color="C1", ls="--", label="002 bound (objective)")
+ax.axvline(lecture_out, color="C0", ls="--", label="lecture bound (output)")
+ax.axvline(lecture_obj, color="C1", ls="--", label="lecture bound (objective)")
 ax.set_xscale("log")
 ax.set_xlabel("J(w_priv) − J(w*)")
 ax.set_title(f"logistic regression, n={N}, d={D}, ε={EPSILON}, δ={DELTA:g}, μ={MU}")
@@ -105,7 +106,7 @@ print(f"objective perturbation: mean excess {excess_obj.mean():.2e}, dpjax bound
 # %% [markdown]
 # **Check.** Each mean excess is below dpjax's bound (up to 3 standard errors of the mean), each
 # dpjax bound is below the lecture's formula (the analytic σ is smaller), and objective
-# perturbation is the more accurate of the two here, as 002 predicts.
+# perturbation is the more accurate of the two here, as the lecture on objective perturbation predicts.
 
 # %%
 for excess, result, lecture in [(excess_out, out, lecture_out), (excess_obj, obj, lecture_obj)]:
@@ -124,7 +125,7 @@ assert math.isclose(obj.event.epsilon, EPSILON + 2 * math.log(1 + loss.smoothnes
 # $$E[F(w_{priv})] - F(w^*_F) \le \underbrace{\tfrac\mu2 R^2}_{\text{bias}} +
 #   \underbrace{E[J(w_{priv})] - J(w^*)}_{\text{noise} \,\propto\, 1/\mu}$$
 #
-# (`000_a9865af81d0677e1.txt`, "What if we had no regularizer"; `002_2b8193132caeaf52.txt`,
+# (lecture on output perturbation, "What if we had no regularizer"; lecture on objective perturbation,
 # "How to regularize?"). Tuning μ gives the convex rates
 # $LR(\sqrt d/(\varepsilon n))^{1/2}$ (output) and $LR\sqrt d/(\varepsilon n)$ (objective). The
 # tuned $\mu^*$ of dpjax's bounds is marked. (Here $R = \|w^*_F\|$ is read off the non-private
@@ -171,7 +172,7 @@ plt.show()
 # $d\sigma^2/(2n^2\mu)$ is a worst case, but the logistic loss itself is curved around $w^*$
 # (its Hessian, not only μ, damps the tilt), so a fixed smooth instance beats the worst-case
 # rate (the rate experiments of notebook 5 use instances that attain it). At its best μ
-# objective perturbation wins (002: rate √d/(εn) against (√d/(εn))^{1/2}).
+# objective perturbation wins (lecture on objective perturbation: rate √d/(εn) against (√d/(εn))^{1/2}).
 
 # %%
 for name in sweep:
@@ -187,10 +188,10 @@ print(f"best μ (output) = {MU_GRID[best_out]}, tuned μ* = {mu_star['output']:.
 assert sweep["output"][best_out].mean() <= tuned
 
 # %% [markdown]
-# ## Why objective perturbation needs strong convexity: the median (002)
+# ## Why objective perturbation needs strong convexity: the median (lecture on objective perturbation)
 #
 # Take the median objective $J(w) = \frac1n\sum_i |w - x_i|$ on $D = \{0, 100\}$ and its
-# neighbour $D' = \{0, 101\}$ (`002_2b8193132caeaf52.txt`, "Limitations of objective
+# neighbour $D' = \{0, 101\}$ (lecture on objective perturbation, "Limitations of objective
 # perturbation"). The tilted objective $J(w) + bw/n$ is piecewise linear, so its minimiser sits
 # on a data point: when $-2 < b < 0$ it is exactly $x_2$, which *is* the private value. Outputs
 # on D and D' then have disjoint supports (100 versus 101): no finite ε. dpjax refuses the
@@ -239,7 +240,7 @@ ax.bar(np.arange(5) - 0.2, freq_D, width=0.4, label="D = {0, 100}")
 ax.bar(np.arange(5) + 0.2, freq_Dp, width=0.4, label="D' = {0, 101}")
 ax.set_xticks(range(5), [str(v) for v in values])
 ax.set_xlabel("released w_priv")
-ax.set_title("objective perturbation of the median (002): disjoint supports")
+ax.set_title("objective perturbation of the median: disjoint supports")
 ax.legend()
 plt.show()
 print(f"P[w_priv = 100 | D] = {freq_D[2]:.4f}, P[w_priv = 100 | D'] = {freq_Dp[2]:.4f}")

@@ -1,18 +1,19 @@
 # %% [markdown]
 # # 4. DP-SGD with optax and flax
 #
-# DP-SGD (`003_eb46ba05ef56608d.txt`, "DP Stochastic Gradient Descent") in three visible pieces:
+# DP-SGD (lecture on ML under DP, "DP Stochastic Gradient Descent"; Abadi et al. 2016) in three
+# visible pieces:
 #
 # 1. **per-example clipping**: $[g]_C = g\cdot\min(1, C/\|g\|_2)$ (the note writes max where
 #    min is meant), summed over the batch (`dpjax.clipped_grad`); one example moves the sum by
 #    at most $C$, so the sum has ℓ2 sensitivity $C$ under add/remove-one and $2C$ under
-#    replace-one (`003_eb46ba05ef56608d.txt`, "DP Gradient Descent");
+#    replace-one (lecture on ML under DP, "DP Gradient Descent");
 # 2. **the Gaussian mechanism on the sum**: $N(0, \sigma^2C^2 I)$ added once per step
 #    (`dpjax.add_gaussian_noise`), then division by the PUBLIC expected batch size $qn$
 #    (`dpjax.normalize_by`) and any optax optimizer (post-processing);
 #    `dpjax.dp_sgd_optimizer` chains the three;
-# 3. **accounting**: Poisson sampling at rate $q$ amplifies privacy (003, "privacy
-#    amplification by subsampling") and `dpjax.accounting.dp_sgd_epsilon` composes the $T$
+# 3. **accounting**: Poisson sampling at rate $q$ amplifies privacy (lecture on ML under DP,
+#    "privacy amplification by subsampling") and `dpjax.accounting.dp_sgd_epsilon` composes the $T$
 #    subsampled Gaussian steps tightly (PLD).
 #
 # `dpjax.make_private` wires all three (and the Poisson sampler) in one call; we look at the
@@ -123,7 +124,7 @@ print(f"{int(info.num_clipped)} of 64 examples clipped; sensitivity of the sum:"
       f" replace-one {demo_grad_fn.sensitivity(dpjax.REPLACE_ONE)}")
 
 # %% [markdown]
-# **Check (003).** Removing any one example changes the clipped sum by exactly
+# **Check (clipped-sum sensitivity).** Removing any one example changes the clipped sum by exactly
 # $\min(\|g_i\|, C) \le C$ (float32 tolerance), and dpjax reports the sensitivities $C$
 # (add/remove-one) and $2C$ (replace-one).
 

@@ -6,8 +6,8 @@
 #
 # | method | bound | slope in n | slope in ε | source |
 # |---|---|---|---|---|
-# | output perturbation | $\frac{3L^2\sqrt{d\log(1.25/\delta)}}{\varepsilon\mu n}$ | −1 | −1 | `000_a9865af81d0677e1.txt`, "Output perturbation: utility" |
-# | objective perturbation | $\frac{d\sigma^2}{2n^2\mu}$, $\sigma^2 = \frac{8L^2\log(1.25/\delta)}{\varepsilon^2}$ | −2 | −2 | `002_2b8193132caeaf52.txt`, "Utility analysis" |
+# | output perturbation | $\frac{3L^2\sqrt{d\log(1.25/\delta)}}{\varepsilon\mu n}$ | −1 | −1 | lecture on output perturbation, "utility"; Chaudhuri, Monteleoni & Sarwate 2011 |
+# | objective perturbation | $\frac{d\sigma^2}{2n^2\mu}$, $\sigma^2 = \frac{8L^2\log(1.25/\delta)}{\varepsilon^2}$ | −2 | −2 | lecture on objective perturbation, "utility analysis"; Kifer, Smith & Thakurta 2012 |
 #
 # These are worst-case upper bounds: a benign instance can decay faster (a smooth loss makes
 # output perturbation's excess fall like $n^{-2}$). To see a slope of −1 we need an instance
@@ -154,7 +154,7 @@ for name in sweep:
 # %% [markdown]
 # ## The sweep in ε
 #
-# At fixed $n$ the output-perturbation bound falls like $1/\varepsilon$ (000), as long as the
+# At fixed $n$ the output-perturbation bound falls like $1/\varepsilon$ (lecture on output perturbation), as long as the
 # Gaussian calibration is linear in $1/\varepsilon$ (it is for small ε; fit on ε ≤ 1).
 
 # %%
