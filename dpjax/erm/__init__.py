@@ -23,11 +23,13 @@ from dpjax.erm.objective_perturbation import (
     objective_perturbation,
 )
 from dpjax.erm.output_perturbation import output_perturbation
+from dpjax.erm.estimator import PrivateLogisticRegression
 from dpjax.erm.result import ERMResult
 from dpjax.erm.solver import SolveResult, objective, solve
 
 __all__ = [
     "ERMResult",
+    "PrivateLogisticRegression",
     "SolveResult",
     "approximate_objective_perturbation",
     "bounds",
