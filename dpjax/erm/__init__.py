@@ -15,6 +15,7 @@ that guarantees its accuracy on every input, no failure branch), ``bounds``
 """
 
 from dpjax.erm import bounds, losses
+from dpjax.erm.estimator import PrivateLogisticRegression
 from dpjax.erm.hypothesis_grid import exponential_mechanism_grid
 from dpjax.erm.iterative import dp_gd, dp_sgd, laplace_dp_sgd
 from dpjax.erm.linear_regression import noisy_sufficient_statistics_regression
@@ -23,7 +24,6 @@ from dpjax.erm.objective_perturbation import (
     objective_perturbation,
 )
 from dpjax.erm.output_perturbation import output_perturbation
-from dpjax.erm.estimator import PrivateLogisticRegression
 from dpjax.erm.result import ERMResult
 from dpjax.erm.solver import SolveResult, objective, solve
 
