@@ -440,6 +440,11 @@ def markdown(records: list[dict], comparison: list[dict], plot: str | None, spec
             else "."
         )
     )
+    lines.append(
+        '("Best" is picked after the fact over five methods on test accuracy — a comparison '
+        "of the library, not a private model-selection procedure; the per-method rows are the "
+        "like-for-like numbers.)"
+    )
     pure_worse = [c for c in comparison if c["pure_worse_beyond_ci"]]
     lines.append(
         f"Like-for-like (pure ε: CMS11 vs diffprivlib): dpjax is below diffprivlib beyond the "
