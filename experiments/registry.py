@@ -19,6 +19,7 @@ EXPERIMENTS: dict[str, str] = {
     "rates": "experiments.rates",
     "audit": "experiments.audit",
     "composition": "experiments.composition",
+    "utility": "experiments.utility",
 }
 
 # The rate reproduction is the main job: it runs first and its table heads REPORT.md.

@@ -15,6 +15,7 @@ that guarantees its accuracy on every input, no failure branch), ``bounds``
 """
 
 from dpjax.erm import bounds, losses
+from dpjax.erm.estimator import PrivateLogisticRegression
 from dpjax.erm.hypothesis_grid import exponential_mechanism_grid
 from dpjax.erm.iterative import dp_gd, dp_sgd, laplace_dp_sgd
 from dpjax.erm.linear_regression import noisy_sufficient_statistics_regression
@@ -28,6 +29,7 @@ from dpjax.erm.solver import SolveResult, objective, solve
 
 __all__ = [
     "ERMResult",
+    "PrivateLogisticRegression",
     "SolveResult",
     "approximate_objective_perturbation",
     "bounds",

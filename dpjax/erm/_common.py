@@ -37,7 +37,8 @@ def require_x64() -> None:
 def prepare_data(X, y, loss: Loss, *, sign_labels: bool = True) -> tuple[jax.Array, jax.Array]:
     """Cast (X, y) to float64 and check the bounds the loss constants assume.
 
-    Concrete data are checked (``ValueError``): at least one row, finite entries, ‖x_i‖ ≤ 1,
+    Concrete data are checked (``ValueError``): at least one row, finite entries, ‖x_i‖ ≤ 1
+    (up to the rounding of the input dtype, :func:`row_norm_slack`; such rows are rescaled),
     |y_i| ≤ ``loss.label_bound`` and, for margin losses with ``sign_labels`` (every private
     solver), y_i ∈ {−1, +1} (the reference :func:`solve` accepts |y_i| ≤ 1). Traced data (inside
     ``jax.jit``) cannot be checked; they are mapped onto the assumptions instead, a no-op on
@@ -47,8 +48,9 @@ def prepare_data(X, y, loss: Loss, *, sign_labels: bool = True) -> tuple[jax.Arr
     """
     concrete = _validate.is_concrete(X) and _validate.is_concrete(y)
     if concrete:
+        slack = row_norm_slack(getattr(X, "dtype", np.float64))
         X_np, y_np = np.asarray(X, dtype=np.float64), np.asarray(y, dtype=np.float64)
-        _check_bounds(X_np, y_np, loss, sign_labels)
+        _check_bounds(X_np, y_np, loss, sign_labels, slack)
     X = jnp.asarray(X, dtype=jnp.float64)
     y = jnp.asarray(y, dtype=jnp.float64)
     if X.ndim != 2 or y.shape != (X.shape[0],):
@@ -65,7 +67,22 @@ def finite_or_zero(a: jax.Array) -> jax.Array:
     return jnp.where(jnp.isfinite(a), a, jnp.zeros_like(a))
 
 
-def _check_bounds(X: np.ndarray, y: np.ndarray, loss: Loss, sign_labels: bool) -> None:
+def row_norm_slack(dtype) -> float:
+    """How far above 1 a row normalised to ‖x‖ ≤ 1 IN ``dtype`` may read in float64.
+
+    A float32 row clipped to norm 1 has float64 norm up to 1 + a few float32 ulps (each entry
+    is rounded to 24 bits): such rows are accepted and rescaled to ‖x‖ ≤ 1 (:func:`prepare_data`
+    divides every row by max(1, ‖x‖)), so the rounding is neither refused nor hidden. The
+    slack is 16·eps(dtype) for floating inputs below float64 and 1e-9 otherwise.
+    """
+    if jnp.issubdtype(dtype, jnp.floating) and float(jnp.finfo(dtype).eps) > 2.0**-52:
+        return 16.0 * float(jnp.finfo(dtype).eps)
+    return 1e-9
+
+
+def _check_bounds(
+    X: np.ndarray, y: np.ndarray, loss: Loss, sign_labels: bool, row_norm_slack: float = 1e-9
+) -> None:
     if X.ndim != 2 or y.shape != (X.shape[0],):
         _validate.fail("X, y", (X.shape, y.shape), "shapes (n, d) and (n,)")
     if X.shape[0] == 0:
@@ -75,8 +92,14 @@ def _check_bounds(X: np.ndarray, y: np.ndarray, loss: Loss, sign_labels: bool) -
     if not np.all(np.isfinite(y)):
         _validate.fail("y", f"{int(np.sum(~np.isfinite(y)))} non-finite entries", "finite")
     max_norm = float(np.max(np.linalg.norm(X, axis=1)))
-    if max_norm > 1.0 + 1e-9:
-        _validate.fail("X", f"max row norm {max_norm:.6g}", "rows with ‖x_i‖ ≤ 1")
+    if max_norm > 1.0 + row_norm_slack:
+        _validate.fail(
+            "X",
+            f"max row norm 1 + {max_norm - 1.0:.3g}",
+            "rows with ‖x_i‖ ≤ 1 (up to the input dtype's rounding, 1 + "
+            f"{row_norm_slack:.3g}); clip them first: X / max(1, ‖x_i‖) per row, e.g. "
+            "dpjax.erm.estimator.clip_rows(X)",
+        )
     if sign_labels and loss.kind == "margin" and not np.all(np.abs(y) == 1.0):
         bad = np.unique(y[np.abs(y) != 1.0])[:5].tolist()
         _validate.fail(

@@ -263,7 +263,7 @@ def dp_gd(
 
     Raises:
         ValueError: bad parameters, invalid concrete data (empty, non-finite, ‖x_i‖ > 1,
-            margin labels not ±1; :func:`dpjax.erm.solver.prepare_data`), or add/remove-one
+            margin labels not ±1; :func:`dpjax.erm._common.prepare_data`), or add/remove-one
             without ``dataset_size``.
 
     Formal guarantees:

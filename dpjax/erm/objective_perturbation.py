@@ -157,7 +157,7 @@ def objective_perturbation(
     loss: Loss,
     mu: float,
     epsilon: float,
-    delta: float,
+    delta: float | None = None,
     relation: NeighbouringRelation | str = REPLACE_ONE,
     variant: str = "kst",
     calibration: str = "classic",
@@ -182,7 +182,9 @@ def objective_perturbation(
             others are refused with the reason (the median example of the lecture on objective
             perturbation).
         mu: μ > 0 (public).
-        epsilon, delta: the budget (``variant="cms"`` is pure ε and ignores δ).
+        epsilon, delta: the budget. ``"kst"`` and ``"lecture"`` need δ ∈ (0, 1);
+            ``variant="cms"`` is pure ε: δ may be omitted (``None``) or 0 (a δ > 0 is
+            accepted and not used: the event records δ = 0).
         relation: only ``REPLACE_ONE`` (the relation CMS11 and KST12 prove).
         variant: ``"kst"`` (default, KST12 Gaussian), ``"lecture"`` (the lecture as taught) or
             ``"cms"`` (CMS11 Algorithm 2, pure ε). See :func:`calibrate`.
@@ -224,7 +226,8 @@ def objective_perturbation(
     require_x64()
     check_objective_perturbation_loss(loss, mu)
     _validate.epsilon("epsilon", epsilon)
-    _validate.delta("delta", delta)
+    _validate.one_of("variant", variant, _VARIANTS)
+    delta = _delta_for_variant(variant, delta)
     if variant == "kst" and not loss.continuous_hessian:
         raise ValueError(
             f"loss must have a continuous Hessian for variant='kst' (KST12's assumption); got "
@@ -270,6 +273,15 @@ def objective_perturbation(
         noise_scale=cal["scale"],
         extra_regularization=cal["extra"],
     )
+
+
+def _delta_for_variant(variant: str, delta) -> float:
+    """δ as a float: pure-ε ``"cms"`` accepts None/0; the Gaussian variants need δ ∈ (0, 1)."""
+    if delta is None:
+        if variant == "cms":
+            return 0.0
+        _validate.fail("delta", delta, f"in (0, 1) for variant={variant!r} (use variant='cms')")
+    return _validate.delta("delta", delta)
 
 
 def _accuracy(accuracy, loss: Loss, mu_total: float) -> float:
