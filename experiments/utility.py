@@ -208,7 +208,7 @@ def _dpjax_fit(method: str, epsilon: float, cfg: dict, n: int):
     return lambda k, X, y: erm.dp_sgd(
         k, X, y, loss=loss, epsilon=epsilon, delta=DELTA, radius=cfg["radius"],
         sampling_rate=cfg["sampling_rate"], steps=cfg["steps"], dataset_size=n,
-        accountant=cfg["accountant"],
+        accounting=cfg["accountant"],
     ).params  # fmt: skip
 
 

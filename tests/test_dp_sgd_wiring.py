@@ -292,7 +292,7 @@ def test_erm_dp_sgd_records_the_rate_the_sampler_realises(key):
         sampling_rate=q,
         steps=3,
         dataset_size=50,
-        accountant="rdp",
+        accounting="rdp",
     )
     assert res.event.sampling_rate == realised_sampling_rate(q)
     assert res.sensitivity == 1.0  # grad_fn.sensitivity(add/remove-one) = C = L = 1

@@ -108,7 +108,7 @@ def test_dp_sgd_event_matches_accountant():
         sampling_rate=0.1,
         steps=30,
         mu=0.1,
-        accountant="rdp",
+        accounting="rdp",
         dataset_size=n,
     )
     assert isinstance(res.event, PoissonSampledGaussianEvent)

@@ -335,7 +335,7 @@ def dp_sgd(
     mu: float = 0.0,
     l2_clip_norm: float | None = None,
     relation: NeighbouringRelation | str = "add_or_remove_one",
-    accountant: str = "pld",
+    accounting: str = "pld",
     output: str = "average",
     dataset_size: int | None = None,
 ) -> ERMResult:
@@ -349,7 +349,7 @@ def dp_sgd(
         steps: T.
         relation: ``"add_or_remove_one"`` (default: the relation Poisson amplification is proved
             for) or ``REPLACE_ONE``.
-        accountant: ``"pld"`` or ``"rdp"`` (:func:`dpjax.accounting.calibrate_noise_multiplier`).
+        accounting: ``"pld"`` or ``"rdp"`` (:func:`dpjax.accounting.calibrate_noise_multiplier`).
         dataset_size: the PUBLIC n of the normaliser q·n (required under add/remove-one, the
             default relation; :func:`public_dataset_size`).
         Others: as :func:`dp_gd`.
@@ -381,7 +381,7 @@ def dp_sgd(
         delta=delta,
         sampling_rate=sampling_rate,
         steps=steps,
-        accounting=accountant,
+        accounting=accounting,
         relation=relation,
     )
     stddev = multiplier * clip
