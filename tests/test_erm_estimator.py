@@ -224,3 +224,28 @@ def test_kst_still_requires_delta():
                 jax.random.key(0), X, np.array([1.0, -1.0]), loss=losses.logistic, mu=0.1,
                 epsilon=1.0, delta=delta,
             )  # fmt: skip
+
+
+def test_labels_read_from_the_data_warn_and_public_classes_do_not():
+    """classes_ read from y is a data-dependent release (a label absent from D but present in a
+    neighbour changes it): it warns; public classes= are used as given, without a warning."""
+    import warnings
+
+    from dpjax.erm.estimator import PrivacyLeakWarning
+
+    X = np.array([[1.0, 0.2], [0.9, 0.1], [-1.0, 0.0], [-0.8, -0.3]])
+    y = np.array([3, 3, 7, 7])
+    with pytest.warns(PrivacyLeakWarning, match="classes"):
+        PrivateLogisticRegression(epsilon=1.0, random_state=jax.random.key(0)).fit(X, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrivacyLeakWarning)
+        clf = PrivateLogisticRegression(
+            epsilon=1.0, classes=[7, 3], random_state=jax.random.key(1)
+        ).fit(X, y)
+    assert clf.classes_.tolist() == [3, 7]
+    # a data set holding one of the two public labels only is fitted, not refused
+    clf.set_params(random_state=jax.random.key(2)).fit(X, np.array([3, 3, 3, 3]))
+    with pytest.raises(ValueError, match="classes"):
+        PrivateLogisticRegression(
+            epsilon=1.0, classes=[1, 2, 3], random_state=jax.random.key(3)
+        ).fit(X, y)

@@ -28,6 +28,7 @@ import numpy as np
 from dpjax import _validate
 
 __all__ = [
+    "PrivacyLeakWarning",
     "PrivateLogisticRegression",
     "clip_rows",
     "public_features",
@@ -176,6 +177,10 @@ def _key_fingerprint(key) -> bytes:
     return np.asarray(jax.random.key_data(key)).tobytes()
 
 
+class PrivacyLeakWarning(UserWarning):
+    """Something data-dependent is released outside the privacy guarantee (e.g. the labels)."""
+
+
 class PrivateLogisticRegression(_Mixin, _Base):
     """Differentially private binary logistic regression with scikit-learn conventions.
 
@@ -202,6 +207,8 @@ class PrivateLogisticRegression(_Mixin, _Base):
             integers are guessable; see README "Releasing real data"). Each fit draws its
             noise from this key: refitting with the same key reuses the noise (a warning);
             pass a fresh key (``set_params(random_state=...)``) for every release.
+        classes: the two class labels, if public (recommended). ``None``: read from y and
+            released as they are, with a :class:`PrivacyLeakWarning` (as diffprivlib does).
 
     Attributes:
         coef_: (1, d) weights; intercept_: (1,); classes_: the two labels (sorted);
@@ -217,16 +224,18 @@ class PrivateLogisticRegression(_Mixin, _Base):
         2/(μn) (lecture on output perturbation, sensitivity lemma; CMS11 Corollary 8), then
         CMS11 Theorem 6 (δ = 0) or the analytic Gaussian mechanism (Balle & Wang 2018);
         ``"dp_gd"``: T Gaussian mechanisms on a clipped gradient sum of sensitivity 2 (lecture
-        on ML under DP, DP-GD with concentrated DP). The class labels ``classes_`` are read
-        from y: they are released as they are (as in scikit-learn/diffprivlib); pass data
-        whose two labels are public. Caveat: the labels and n are treated as public.
+        on ML under DP, DP-GD with concentrated DP). The class labels ``classes_`` are those
+        given in ``classes`` (public); without ``classes`` they are read from y and released
+        as they are (as in scikit-learn/diffprivlib), outside the guarantee,
+        with a warning. n is treated as public.
 
     Example:
         >>> import jax, numpy as np
         >>> from dpjax.erm import PrivateLogisticRegression
         >>> X = np.array([[1.0, 0.2], [0.9, 0.1], [-1.0, 0.0], [-0.8, -0.3]])
         >>> y = ["a", "a", "b", "b"]
-        >>> clf = PrivateLogisticRegression(epsilon=1.0, random_state=jax.random.key(0)).fit(X, y)
+        >>> clf = PrivateLogisticRegression(epsilon=1.0, classes=["a", "b"],
+        ...                                 random_state=jax.random.key(0)).fit(X, y)
         >>> clf.predict(X).shape, clf.classes_.tolist()
         ((4,), ['a', 'b'])
     """
@@ -243,6 +252,7 @@ class PrivateLogisticRegression(_Mixin, _Base):
         radius: float = DEFAULT_RADIUS,
         max_steps: int = 1000,
         random_state=None,
+        classes=None,
     ):
         self.epsilon = epsilon
         self.delta = delta
@@ -253,6 +263,7 @@ class PrivateLogisticRegression(_Mixin, _Base):
         self.radius = radius
         self.max_steps = max_steps
         self.random_state = random_state
+        self.classes = classes
 
     # -- scikit-learn tags: binary only, randomised (determinism needs a fixed key) -------------
     def _more_tags(self):
@@ -308,8 +319,33 @@ class PrivateLogisticRegression(_Mixin, _Base):
         return dict(epsilon=eps, delta=delta, solver=solver, radius=radius, mu=mu, steps=steps)
 
     # -- fit / predict ----------------------------------------------------------------------------
+    def _public_classes(self, y) -> np.ndarray:
+        """The two labels: ``classes`` if given (public), else read from y with a warning."""
+        if self.classes is not None:
+            classes = np.unique(np.asarray(self.classes))
+            if classes.size != 2:
+                _validate.fail("classes", self.classes, "two distinct labels")
+            unknown = ~np.isin(y, classes)
+            if np.any(unknown):
+                _validate.fail("y", f"labels outside classes={classes.tolist()!r}", "in classes")
+            return classes
+        classes = np.unique(y)
+        if classes.size != 2:
+            raise ValueError(
+                f"y must hold exactly 2 classes for PrivateLogisticRegression (binary only); "
+                f"got {classes.size} class(es): {classes[:5].tolist()!r}"
+            )
+        warnings.warn(
+            "PrivateLogisticRegression.fit: classes_ is read from y and released as it is (not "
+            "private: whether a label occurs depends on the data); pass classes=[a, b] when the "
+            "two labels are public.",
+            PrivacyLeakWarning,
+            stacklevel=3,
+        )
+        return classes
+
     def fit(self, X, y):
-        """Fit privately on (X, y); y must hold exactly two distinct labels.
+        """Fit privately on (X, y); y must hold exactly two distinct labels (or ``classes``).
 
         Returns:
             self.
@@ -324,12 +360,7 @@ class PrivateLogisticRegression(_Mixin, _Base):
             from sklearn.utils.multiclass import check_classification_targets
 
             check_classification_targets(y)  # "Unknown label type" for continuous targets
-        classes = np.unique(y)
-        if classes.size != 2:
-            raise ValueError(
-                f"y must hold exactly 2 classes for PrivateLogisticRegression (binary only); "
-                f"got {classes.size} class(es): {classes[:5].tolist()!r}"
-            )
+        classes = self._public_classes(y)
         key = _check_key(self.random_state)
         fingerprint = _key_fingerprint(key)
         if getattr(self, "_last_key_", None) == fingerprint:
