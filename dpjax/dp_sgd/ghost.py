@@ -123,7 +123,7 @@ def plan(loss_fn: Callable, params: Any, *batch: Any) -> tuple[GhostPlan, Callab
 
 
 def supports(loss_fn: Callable, params: Any, *batch: Any) -> bool:
-    """Whether the ghost path can speed up ``loss_fn``: it has at least one dense weight.
+    """Whether the ghost path can speed up ``loss_fn``: a dense weight or an embedding table.
 
     Args:
         loss_fn: ``loss_fn(params, *example) -> scalar``, the loss of ONE example.
@@ -131,9 +131,9 @@ def supports(loss_fn: Callable, params: Any, *batch: Any) -> bool:
         *batch: the batched arguments (leading axis = examples).
 
     Returns:
-        ``True`` iff tracing found a parameter used once as an operand of a matrix product.
-        Functions that cannot be traced for one example give ``False`` (the vmap path then
-        reports the error).
+        ``True`` iff tracing found a parameter used once as an operand of a matrix product,
+        a convolution kernel or a table looked up by rows (``E[tokens]``). Functions that
+        cannot be traced for one example give ``False`` (the vmap path then reports the error).
 
     Example:
         >>> import jax.numpy as jnp
@@ -142,6 +142,8 @@ def supports(loss_fn: Callable, params: Any, *batch: Any) -> bool:
         True
         >>> supports(lambda w, x: jnp.sum((w - x) ** 2), jnp.zeros(3), jnp.ones((4, 3)))
         False
+        >>> supports(lambda e, t: jnp.sum(e[t] ** 2), jnp.zeros((10, 3)), jnp.zeros((4, 5), int))
+        True
     """
     try:
         ghost_plan, _ = plan(loss_fn, params, *batch)
