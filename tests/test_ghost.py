@@ -226,7 +226,7 @@ def test_lax_conv_nchw_float64(key):
 class Unsupported(nn.Module):
     @nn.compact
     def __call__(self, tokens):
-        x = nn.Embed(11, 4)(tokens)  # a gather of the table: not a dense weight
+        x = nn.Embed(11, 4)(tokens)  # a gather of the table: an embedding tap
         x = nn.Conv(4, (2,), feature_group_count=2)(x)  # grouped: not tapped either
         return nn.Dense(3)(jnp.tanh(x).reshape(-1))
 
@@ -242,7 +242,7 @@ def test_unsupported_layer_falls_back_to_vmap(key):
         return xent(model.apply({"params": p}, t), y)
 
     tapped = ghost.plan(loss, params, tokens, y)[0].tapped_leaves
-    assert len(tapped) == 1  # the Dense kernel only; embedding and grouped conv use vmap
+    assert len(tapped) == 2  # the Dense kernel and the embedding; the grouped conv uses vmap
     total, norms, _ = run(loss, params, (tokens, y), clip=0.1)
     ref_sum, ref_norms = reference(loss, params, (tokens, y), 0.1)
     np.testing.assert_allclose(np.asarray(norms), ref_norms, rtol=2e-6)

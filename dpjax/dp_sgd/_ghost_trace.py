@@ -1,4 +1,4 @@
-"""Jaxpr surgery for ghost clipping: find dense weights and tap their layers.
+"""Jaxpr surgery for ghost clipping: find dense weights and embedding tables and tap them.
 
 The per-example loss is traced to a jaxpr with every ``jit`` call inlined. A parameter leaf is a
 *dense weight* when it is used exactly once, as one operand of a ``dot_general`` without batch
@@ -8,9 +8,15 @@ the layer input ``a`` (the other operand) with the gradient ``g`` of the loss at
 output, so its norm and the clipped sum can be formed from ``a`` and ``g`` without
 materialising it. A weight cast (single use) before its product is followed through the cast.
 
+A 2-D parameter used once as the operand of a row-lookup ``gather`` (``jnp.take(E, tokens,
+axis=0)``, ``E[tokens]``, flax ``Embed``) is an *embedding table* (:class:`EmbeddingTap`): its
+per-example gradient scatters the rows ``g_t`` of the output gradient into the looked-up rows,
+so it too follows from the token ids and ``g``.
+
 :func:`evaluate_tapped` re-evaluates the jaxpr, adds a zero *perturbation* to every tapped output
-and returns the captured inputs: the gradient with respect to a perturbation is ``g``.
-Every other parameter is left to the per-example (vmap) fallback.
+and returns the captured inputs (activations, or token ids for an embedding): the gradient with
+respect to a perturbation is ``g``. Every other parameter is left to the per-example (vmap)
+fallback.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import jax.extend.core as jex
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["DenseTap", "GhostPlan", "make_plan", "evaluate_tapped"]
+__all__ = ["DenseTap", "EmbeddingTap", "GhostPlan", "make_plan", "evaluate_tapped"]
 
 _INLINED = ("jit", "pjit")
 
@@ -55,12 +61,33 @@ class DenseTap:
 
 
 @dataclasses.dataclass(frozen=True)
+class EmbeddingTap:
+    """One tapped row-lookup ``gather`` of the parameter leaf ``leaf``, a table ``(V, D)``.
+
+    Per example the lookup reads rows ``idx: (T,)`` and outputs ``(T, D)``; with ``g: (T, D)``
+    the gradient at the output, ``∇E = Σ_t e_{idx_t} g_tᵀ`` (a scatter-add of the rows ``g_t``).
+    ``mode`` is the gather's out-of-bounds rule: ``"clip"`` clamps an index into ``[0, V)``,
+    every other mode drops it (what the scatter-add transpose of the gather does in XLA).
+    """
+
+    eqn_index: int
+    leaf: int
+    t: int
+    vocab: int
+    dim: int
+    mode: str
+    out_shape: tuple[int, ...]
+    out_dtype: Any
+    weight_shape: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
 class GhostPlan:
     """The inlined per-example jaxpr and the dense weights found in it."""
 
     jaxpr: Any  # jex.ClosedJaxpr with invars = param leaves + example leaves
     num_params: int
-    taps: tuple[DenseTap, ...]
+    taps: tuple[DenseTap | EmbeddingTap, ...]
 
     @property
     def tapped_leaves(self) -> frozenset[int]:
@@ -201,6 +228,44 @@ def im2col(lhs: jax.Array, patches: dict) -> jax.Array:
     return stacked.reshape(stacked.shape[:-2] + (-1,))
 
 
+def _embedding_tap(eqn_index: int, eqn: Any, leaf: int) -> EmbeddingTap | None:
+    """A ``gather`` that looks up whole rows of a 2-D table: ``out[..., :] = E[idx[..., 0], :]``.
+
+    Anything else (several index columns, partial slices, batching dims) is left to vmap.
+    """
+    p = eqn.params
+    table, idx = eqn.invars[0].aval, eqn.invars[1].aval
+    dn = p["dimension_numbers"]
+    if table.ndim != 2 or idx.ndim < 1 or idx.shape[-1] != 1:
+        return None
+    if not jnp.issubdtype(idx.dtype, np.integer):
+        return None
+    expected = dict(
+        offset_dims=(idx.ndim - 1,),
+        collapsed_slice_dims=(0,),
+        start_index_map=(0,),
+        operand_batching_dims=(),
+        start_indices_batching_dims=(),
+    )
+    if any(tuple(getattr(dn, name, ())) != want for name, want in expected.items()):
+        return None
+    if tuple(p["slice_sizes"]) != (1, table.shape[1]):
+        return None
+    out = eqn.outvars[0].aval
+    mode = "clip" if p["mode"] == jax.lax.GatherScatterMode.CLIP else "drop"
+    return EmbeddingTap(
+        eqn_index=eqn_index,
+        leaf=leaf,
+        t=int(np.prod(idx.shape[:-1], dtype=np.int64)),
+        vocab=int(table.shape[0]),
+        dim=int(table.shape[1]),
+        mode=mode,
+        out_shape=tuple(out.shape),
+        out_dtype=out.dtype,
+        weight_shape=tuple(table.shape),
+    )
+
+
 def _through_casts(jaxpr: Any, uses: dict, outvars: set, var: Any) -> Any:
     """Follow a parameter through single-use dtype casts (``promote_dtype``, mixed precision)."""
     while var not in outvars and len(uses[var]) == 1:
@@ -211,7 +276,7 @@ def _through_casts(jaxpr: Any, uses: dict, outvars: set, var: Any) -> Any:
     return var
 
 
-def _find_taps(jaxpr: Any, num_params: int) -> tuple[DenseTap, ...]:
+def _find_taps(jaxpr: Any, num_params: int) -> tuple[DenseTap | EmbeddingTap, ...]:
     uses: dict[Any, list[tuple[int, int]]] = defaultdict(list)
     for i, eqn in enumerate(jaxpr.eqns):
         for j, v in enumerate(eqn.invars):
@@ -233,6 +298,8 @@ def _find_taps(jaxpr: Any, num_params: int) -> tuple[DenseTap, ...]:
             tap = _dense_tap(i, eqn, leaf, pos)
         elif eqn.primitive.name == "conv_general_dilated" and pos == 1:
             tap = _conv_tap(i, eqn, leaf)
+        elif eqn.primitive.name == "gather" and pos == 0:
+            tap = _embedding_tap(i, eqn, leaf)
         else:
             tap = None
         if tap is not None:
@@ -258,7 +325,8 @@ def evaluate_tapped(plan: GhostPlan, args: Sequence[Any], perturbations: Sequenc
     """Evaluate the plan's jaxpr with ``perturbations[j]`` added to the output of tap ``j``.
 
     Returns:
-        ``(loss, activations)`` where ``activations[j]`` is tap ``j``'s non-weight operand.
+        ``(loss, activations)`` where ``activations[j]`` is tap ``j``'s non-weight operand (the
+        im2col patches for a convolution, the ``(..., 1)`` indices for an embedding lookup).
     """
     jaxpr = plan.jaxpr.jaxpr
     tap_of = {t.eqn_index: j for j, t in enumerate(plan.taps)}
@@ -272,8 +340,11 @@ def evaluate_tapped(plan: GhostPlan, args: Sequence[Any], perturbations: Sequenc
         j = tap_of.get(i)
         if j is not None:
             tap = plan.taps[j]
-            activations[j] = invals[1 - tap.weight_pos]
-            if tap.patches is not None:
+            if isinstance(tap, EmbeddingTap):
+                activations[j] = invals[1]
+            else:
+                activations[j] = invals[1 - tap.weight_pos]
+            if isinstance(tap, DenseTap) and tap.patches is not None:
                 activations[j] = im2col(activations[j], dict(tap.patches))
             outs = [outs[0] + perturbations[j]]
         env.update(zip(eqn.outvars, outs, strict=True))

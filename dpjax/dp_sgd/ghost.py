@@ -12,11 +12,19 @@ al. 2023): ``Σ_i s_i a_iᵀ g_i = einsum('bk,bn,b->kn', a, g, s)`` with
 ``s_i = min(1, C / ‖∇ℓ_i‖)``. The layers are found by tracing the per-example loss
 (:mod:`dpjax.dp_sgd._ghost_trace`), so flax linen/nnx models and plain pytrees (``x @ W + b``) work
 alike. Recognised: a parameter used once as an operand of ``dot_general`` (Dense, ``x @ W``,
-einsum) and ungrouped convolution kernels (as a dense layer on im2col patches, T = output
-positions). For T > 1 a small layer's per-example gradients (K·N ≤ 8192) are formed and reused
-for the sum; a large one uses the Gram trick. Everything else (biases, norms, embeddings,
-grouped convolutions, tied weights, weights inside ``scan``/``remat``/``custom_jvp``) gets
-per-example gradients by ``jax.vmap``, in the same backward pass; they are usually small.
+einsum; attention projections over sequences), ungrouped convolution kernels (as a dense layer
+on im2col patches, T = output positions) and embedding tables (a row-lookup ``gather``:
+``E[tokens]``, ``jnp.take``, flax ``Embed``). For T > 1 a small layer's per-example gradients
+(K·N ≤ 8192) are formed and reused for the sum; a large one uses the Gram trick. An embedding's
+per-example gradient ``Σ_t e_{tok_t} g_tᵀ`` is kept in compact form: the segment sums
+``Σ_{s: tok_s = tok_t} g_s`` (a ``(T, T)`` token-equality matrix times g, ``B·T²·D`` flops),
+one row per distinct token, so ``‖∇E‖² = Σ_{t,t'} [tok_t = tok_t'] g_t·g_t'`` has no Gram
+cancellation and the ``(V, D)`` table is never formed per example; the clipped sum scatters the
+clipped segment sums into the table (Li et al. 2022, "Large language models can be strong
+differentially private learners", ghost clipping for embeddings). Everything else (biases,
+layer-norm scales, grouped convolutions, tied weights, weights inside
+``scan``/``remat``/``custom_jvp``) gets per-example gradients by ``jax.vmap``, in the same
+backward pass; they are usually small.
 
 Cost (issue 9 benchmark, 2-core CPU): the clipped sum without noise is about 1.1–1.5× a
 non-private gradient for the MLP 784-512-512-10, the CNN and logistic regression d = 10⁴,
@@ -33,6 +41,8 @@ and low-precision activations are converted first — never a dtype picked by it
 * T > 1, Gram trick: |computed − exact| ≤ γ_G·P², P = Σ_t ‖a_t‖‖g_t‖ (from the Gram
   diagonals), γ_G = (1+γ_{K+2})(1+γ_{N+2})(1+u)(1+γ_{T²}) − 1; the bound is sq + γ_G·P²;
 * T > 1, materialised: the norm of the formed per-example layer gradient (what is summed);
+* embedding: the norm of the formed segment sums (what is scattered, in the wide dtype): each
+  table row then receives at most one term per example, as in the vmap path's sum;
 * the contraction Σ_{i,t} a_{i,t}ᵀ(s_i·g_{i,t}) that forms the sum adds at most γ_{BT+3}·s·P
   for an example when T > 1 (its T terms can be far larger than its contribution and round
   against the other rows' partial sums), γ_4·s·‖a‖‖g‖ when T = 1 (sum dtype).
@@ -67,7 +77,13 @@ import numpy as np
 from dpjax import _validate
 from dpjax.dp_sgd import _certified
 from dpjax.dp_sgd._certified import HIGHEST
-from dpjax.dp_sgd._ghost_trace import DenseTap, GhostPlan, evaluate_tapped, make_plan
+from dpjax.dp_sgd._ghost_trace import (
+    DenseTap,
+    EmbeddingTap,
+    GhostPlan,
+    evaluate_tapped,
+    make_plan,
+)
 
 __all__ = ["supports", "ghost_clipped_sum", "plan"]
 
@@ -107,7 +123,7 @@ def plan(loss_fn: Callable, params: Any, *batch: Any) -> tuple[GhostPlan, Callab
 
 
 def supports(loss_fn: Callable, params: Any, *batch: Any) -> bool:
-    """Whether the ghost path can speed up ``loss_fn``: it has at least one dense weight.
+    """Whether the ghost path can speed up ``loss_fn``: a dense weight or an embedding table.
 
     Args:
         loss_fn: ``loss_fn(params, *example) -> scalar``, the loss of ONE example.
@@ -115,9 +131,9 @@ def supports(loss_fn: Callable, params: Any, *batch: Any) -> bool:
         *batch: the batched arguments (leading axis = examples).
 
     Returns:
-        ``True`` iff tracing found a parameter used once as an operand of a matrix product.
-        Functions that cannot be traced for one example give ``False`` (the vmap path then
-        reports the error).
+        ``True`` iff tracing found a parameter used once as an operand of a matrix product,
+        a convolution kernel or a table looked up by rows (``E[tokens]``). Functions that
+        cannot be traced for one example give ``False`` (the vmap path then reports the error).
 
     Example:
         >>> import jax.numpy as jnp
@@ -126,6 +142,8 @@ def supports(loss_fn: Callable, params: Any, *batch: Any) -> bool:
         True
         >>> supports(lambda w, x: jnp.sum((w - x) ** 2), jnp.zeros(3), jnp.ones((4, 3)))
         False
+        >>> supports(lambda e, t: jnp.sum(e[t] ** 2), jnp.zeros((10, 3)), jnp.zeros((4, 5), int))
+        True
     """
     try:
         ghost_plan, _ = plan(loss_fn, params, *batch)
@@ -164,6 +182,30 @@ def _canonical(tap: DenseTap, act: jax.Array, g: jax.Array) -> tuple[jax.Array, 
     return a, g
 
 
+def _embedding_rows(tap: EmbeddingTap, idx: jax.Array, g: jax.Array):
+    """Per-example table rows ``(B, T)`` (int), their validity, and ``g`` ``(B, T, D)``.
+
+    ``"clip"`` lookups read row ``clamp(idx, 0, V − 1)``; every other mode drops an index
+    outside ``[0, V)`` (its ``g`` row is zeroed and it meets no other row). The rows returned
+    are always in ``[0, V)``, so the scatter that forms the sum never relies on a drop rule.
+    """
+    b = idx.shape[0]
+    idx = idx.reshape(b, tap.t)
+    g = g.reshape(b, tap.t, tap.dim)
+    zero, last = jnp.zeros((), idx.dtype), jnp.asarray(tap.vocab - 1, idx.dtype)
+    if tap.mode == "clip":
+        return jnp.clip(idx, zero, last), jnp.ones(idx.shape, bool), g
+    valid = (idx >= zero) & (idx <= last)
+    rows = jnp.where(valid, idx, zero)
+    return rows, valid, jnp.where(valid[..., None], g, jnp.zeros((), g.dtype))
+
+
+def _same_row(rows: jax.Array, valid: jax.Array, dtype: Any) -> jax.Array:
+    """``[row_t = row_s, both valid]`` as a 0/1 ``(B, T, T)`` matrix of ``dtype``."""
+    same = (rows[:, :, None] == rows[:, None, :]) & valid[:, :, None] & valid[:, None, :]
+    return same.astype(dtype)
+
+
 _SMALL_LAYER = 8192  # K·N: per-example gradients of layers this small are cheap to materialise
 
 # The fast bound may exceed the estimate by this factor (squared norms) before the accurate
@@ -178,6 +220,8 @@ def _materialise(tap: DenseTap) -> bool:
     Then the norms cost B·T·K·N flops and the clipped sum reuses them (B·K·N); the Gram trick
     costs B·T²·(K+N) plus a second B·T·K·N contraction for the sum.
     """
+    if not isinstance(tap, DenseTap):
+        return False
     return tap.t > 1 and (tap.k * tap.n <= tap.t * (tap.k + tap.n) or tap.k * tap.n <= _SMALL_LAYER)
 
 
@@ -292,6 +336,36 @@ def _materialised_gram_bound(a: jax.Array, g: jax.Array, sum_dt: Any) -> _Bound:
     return _Bound(sq, _certified.inflate(nup * nup, 0.0), u2)
 
 
+def _segment_sums(same: jax.Array, g: jax.Array) -> jax.Array:
+    r"""Per-example table gradient in compact form: ``(B, T, D)``, one row per distinct token.
+
+    ``S = same · g`` (``(T, T)·(T, D)`` per example) puts in row t the sum of the ``g_s`` that
+    hit t's table row; rows that are not the first occurrence of their table row (and invalid
+    ones) are zeroed. Scattering the remaining rows into the table gives exactly the per-example
+    gradient ``Σ_t e_{row_t} g_tᵀ`` (each table row receives one vector), so ``‖S‖_F`` is its
+    norm, ``Σ_v ‖Σ_{t: row_t = v} g_t‖²``, with no Gram cancellation (Li et al. 2022, "Large
+    language models can be strong differentially private learners", ghost clipping of
+    embeddings; the token-equality matrix plays the part of their ``a_tᵀa_s``).
+    """
+    t = g.shape[1]
+    seg = _dot("bts,bsd->btd", same, g)
+    earlier = jnp.tril(jnp.ones((t, t), bool), -1)  # s < t
+    repeated = jnp.any((same > 0) & earlier[None], axis=2)
+    first = (jnp.diagonal(same, axis1=1, axis2=2) > 0) & ~repeated
+    return jnp.where(first[..., None], seg, jnp.zeros((), seg.dtype))
+
+
+def _embedding_clipped_sum(tap: EmbeddingTap, rows: jax.Array, seg_scaled: jax.Array):
+    """``Σ_i s_i ∇E_i`` as the ``(V, D)`` table: one scatter-add of the clipped segment sums.
+
+    Each example adds at most one (already summed, already clipped) vector to a table row, so
+    a table row sums ≤ B terms of norm ≤ C, as the vmap path's sum over examples does; the
+    example's own T positions are never rounded against the other examples' partial sums.
+    """
+    table = jnp.zeros((tap.vocab, tap.dim), seg_scaled.dtype)
+    return table.at[rows.reshape(-1)].add(seg_scaled.reshape(-1, tap.dim), mode="drop")
+
+
 def _scaled(bound_fn: Callable, a: jax.Array, g: jax.Array, sum_dt: Any) -> _Bound:
     """``bound_fn`` on a and g scaled by powers of two per example (exact), then unscaled.
 
@@ -401,7 +475,9 @@ def ghost_clipped_sum(
     return _ghost_jitted(loss_fn, bool(nan_safe), params, batch, clip, keep)
 
 
-def _tap_bounds(taps: Sequence[DenseTap], dense: list, sum_dts: list, accurate: bool) -> list:
+def _tap_bounds(
+    taps: Sequence[DenseTap | EmbeddingTap], dense: list, sum_dts: list, accurate: bool
+) -> list:
     """One :class:`_Bound` per non-materialised tap (fast or accurate formulas)."""
     out = []
     for tap, (a, g), sd in zip(taps, dense, sum_dts, strict=True):
@@ -424,21 +500,34 @@ def _ghost_impl(loss_fn, nan_safe, params, batch, clip, mask):
     g_other, g_perts, acts = jax.lax.optimization_barrier((g_other, g_perts, acts))
     wide = _certified.wide_dtype()
     taps = ghost_plan.taps
-    raw = [_canonical(t, a, g) for t, a, g in zip(taps, acts, g_perts, strict=True)]
+    # dense taps: (activations (B, T, K), g (B, T, N)); embeddings: (rows (B, T) int, g (B, T, D))
+    raw, wide_ag, segs = [], [], {}
+    for j, (t, a, g) in enumerate(zip(taps, acts, g_perts, strict=True)):
+        if isinstance(t, EmbeddingTap):
+            rows, valid, g = _embedding_rows(t, a, g)
+            raw.append((rows, g))
+            wide_ag.append((rows, g))
+            segs[j] = _segment_sums(_same_row(rows, valid, wide), g.astype(wide))
+        else:
+            a, g = _canonical(t, a, g)
+            raw.append((a, g))
+            wide_ag.append((a.astype(wide), g.astype(wide)))
     out_dts = [_certified.output_dtype(p_leaves[t.leaf].dtype) for t in taps]
-    # dtype of each tap's clipped-sum contraction: widest float operand, at least float32
+    # dtype of each tap's clipped sum: widest float operand (token ids ignored), at least float32
     tap_sd = [
         _certified.sum_dtype(a.dtype, g.dtype, o) for (a, g), o in zip(raw, out_dts, strict=True)
     ]
-    wide_ag = [(a.astype(wide), g.astype(wide)) for a, g in raw]
+    # embeddings: norms and sum read one stored copy of the segment sums, in the wide dtype
+    segs = jax.lax.optimization_barrier(segs)
+    tap_sd = [wide if j in segs else sd for j, sd in enumerate(tap_sd)]
     layer = {
         j: _dot("btk,btn->bkn", *wide_ag[j]) for j, tap in enumerate(taps) if _materialise(tap)
     }
-    ghost_js = [j for j in range(len(taps)) if j not in layer]
+    ghost_js = [j for j in range(len(taps)) if j not in layer and j not in segs]
 
     fixed: list[_Bound] = []
-    for j in layer:
-        sq, up = _certified.row_sq_norms(layer[j], wide)
+    for materialised in (*layer.values(), *segs.values()):
+        sq, up = _certified.row_sq_norms(materialised, wide)
         fixed.append(_Bound(sq, up, up))
     for g in g_other:
         sq, up = _certified.row_sq_norms(g, wide)
@@ -482,6 +571,11 @@ def _ghost_impl(loss_fn, nan_safe, params, batch, clip, mask):
         for j, tap in enumerate(taps):
             if j in layer:
                 total = _weighted_rows(layer[j], weights, keep, sanitize)
+            elif j in segs:
+                seg_scaled = _row_where(keep, segs[j] * weights[:, None, None])
+                total = _embedding_clipped_sum(tap, raw[j][0], seg_scaled)
+                sums[tap.leaf] = total.astype(out_dts[j])
+                continue
             else:
                 sd = tap_sd[j]
                 a, g = raw[j]
