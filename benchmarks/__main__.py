@@ -42,8 +42,11 @@ TARGETS = {  # ratio key -> (bound, what it compares)
 
 def _worker(args: list[str], timeout: int = 1800) -> list[dict]:
     cmd = [sys.executable, "-m", "benchmarks.worker", *args]
+    # torch's OpenMP threads busy-wait by default: on a shared, loaded CPU that made its
+    # steps ~20x slower (MLP 256: 528 ms vs 25 ms passive), which would flatter dpjax.
+    env = {"OMP_WAIT_POLICY": "PASSIVE"} | dict(os.environ)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         print(f"[bench] timeout: {' '.join(args)}", flush=True)
         return []

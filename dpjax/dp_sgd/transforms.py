@@ -101,12 +101,11 @@ def _key_impl(key: jax.Array) -> Any:
 def _fusion_barrier(updates: Any) -> Any:
     """``updates`` unchanged, behind ``jax.lax.optimization_barrier`` (speed only, issue 15).
 
-    Without it, XLA fuses the end of the clipped sum (the per-layer contractions) with the noise
-    draw and the addition into loop fusions that recompute or re-read the sum's operands: in one
-    jitted DP step of the MLP 784-512-512-10 at batch 1024, the noise then cost several times a
-    bare draw of the same size. The barrier makes the clipped sum a materialised value before
-    the noise is drawn, so the noise costs what a separate draw costs. It changes no value: the
-    same key gives bit-identical noise and sums (tests/test_transforms.py).
+    Keeps XLA from fusing the end of the clipped sum with the noise draw and the addition
+    (issue 15 measured, for the MLP 784-512-512-10 at batch 1024 with ``jax.random.normal``,
+    18.5 ms per jitted DP step without it and 11.3 ms with it; ``python -m benchmarks``
+    times the step with and without it as ``dpjax`` / ``dpjax_nobarrier``). It changes no
+    value: the same key gives bit-identical noisy sums (tests/test_transforms.py).
     """
     return jax.lax.optimization_barrier(updates)
 
