@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: reproduce notebooks test test-slow test-all lint bench venv clean
+.PHONY: reproduce notebooks test test-slow test-all lint bench bench-full bench-torch venv clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -49,8 +49,20 @@ lint: $(VENV)/.installed-dev
 	$(PY) -m ruff check dpjax tests experiments benchmarks
 	$(PY) -m ruff format --check dpjax tests experiments benchmarks
 
+## Speed: dpjax's DP step, its breakdown and compile time (results/bench.{json,md}); Opacus
+## columns when the bench-torch extra is installed (`make bench-torch` installs it first).
 bench: $(VENV)/.installed-dev
+	$(PY) -m benchmarks --quick --out results
+
+bench-full: $(VENV)/.installed-dev
 	$(PY) -m benchmarks --out results
+
+$(VENV)/.installed-bench-torch: pyproject.toml | $(VENV)/.installed-dev
+	$(PIP) install torch --index-url https://download.pytorch.org/whl/cpu || true
+	$(PIP) install -e ".[bench-torch]"
+	touch $@
+
+bench-torch: $(VENV)/.installed-bench-torch bench
 
 clean:
 	rm -rf $(VENV) results .pytest_cache

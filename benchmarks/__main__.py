@@ -1,17 +1,26 @@
-"""``python -m benchmarks [--quick] --out results``: issue 9's table for dpjax.
+"""``python -m benchmarks [--quick] --out results``: dpjax's DP-SGD step, its breakdown, Opacus.
 
-Every (model, batch) runs in one fresh process that compiles all methods, then times each
-method pair by pair against the non-private step (alternating order, a warm call before each
-timed one), so each ratio comes from the same process at the same time (the absolute numbers on
-a shared CPU are noisy; the ratios much less so). Peak memory is
-the resident-set high-water mark of a separate process per method, reset after compilation,
-so it measures the step, not the compiler. Writes ``bench.json`` (one record per (model,
-batch, method)) and ``bench.md``.
+Every (model, batch) of :data:`benchmarks.models.CONFIGS` runs in one fresh process that
+compiles every method (compile time: ``lower().compile()`` seconds), draws two bare noise
+vectors of the model's size (dpjax's sound sampler, ``jax.random.normal``), builds Opacus's
+fastest mode on the identical PyTorch model when the ``bench-torch`` extra is installed, then
+times everything round-robin in that process. Every ratio is taken within one round and
+summarised by its median over rounds (the machine may be shared and noisy), in wall-clock time
+and in the process's CPU time. Writes ``bench.json`` and ``bench.md`` with the issue-15 targets:
+
+* noise inside the jitted DP step ≤ 1.15 × a bare draw of the same size
+  (``noise_over_draw`` = (DP step − the same step without noise) / bare draw);
+* DP step ≤ 1.15 × (non-private step + bare draw) (``dp_over_floor``);
+* ``dpjax_over_opacus`` = dpjax's DP step / Opacus's best mode ≤ 0.5;
+* compile time of the DP step ≤ 3 × the non-private step's.
+
+The full run (no ``--quick``) adds the vmap paths and a peak-memory process per method.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import pathlib
@@ -20,23 +29,24 @@ import subprocess
 import sys
 import time
 
+from benchmarks.models import CONFIGS, load_plugins
 from benchmarks.steps import available_methods
 
-CONFIGS = (("mlp", 256), ("mlp", 1024), ("cnn", 256), ("logreg", 1024))
-EXTRA = (("cnn_im2col", 256, ("nonprivate", "dpjax")),)  # the CNN written as patches @ kernel
-CNN_FLAGS = ("--xla_cpu_use_onednn=true", "--xla_cpu_use_xnnpack=false")
-TARGET_RATIO, TARGET_MEMORY, TARGET_COMPILE = 1.3, 2.0, 2.0
+TARGETS = {  # ratio key -> (bound, what it compares)
+    "noise_over_draw": (1.15, "noise in the jitted step / bare draw"),
+    "dp_over_floor": (1.15, "DP step / (non-private step + bare draw)"),
+    "dpjax_over_opacus": (0.5, "dpjax DP step / Opacus best mode"),
+    "compile_dpjax_over_nonprivate": (3.0, "compile, DP step / non-private step"),
+}
 
 
-def _worker(
-    args: list[str], env_flags: str = "", timeout: int = 1800, extra_env: dict | None = None
-) -> list[dict]:
-    env = dict(os.environ) | (extra_env or {})
-    if env_flags:
-        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + env_flags).strip()
+def _worker(args: list[str], timeout: int = 1800) -> list[dict]:
     cmd = [sys.executable, "-m", "benchmarks.worker", *args]
+    # torch's OpenMP threads busy-wait by default: on a shared, loaded CPU that made its
+    # steps ~20x slower (MLP 256: 528 ms vs 25 ms passive), which would flatter dpjax.
+    env = {"OMP_WAIT_POLICY": "PASSIVE"} | dict(os.environ)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         print(f"[bench] timeout: {' '.join(args)}", flush=True)
         return []
@@ -45,34 +55,19 @@ def _worker(
     return [json.loads(line[6:]) for line in proc.stdout.splitlines() if line.startswith("BENCH ")]
 
 
-def _ratios(records: list[dict]) -> None:
-    base = next((r for r in records if r["method"] == "nonprivate"), None)
-    for r in records:
-        if base is None:
-            continue
-        paired = r.get("paired_nonprivate_ms", base["median_ms"])
-        r["ratio_to_nonprivate"] = r["median_ms"] / paired
-        r["min_ratio_to_nonprivate"] = r["min_ms"] / r.get(
-            "paired_nonprivate_min_ms", base["min_ms"]
-        )
-        r["compile_ratio"] = r["compile_s"] / base["compile_s"]
-        for key in ("peak_memory_mb", "step_memory_mb"):
-            if key in r and key in base and base[key] > 0:
-                r[key.replace("_mb", "_ratio")] = r[key] / base[key]
-
-
 def _measure(
-    model: str, batch: int, methods: tuple[str, ...], repeats: int, rss: bool
+    model: str, batch: int, methods: tuple[str, ...], repeats: int, rss: bool, opacus: bool
 ) -> list[dict]:
     print(f"[bench] {model} batch {batch}: {', '.join(methods)}", flush=True)
-    records = _worker(["time", model, str(batch), *methods, "--repeats", str(repeats)])
+    args = ["time", model, str(batch), *methods, "--repeats", str(repeats)]
+    records = _worker(args + (["--opacus"] if opacus else []))
     if rss:
         for rec in records:
-            mem = _worker(["rss", model, str(batch), rec["method"], "--repeats", "2"])
-            if mem:
-                rec["peak_memory_mb"] = mem[0]["peak_rss_mb"]
-                rec["step_memory_mb"] = mem[0]["step_rss_mb"]
-    _ratios(records)
+            if rec["method"] in ("nonprivate", "dpjax"):
+                mem = _worker(["rss", model, str(batch), rec["method"], "--repeats", "2"])
+                if mem:
+                    rec["peak_memory_mb"] = mem[0]["peak_rss_mb"]
+                    rec["step_memory_mb"] = mem[0]["step_rss_mb"]
     return records
 
 
@@ -80,136 +75,163 @@ def _fmt(x: float | None, spec: str) -> str:
     return "—" if x is None else format(x, spec)
 
 
-def _table(records: list[dict]) -> list[str]:
-    lines = [
-        "| model | batch | method | median ms | × non-private | min ms (×) | peak RSS MB (×) | "
-        "step RSS MB (×) | XLA buffers MB | compile s (×) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in records:
-        lines.append(
-            f"| {r['model']} | {r['batch']} | {r['method']} | {r['median_ms']:.1f} | "
-            f"{_fmt(r.get('ratio_to_nonprivate'), '.2f')} | "
-            f"{r['min_ms']:.1f} ({_fmt(r.get('min_ratio_to_nonprivate'), '.2f')}) | "
-            f"{_fmt(r.get('peak_memory_mb'), '.0f')} ({_fmt(r.get('peak_memory_ratio'), '.2f')}) | "
-            f"{_fmt(r.get('step_memory_mb'), '.0f')} ({_fmt(r.get('step_memory_ratio'), '.2f')}) | "
-            f"{r['xla_buffer_mb']:.0f} | "
-            f"{r['compile_s']:.2f} ({_fmt(r.get('compile_ratio'), '.2f')}) |"
+def _by_method(records: list[dict], model: str, batch: int) -> dict[str, dict]:
+    return {r["method"]: r for r in records if r["model"] == model and r["batch"] == batch}
+
+
+def _ms(by_method: dict[str, dict], name: str) -> str:
+    return _fmt(by_method.get(name, {}).get("median_ms"), ".1f")
+
+
+def _summary_table(records: list[dict], opacus: bool) -> list[str]:
+    """One row per (model, batch): times (ms, wall median) and the key ratios."""
+    head = (
+        "| model | batch | non-private | dpjax DP step (×) | no noise | no barrier | "
+        "bare draw (jax.random.normal) | noise / draw | DP / (non-private + draw) |"
+    )
+    rule = "|---|---|---|---|---|---|---|---|---|"
+    if opacus:
+        head += " torch non-private | Opacus best (mode) | dpjax / Opacus |"
+        rule += "---|---|---|"
+    lines = [head, rule]
+    for s in (r for r in records if r["method"] == "summary"):
+        ratios = s["ratios"]
+        ms = functools.partial(_ms, _by_method(records, s["model"], s["batch"]))
+
+        row = (
+            f"| {s['model']} | {s['batch']} | {ms('nonprivate')} | {ms('dpjax')} "
+            f"({_fmt(ratios.get('dp_over_nonprivate'), '.2f')}×) | {ms('dpjax_clip_only')} | "
+            f"{ms('dpjax_nobarrier')} | {ms('draw')} ({ms('draw_jax')}) | "
+            f"{_fmt(ratios.get('noise_over_draw'), '.2f')} | "
+            f"{_fmt(ratios.get('dp_over_floor'), '.2f')} |"
         )
+        if opacus:
+            best = s.get("opacus_modes_ms", {}).get("best", "—").removeprefix("opacus_")
+            row += (
+                f" {ms('torch_nonprivate')} | {ms('opacus')} ({best}) | "
+                f"{_fmt(ratios.get('dpjax_over_opacus'), '.2f')} |"
+            )
+        lines.append(row)
     return lines
 
 
-def _targets(records: list[dict]) -> list[str]:
-    lines = ["", "## Targets (dpjax default path)", ""]
-    for r in records:
-        if r["method"] != "dpjax" or r["model"] == "cnn_im2col" or "flags" in r:
-            continue
-        name = f"{r['model']} {r['batch']}"
-        ratio = r.get("ratio_to_nonprivate")
-        if ratio is not None:
-            ok = "holds" if ratio <= TARGET_RATIO else "MISSED"
-            lines.append(
-                f"- step {name}: {ratio:.2f}× (min-time ratio "
-                f"{r['min_ratio_to_nonprivate']:.2f}×) ≤ {TARGET_RATIO}: {ok}"
-            )
-        compile_ratio = r.get("compile_ratio")
-        if compile_ratio is not None:
-            ok = "holds" if compile_ratio <= TARGET_COMPILE else "MISSED"
-            lines.append(f"- compile {name}: {compile_ratio:.2f}× ≤ {TARGET_COMPILE}: {ok}")
-        if r["model"] == "mlp" and r["batch"] == 1024 and "peak_memory_ratio" in r:
-            ok = "holds" if r["peak_memory_ratio"] <= TARGET_MEMORY else "MISSED"
-            lines.append(
-                f"- peak memory {name}: {r['peak_memory_ratio']:.2f}× (step-only "
-                f"{r.get('step_memory_ratio', float('nan')):.2f}×) ≤ {TARGET_MEMORY}: {ok}"
-            )
-    return lines
-
-
-def _noise_lines(noise: list[dict]) -> list[str]:
-    lines = ["", "## Noise generation (Gaussian for every parameter, jitted)", ""]
-    lines += [
-        "| model | PRNG | partitionable | draw | normals | median ms | compile s |",
+def _method_table(records: list[dict]) -> list[str]:
+    lines = [
+        "| model | batch | method | median ms | CPU ms | peak RSS MB | compile s (CPU s) |",
         "|---|---|---|---|---|---|---|",
     ]
-    for n in noise:
+    for r in records:
+        if r["method"] == "summary":
+            continue
         lines.append(
-            f"| {n['model']} | {n['prng']} | {n.get('partitionable')} | {n['draw']} | "
-            f"{n['num_normals']} | {n['median_ms']:.2f} | {n['compile_s']:.2f} |"
+            f"| {r['model']} | {r['batch']} | {r['method']} | {r['median_ms']:.1f} | "
+            f"{r['cpu_median_ms']:.1f} | {_fmt(r.get('peak_memory_mb'), '.0f')} | "
+            f"{_fmt(r.get('compile_s'), '.2f')} ({_fmt(r.get('compile_cpu_s'), '.2f')}) |"
         )
     return lines
+
+
+def targets(records: list[dict]) -> list[dict]:
+    """Every target of :data:`TARGETS` per (model, batch): wall and CPU ratio, status."""
+    out = []
+    for s in (r for r in records if r["method"] == "summary"):
+        for key, (bound, what) in TARGETS.items():
+            wall = s["ratios"].get(key)
+            if wall is None:
+                continue
+            out.append(
+                {
+                    "model": s["model"],
+                    "batch": s["batch"],
+                    "target": key,
+                    "what": what,
+                    "bound": bound,
+                    "ratio": wall,
+                    "cpu_ratio": s["cpu_ratios"].get(key),
+                    "status": "holds" if wall <= bound else "MISSED",
+                }
+            )
+    return out
+
+
+def _target_lines(rows: list[dict]) -> list[str]:
+    lines = ["", "## Targets (issue 15; ratio: median over rounds of wall-clock, CPU-time)", ""]
+    for t in rows:
+        lines.append(
+            f"- {t['model']} {t['batch']}, {t['what']}: {t['ratio']:.2f} "
+            f"(CPU time {_fmt(t['cpu_ratio'], '.2f')}) ≤ {t['bound']}: {t['status']}"
+        )
+    return lines
+
+
+def _opacus_available() -> str | None:
+    """None when torch and opacus import, else why not."""
+    try:
+        import opacus  # noqa: F401
+        import torch  # noqa: F401
+    except ImportError as err:
+        return f"{err.name} not installed (pip install -e '.[bench-torch]')"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="3 repeats, no memory processes")
+    parser.add_argument("--quick", action="store_true", help="fewer rounds, no vmap / memory")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("results"))
     parser.add_argument("--only", default=None, help="comma-separated model names")
+    parser.add_argument("--repeats", type=int, default=None, help="rounds per (model, batch)")
+    parser.add_argument("--no-opacus", action="store_true", help="skip Opacus even if installed")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    repeats, rss = (3, False) if args.quick else (10, True)
+    repeats = args.repeats or (5 if args.quick else 11)
+    plugins = load_plugins()
     only = None if args.only is None else set(args.only.split(","))
-    methods = available_methods()
+    methods = available_methods(slow=not args.quick)
+    no_opacus = "--no-opacus given" if args.no_opacus else _opacus_available()
     start = time.perf_counter()
 
     records: list[dict] = []
-    for model, batch in CONFIGS:
-        if only is None or model in only:
-            records += _measure(model, batch, methods, repeats, rss)
-    for model, batch, extra_methods in EXTRA:
-        if only is None or model in only:
-            records += _measure(model, batch, extra_methods, repeats, rss=False)
-    flag_records: list[dict] = []
-    if only is None or "cnn" in only:
-        for flags in CNN_FLAGS:
-            print(f"[bench] cnn 256 with XLA_FLAGS={flags}", flush=True)
-            args_ = ["time", "cnn", "256", "nonprivate", "dpjax", "--repeats", str(repeats)]
-            recs = _worker(args_, flags)
-            for r in recs:
-                r["flags"] = flags
-            _ratios(recs)
-            flag_records += recs
-    noise = _worker(["noise", "mlp", "0", "--repeats", str(max(repeats, 5))])
-    legacy = {"JAX_THREEFRY_PARTITIONABLE": "0"}  # same threefry, pre-0.5 counter layout
-    noise += _worker(["noise", "mlp", "0", "--repeats", str(max(repeats, 5))], extra_env=legacy)
-
-    opacus = _opacus_available()
+    for model, batch, in_quick in CONFIGS:
+        if (only is None or model in only) and (in_quick or not args.quick):
+            rss = not args.quick
+            records += _measure(model, batch, methods, repeats, rss, opacus=no_opacus is None)
+    summaries = [r for r in records if r["method"] == "summary"]
+    device = summaries[0]["device"] if summaries else {}
     meta = {
         "python": platform.python_version(),
         "machine": platform.machine(),
+        "processor": platform.processor(),
         "cpus": os.cpu_count(),
+        "load_average": os.getloadavg(),
+        "device": device,
         "quick": args.quick,
-        "opacus": "installed (not benchmarked yet)" if opacus else "not installed",
+        "repeats": repeats,
+        "plugins": plugins,
+        "opacus": "timed in the same rounds" if no_opacus is None else f"omitted: {no_opacus}",
         "seconds": round(time.perf_counter() - start, 1),
     }
-    payload = {"meta": meta, "records": records, "cnn_flags": flag_records, "noise": noise}
+    rows = targets(records)
+    over_opacus = {
+        f"{s['model']}/{s['batch']}": s["ratios"]["dpjax_over_opacus"]
+        for s in summaries
+        if "dpjax_over_opacus" in s["ratios"]
+    }
+    payload = {
+        "meta": meta,
+        "dpjax_over_opacus": over_opacus,
+        "targets": rows,
+        "records": records,
+    }
     (args.out / "bench.json").write_text(json.dumps(payload, indent=2))
-    md = ["# dpjax benchmarks", "", f"`{json.dumps(meta)}`", ""] + _table(records)
-    md += _targets(records)
-    if flag_records:
-        md += ["", "## CNN with XLA CPU flags", ""]
-        md += _flag_table(flag_records)
-    md += _noise_lines(noise)
+    md = ["# dpjax benchmarks", "", f"`{json.dumps(meta)}`", ""]
+    md += _summary_table(records, opacus=no_opacus is None)
+    if no_opacus is not None:
+        md += ["", f"Opacus columns omitted: {no_opacus}."]
+    md += _target_lines(rows)
+    md += ["", "## Every method", ""] + _method_table(records)
     (args.out / "bench.md").write_text("\n".join(md) + "\n")
     print("\n".join(md), flush=True)
     return 0
-
-
-def _flag_table(records: list[dict]) -> list[str]:
-    lines = ["| model | flags | method | median ms | × non-private |", "|---|---|---|---|---|"]
-    for r in records:
-        lines.append(
-            f"| {r['model']} | `{r['flags']}` | {r['method']} | {r['median_ms']:.1f} | "
-            f"{_fmt(r.get('ratio_to_nonprivate'), '.2f')} |"
-        )
-    return lines
-
-
-def _opacus_available() -> bool:
-    try:
-        import opacus  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 if __name__ == "__main__":

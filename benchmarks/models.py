@@ -1,13 +1,23 @@
-"""The benchmark models (issue 9's table) and their per-example / batch losses.
+"""The benchmark models and their per-example / batch losses, in a registry.
 
 Each model gives ``init(key) -> params``, ``loss(params, x, y)`` for ONE example (what
 ``dpjax.clipped_grad`` takes) and ``batch_loss(params, X, Y)`` (the mean, for the non-private
 step), plus a synthetic batch of the right shapes.
+
+Registry: :data:`MODELS` maps a name to a factory, :data:`CONFIGS` lists the (model, batch)
+rows ``python -m benchmarks`` runs, and :data:`TORCH_MODELS` (in :mod:`benchmarks.torch_side`)
+the identical PyTorch modules Opacus is timed on. Another module adds rows with
+:func:`register` (``benchmarks.transformer`` is imported by :func:`load_plugins` when it
+exists)::
+
+    register("transformer", make_transformer, batches=(32, 128), quick_batches=(32,))
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import importlib.util
 from collections.abc import Callable
 from typing import Any
 
@@ -15,7 +25,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-__all__ = ["Model", "MODELS", "make_model"]
+__all__ = ["Model", "MODELS", "CONFIGS", "register", "load_plugins", "make_model"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +69,24 @@ class CNN(nn.Module):
         x = nn.relu(nn.Conv(32, (4, 4), strides=2, padding="VALID")(x))
         x = x.reshape(x.shape[:-3] + (-1,))
         x = nn.relu(nn.Dense(32)(x))
+        return nn.Dense(10)(x)
+
+
+class TemperedSigmoidCNN(nn.Module):
+    """Papernot et al. 2021's MNIST CNN (Opacus's MNIST example), tanh activations.
+
+    conv 16 8×8 stride 2 padding 3 → max-pool 2 stride 1 → conv 32 4×4 stride 2 → max-pool 2
+    stride 1 → dense 32 → dense 10 (NHWC; 28×28 → 14 → 13 → 5 → 4, 512 features).
+    """
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = jnp.tanh(nn.Conv(16, (8, 8), strides=2, padding=((3, 3), (3, 3)))(x))
+        x = nn.max_pool(x, (2, 2), strides=(1, 1))
+        x = jnp.tanh(nn.Conv(32, (4, 4), strides=2, padding="VALID")(x))
+        x = nn.max_pool(x, (2, 2), strides=(1, 1))
+        x = x.reshape(x.shape[:-3] + (-1,))
+        x = jnp.tanh(nn.Dense(32)(x))
         return nn.Dense(10)(x)
 
 
@@ -120,14 +148,55 @@ def _logistic(dim: int) -> Model:
     return Model(f"logreg{dim}", init, loss, batch_loss, data)
 
 
-MODELS = {
+MODELS: dict[str, Callable[[], Model]] = {
     "mlp": lambda: _flax_model("mlp", MLP(), (784,)),
     "cnn": lambda: _flax_model("cnn", CNN(), (28, 28, 1)),
+    "cnn_tanh": lambda: _flax_model("cnn_tanh", TemperedSigmoidCNN(), (28, 28, 1)),
     "cnn_im2col": lambda: _flax_model("cnn_im2col", CNNIm2col(), (28, 28, 1)),
     "logreg": lambda: _logistic(10_000),
 }
 
+# (model, batch, in the --quick run too): the rows of the table, in order.
+CONFIGS: list[tuple[str, int, bool]] = [
+    ("mlp", 256, True),
+    ("mlp", 1024, True),
+    ("cnn", 256, True),
+    ("cnn_tanh", 256, True),
+    ("logreg", 1024, True),
+]
+
+PLUGINS = ("benchmarks.transformer",)
+
+
+def register(
+    name: str,
+    factory: Callable[[], Model],
+    *,
+    batches: tuple[int, ...],
+    quick_batches: tuple[int, ...] | None = None,
+) -> None:
+    """Add model ``name`` (``factory() -> Model``) and its rows (one per batch) to the table.
+
+    ``quick_batches`` (default: all of ``batches``) are the rows ``--quick`` keeps.
+    """
+    quick = batches if quick_batches is None else quick_batches
+    MODELS[name] = factory
+    CONFIGS[:] = [c for c in CONFIGS if c[0] != name]
+    CONFIGS.extend((name, b, b in quick) for b in batches)
+
+
+def load_plugins() -> list[str]:
+    """Import the optional model modules of :data:`PLUGINS` that exist (they call register)."""
+    loaded = []
+    for module in PLUGINS:
+        if importlib.util.find_spec(module) is not None:
+            importlib.import_module(module)
+            loaded.append(module)
+    return loaded
+
 
 def make_model(name: str) -> Model:
     """The benchmark model called ``name`` (a key of :data:`MODELS`)."""
+    if name not in MODELS:
+        load_plugins()
     return MODELS[name]()

@@ -7,7 +7,7 @@ and an untied output head. One example is a sequence of ``seq`` tokens; its loss
 next-token cross-entropy over the positions. Issue 15's size: 2 layers, width 256, 4 heads,
 sequence 128, vocabulary 8192, batch 32 and 128.
 
-Under ``dpjax.clipped_grad(method="auto")`` every kernel (attention q/k/v/out, MLP, head) and
+Under ``dpjax.clipped_grad(backend="auto")`` every kernel (attention q/k/v/out, MLP, head) and
 both embedding tables are ghost taps; the biases and layer-norm scales get per-example
 gradients in the same backward pass.
 
@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from benchmarks.models import Model
+from benchmarks.models import Model, register
 from benchmarks.steps import make_step
 
 __all__ = ["Transformer", "transformer_model", "SIZE"]
@@ -212,6 +212,10 @@ def main(argv: list[str] | None = None) -> int:
         records += recs
     print("\n".join(_table(records)), flush=True)
     return 0
+
+
+# `make bench` rows: batch 32 in --quick, 32 and 128 in the full table.
+register("transformer", transformer_model, batches=(32, 128), quick_batches=(32,))
 
 
 if __name__ == "__main__":

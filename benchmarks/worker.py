@@ -1,25 +1,26 @@
 """One benchmark process: ``python -m benchmarks.worker MODE MODEL BATCH METHODS... --repeats R``.
 
-MODE ``time``: compile every method's step (compile time, XLA buffer plan), then time them
-round-robin (pair by pair, same process) and print one JSON line per method.
+MODE ``time``: compile every method's step (compile time, XLA buffer plan) and two bare noise
+draws of the model's size, optionally build Opacus's fastest mode (``--opacus``), then time
+everything round-robin in this process and print one JSON line per method plus a ``summary``
+line whose ratios are medians of per-round ratios.
 MODE ``rss``: one method only; reset the RSS high-water mark after compiling and warming up,
 run the step, print the peak resident memory (Linux ``/proc/self/status`` VmHWM).
-MODE ``noise``: time drawing Gaussian noise for the model's parameters per PRNG implementation.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
+import functools
 import json
 import statistics
 import time
+from collections.abc import Callable
 
 import jax
-import jax.numpy as jnp
 
 from benchmarks.models import make_model
-from benchmarks.steps import make_step, noise_only
+from benchmarks.steps import bare_draw, make_step, num_params
 
 
 def _block(x):
@@ -63,46 +64,169 @@ def _compile(model, method, params, key, xs, ys):
     return compiled, seconds, plan_mb
 
 
-def _timed(fn, params, key, xs, ys) -> float:
-    """One warm call (absorbs whatever the previous, maybe huge, step left), then one timed."""
-    _block(fn(params, key, xs, ys))
-    start = time.perf_counter()
-    _block(fn(params, key, xs, ys))
-    return 1e3 * (time.perf_counter() - start)
+def _timed_call(fn: Callable[[], object]) -> tuple[float, float]:
+    """One warm call (absorbs whatever the previous, maybe huge, step left), then one timed:
+    (wall ms, this process's CPU ms over all its threads; steadier on a shared machine)."""
+    _block(fn())
+    start, cpu = time.perf_counter(), time.process_time()
+    _block(fn())
+    return 1e3 * (time.perf_counter() - start), 1e3 * (time.process_time() - cpu)
 
 
-def time_methods(model_name: str, batch: int, methods: list[str], repeats: int) -> list[dict]:
-    """Compile every method, then time each against the non-private step pair by pair.
-
-    For each method, ``repeats`` rounds alternate (non-private, method) / (method, non-private);
-    its ratio uses the non-private times of its own pairs (``paired_nonprivate_ms``).
-    """
+def _thunks(model_name: str, batch: int, methods: list[str], keys) -> tuple[dict, dict]:
+    """{name: zero-argument call} for every JAX method and the two bare draws, and their
+    compile records (lower + compile seconds, XLA buffer plan)."""
     model, params, xs, ys = _setup(model_name, batch)
-    keys = jax.random.split(jax.random.key(2), repeats + 2)
-    compiled, records = {}, {}
+    size = num_params(params)
+    thunks, records = {}, {}
     for method in methods:
+        cpu = time.process_time()
         fn, seconds, plan_mb = _compile(model, method, params, keys[0], xs, ys)
-        _block(fn(params, keys[0], xs, ys))  # warm-up
-        compiled[method] = fn
-        records[method] = {"compile_s": seconds, "xla_buffer_mb": plan_mb}
-    base_times: list[float] = []
-    for method in methods:
-        if method == "nonprivate":
-            continue
-        times, paired = [], []
-        for r in range(repeats):
-            pair = ("nonprivate", method) if r % 2 == 0 else (method, "nonprivate")
-            for m in pair:
-                t = _timed(compiled[m], params, keys[r + 1], xs, ys)
-                (paired if m == "nonprivate" else times).append(t)
-        records[method] |= _summary(times) | {"paired_nonprivate_ms": statistics.median(paired)}
-        records[method]["paired_nonprivate_min_ms"] = min(paired)
-        base_times += paired
-    if "nonprivate" in records:
-        if not base_times:
-            base_times = [_timed(compiled["nonprivate"], params, k, xs, ys) for k in keys[1:]]
-        records["nonprivate"] |= _summary(base_times)
-    return [{"model": model_name, "batch": batch, "method": m, **records[m]} for m in methods]
+        thunks[method] = functools.partial(fn, params, keys[1], xs, ys)
+        records[method] = {"compile_s": seconds, "compile_cpu_s": time.process_time() - cpu}
+        records[method]["xla_buffer_mb"] = plan_mb
+    for name, sampler in (("draw", "sound"), ("draw_jax", "jax")):
+        start, cpu = time.perf_counter(), time.process_time()
+        fn = bare_draw(size, sampler).lower(keys[0]).compile()
+        records[name] = {"compile_s": time.perf_counter() - start, "num_normals": size}
+        records[name]["compile_cpu_s"] = time.process_time() - cpu
+        thunks[name] = functools.partial(fn, keys[1])
+    return thunks, records
+
+
+def _opacus_thunks(model_name: str, batch: int, probe: int) -> tuple[dict, dict, dict]:
+    """torch non-private + Opacus's FASTEST mode for this model (each mode timed ``probe``
+    times first), its per-mode medians and the modes that failed; empty without the extra."""
+    try:
+        import torch
+
+        from benchmarks.torch_side import torch_steps
+    except ImportError as err:
+        return {}, {}, {"all": f"bench-torch extra not installed ({err.name})"}
+    device = "cpu"
+    if jax.default_backend() != "cpu":
+        if not torch.cuda.is_available():
+            return {}, {}, {"all": "JAX runs on an accelerator, torch has no CUDA: not comparable"}
+        device = "cuda"
+    steps, failed = torch_steps(model_name, batch, device=device)
+    modes = {m: s for m, s in steps.items() if m.startswith("opacus_")}
+    per_mode = {
+        mode: statistics.median(_timed_call(step)[0] for _ in range(probe))
+        for mode, step in modes.items()
+    }
+    thunks = {m: s for m, s in steps.items() if m == "torch_nonprivate"}
+    if per_mode:
+        best = min(per_mode, key=per_mode.get)
+        thunks["opacus"] = steps[best]
+        per_mode = {"best": best, **per_mode}
+    return thunks, per_mode, failed
+
+
+def time_methods(
+    model_name: str, batch: int, methods: list[str], repeats: int, opacus: bool
+) -> list[dict]:
+    """Compile everything, then time every method once per round, round-robin.
+
+    Round r times the methods in an order rotated by r (each call warm first); every ratio is
+    computed within a round (same moment of a noisy machine) and summarised by its median.
+    """
+    keys = jax.random.split(jax.random.key(2), 2)
+    thunks, records = _thunks(model_name, batch, methods, keys)
+    for fn in thunks.values():
+        _block(fn())  # warm-up
+    extra = {}
+    if opacus:
+        torch_thunks, per_mode, failed = _opacus_thunks(model_name, batch, 1 + (repeats > 5))
+        thunks |= torch_thunks
+        extra = {"opacus_modes_ms": per_mode, "opacus_failed": failed}
+    names = list(thunks)
+    rounds: list[dict[str, float]] = []
+    cpu_rounds: list[dict[str, float]] = []
+    for r in range(repeats):
+        shift = r % len(names)
+        timed = {name: _timed_call(thunks[name]) for name in names[shift:] + names[:shift]}
+        rounds.append({name: t[0] for name, t in timed.items()})
+        cpu_rounds.append({name: t[1] for name, t in timed.items()})
+    out = []
+    for name in names:
+        rec = records.get(name, {}) | _summary([rnd[name] for rnd in rounds])
+        rec["cpu_median_ms"] = statistics.median(rnd[name] for rnd in cpu_rounds)
+        out.append({"model": model_name, "batch": batch, "method": name, **rec})
+    summary = {
+        "model": model_name,
+        "batch": batch,
+        "method": "summary",
+        "device": _device(),
+        "ratios": _median_ratios(rounds) | _compile_ratios(records, "compile_s"),
+        "cpu_ratios": _median_ratios(cpu_rounds) | _compile_ratios(records, "compile_cpu_s"),
+    }
+    out.append(summary | {"rounds": rounds, "cpu_rounds": cpu_rounds} | extra)
+    return out
+
+
+def _device() -> dict:
+    dev = jax.devices()[0]
+    return {
+        "platform": dev.platform,
+        "device_kind": dev.device_kind,
+        "num_devices": jax.device_count(),
+        "jax": jax.__version__,
+    }
+
+
+def _median_ratios(rounds: list[dict[str, float]]) -> dict[str, float]:
+    """Median over rounds of each ratio of :data:`_RATIOS` (those whose methods were timed)."""
+    ratios = {key: statistics.median(_round_ratios(rounds, key)) for key in _RATIOS}
+    return {k: v for k, v in ratios.items() if v == v}  # drop NaN
+
+
+_RATIOS = (
+    "dp_over_nonprivate",
+    "noise_over_draw",
+    "nobarrier_noise_over_draw",
+    "dp_over_floor",
+    "draw_over_draw_jax",
+    "dpjax_over_opacus",
+    "opacus_over_torch",
+)
+
+
+def _ratio(rnd: dict[str, float], key: str) -> float:
+    """One round's ``key`` (see :data:`_RATIOS`), NaN when a method of it was not timed."""
+    nan = float("nan")
+    try:
+        if key == "dp_over_nonprivate":
+            return rnd["dpjax"] / rnd["nonprivate"]
+        if key == "noise_over_draw":  # the noise's cost inside the jitted DP step
+            return (rnd["dpjax"] - rnd["dpjax_clip_only"]) / rnd["draw"]
+        if key == "nobarrier_noise_over_draw":
+            return (rnd["dpjax_nobarrier"] - rnd["dpjax_clip_only"]) / rnd["draw"]
+        if key == "dp_over_floor":  # floor: non-private step + one bare draw
+            return rnd["dpjax"] / (rnd["nonprivate"] + rnd["draw"])
+        if key == "draw_over_draw_jax":
+            return rnd["draw"] / rnd["draw_jax"]
+        if key == "dpjax_over_opacus":
+            return rnd["dpjax"] / rnd["opacus"]
+        if key == "opacus_over_torch":
+            return rnd["opacus"] / rnd["torch_nonprivate"]
+    except KeyError:
+        return nan
+    raise ValueError(f"key must be one of {_RATIOS}; got {key!r}")
+
+
+def _round_ratios(rounds: list[dict[str, float]], key: str) -> list[float]:
+    return [_ratio(rnd, key) for rnd in rounds]
+
+
+def _compile_ratios(records: dict, field: str) -> dict:
+    base = records.get("nonprivate", {}).get(field)
+    if not base:
+        return {}
+    return {
+        f"compile_{name}_over_nonprivate": rec[field] / base
+        for name, rec in records.items()
+        if name != "nonprivate" and field in rec
+    }
 
 
 def _summary(times: list[float]) -> dict:
@@ -129,67 +253,19 @@ def rss_method(model_name: str, batch: int, method: str, repeats: int) -> dict:
     }
 
 
-def _flat_normal(tree):
-    """All leaves' noise from ONE draw, split into leaves (one threefry kernel to compile)."""
-    leaves, treedef = jax.tree.flatten(tree)
-    sizes = [x.size for x in leaves]
-
-    def draw(key):
-        flat = jax.random.normal(key, (sum(sizes),), leaves[0].dtype)
-        parts = jnp.split(flat, list(itertools.accumulate(sizes))[:-1])
-        noise = [p.reshape(x.shape) for p, x in zip(parts, leaves, strict=True)]
-        return jax.tree.unflatten(treedef, noise)
-
-    return jax.jit(draw)
-
-
-def time_noise(model_name: str, repeats: int) -> list[dict]:
-    model = make_model(model_name)
-    params = model.init(jax.random.key(0))
-    size = sum(x.size for x in jax.tree.leaves(params))
-    out = []
-    variants = [("threefry2x32", "per-leaf (dpjax)"), ("threefry2x32", "one flat draw")]
-    variants += [("rbg", "per-leaf (dpjax)"), ("unsafe_rbg", "per-leaf (dpjax)")]
-    for impl, how in variants:
-        draw = noise_only(params) if how.startswith("per-leaf") else _flat_normal(params)
-        keys = jax.random.split(jax.random.key(3, impl=impl), repeats + 1)
-        start = time.perf_counter()
-        draw = draw.lower(keys[0]).compile()
-        compile_s = time.perf_counter() - start
-        _block(draw(keys[0]))
-        times = []
-        for r in range(repeats):
-            start = time.perf_counter()
-            _block(draw(keys[r + 1]))
-            times.append(1e3 * (time.perf_counter() - start))
-        out.append(
-            {
-                "model": model_name,
-                "prng": impl,
-                "draw": how,
-                "partitionable": bool(jax.config.jax_threefry_partitionable),
-                "num_normals": size,
-                "median_ms": statistics.median(times),
-                "compile_s": compile_s,
-            }
-        )
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=("time", "rss", "noise"))
+    parser.add_argument("mode", choices=("time", "rss"))
     parser.add_argument("model")
     parser.add_argument("batch", type=int)
     parser.add_argument("methods", nargs="*")
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--opacus", action="store_true", help="time Opacus in the same rounds")
     args = parser.parse_args()
     if args.mode == "time":
-        records = time_methods(args.model, args.batch, args.methods, args.repeats)
-    elif args.mode == "rss":
-        records = [rss_method(args.model, args.batch, args.methods[0], args.repeats)]
+        records = time_methods(args.model, args.batch, args.methods, args.repeats, args.opacus)
     else:
-        records = time_noise(args.model, args.repeats)
+        records = [rss_method(args.model, args.batch, args.methods[0], args.repeats)]
     for rec in records:
         print("BENCH " + json.dumps(rec), flush=True)
 

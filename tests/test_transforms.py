@@ -1,5 +1,6 @@
 """Noise and normalisation transforms: noise scale (KS), fresh noise per step/leaf, keys."""
 
+import functools
 import math
 
 import jax
@@ -227,3 +228,56 @@ def test_laplace_dpsgd_event_composes_basically_in_the_accountant():
     acc = PrivacyAccountant([ev])
     assert acc.releases == 50
     assert acc.epsilon(0.0, accounting="basic") == pytest.approx(sum(ev.epsilons), rel=1e-12)
+
+
+# ------------------------------------------------------------- fusion barrier (issue 15)
+
+
+def _noise_without_barrier(key, updates, sampler, scale):
+    """What update_fn drew before the barrier: the same keys through dpjax._noise directly."""
+    from dpjax import _noise
+
+    _, noise_key = jax.random.split(key)
+    return _noise.tree_add_iid_noise(noise_key, updates, sampler, scale)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_fusion_barrier_leaves_gaussian_noise_bit_identical(key, jit):
+    from dpjax import _random
+
+    updates = {"w": jnp.ones((37, 11), jnp.float32), "b": jnp.arange(5, dtype=jnp.float64)}
+    tx = dpjax.add_gaussian_noise(0.7, key=key)
+    update = jax.jit(tx.update) if jit else tx.update
+    noisy, _ = update(updates, tx.init(updates))
+    without = functools.partial(_noise_without_barrier, sampler=_random.normal, scale=0.7)
+    expected = (jax.jit(without) if jit else without)(key, updates)
+    for got, want in zip(jax.tree.leaves(noisy), jax.tree.leaves(expected), strict=True):
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_fusion_barrier_leaves_laplace_noise_bit_identical(key):
+    from dpjax import _random
+    from dpjax.dp_sgd.transforms import _theta_on_host
+
+    kw = dict(l1_sensitivity=2.0, epsilon=1.0, rho=0.5, kappa=0.0)
+    updates = jnp.zeros(300, jnp.float32)
+    tx = dpjax.add_laplace_dp_sgd_noise(**kw, key=key)
+    noisy, _ = jax.jit(tx.update)(updates, tx.init(updates))
+    theta = jnp.asarray(_theta_on_host(np.array(1), np.float32, kw), jnp.float32)
+    without = functools.partial(_noise_without_barrier, sampler=_random.laplace)
+    expected = jax.jit(without)(key, updates, scale=theta)
+    np.testing.assert_array_equal(np.asarray(noisy), np.asarray(expected))
+
+
+@pytest.mark.parametrize("make", ["gaussian", "laplace"])
+def test_noise_transforms_put_the_clipped_sum_behind_a_barrier(key, make):
+    if make == "gaussian":
+        tx = dpjax.add_gaussian_noise(1.0, key=key)
+    else:
+        tx = dpjax.add_laplace_dp_sgd_noise(
+            l1_sensitivity=1.0, epsilon=1.0, rho=0.5, kappa=0.0, key=key
+        )
+    updates = {"w": jnp.ones((4, 3), jnp.float32)}
+    jaxpr = jax.make_jaxpr(tx.update)(updates, tx.init(updates))
+    assert "optimization_barrier" in str(jaxpr)

@@ -98,6 +98,18 @@ def _key_impl(key: jax.Array) -> Any:
     return None
 
 
+def _fusion_barrier(updates: Any) -> Any:
+    """``updates`` unchanged, behind ``jax.lax.optimization_barrier`` (speed only, issue 15).
+
+    Keeps XLA from fusing the end of the clipped sum with the noise draw and the addition
+    (issue 15 measured, for the MLP 784-512-512-10 at batch 1024 with ``jax.random.normal``,
+    18.5 ms per jitted DP step without it and 11.3 ms with it; ``python -m benchmarks``
+    times the step with and without it as ``dpjax`` / ``dpjax_nobarrier``). It changes no
+    value: the same key gives bit-identical noisy sums (tests/test_transforms.py).
+    """
+    return jax.lax.optimization_barrier(updates)
+
+
 def _init_noise_state(key: jax.Array) -> NoiseState:
     data = key if key.dtype == jnp.uint32 else jax.random.key_data(key)
     return NoiseState(key=jnp.array(data, jnp.uint32), count=jnp.zeros([], jnp.int32))
@@ -165,7 +177,7 @@ def add_gaussian_noise(stddev: float, *, key: jax.Array) -> optax.GradientTransf
     def update_fn(updates: Any, state: NoiseState, params: Any = None):
         _check_update_shapes(updates, params)
         next_key, noise_key = _next_keys(state, impl)
-        noisy = _noise.tree_add_iid_noise(noise_key, updates, _normal, stddev)
+        noisy = _noise.tree_add_iid_noise(noise_key, _fusion_barrier(updates), _normal, stddev)
         return noisy, NoiseState(key=next_key, count=optax.safe_increment(state.count))
 
     return optax.GradientTransformation(init_fn, update_fn)
@@ -342,7 +354,7 @@ def add_laplace_dp_sgd_noise(
         dtypes = [np.dtype(_noise.noise_dtype_of(u)) for u in jax.tree.leaves(updates)]
         theta = _theta_rounded_up(state.count + 1, min(dtypes, key=lambda d: d.itemsize), theta_kw)
         next_key, noise_key = _next_keys(state, impl)
-        noisy = _noise.tree_add_iid_noise(noise_key, updates, _laplace, theta)
+        noisy = _noise.tree_add_iid_noise(noise_key, _fusion_barrier(updates), _laplace, theta)
         return noisy, NoiseState(key=next_key, count=optax.safe_increment(state.count))
 
     return optax.GradientTransformation(init_fn, update_fn)
