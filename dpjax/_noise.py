@@ -79,14 +79,14 @@ def _add_scaled(tree: Any, noise: Any, scale: Any) -> Any:
 
     def add(leaf: Any, z: jax.Array) -> jax.Array:
         out_dtype = float_dtype_of(leaf)
-        _check_scale_representable(scale, z.dtype)
+        check_scale_representable(scale, z.dtype)
         wide = jnp.asarray(leaf).astype(z.dtype)
         return (wide + jnp.asarray(scale).astype(z.dtype) * z).astype(out_dtype)
 
     return jax.tree.map(add, tree, noise)
 
 
-def _check_scale_representable(scale: Any, dtype: Any) -> None:
+def check_scale_representable(scale: Any, dtype: Any) -> None:
     """Refuse a concrete noise scale that the noise dtype would flush to (almost) zero.
 
     A scale below the dtype's smallest normal number (float32: 1.2e-38) becomes a subnormal or

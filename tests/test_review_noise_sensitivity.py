@@ -103,13 +103,13 @@ def test_laplace_theta_not_below_accounted_in_a_mixed_dtype_tree(monkeypatch):
     theta = _exact_theta(h, **kw)
     assert float(np.float32(theta)) < theta  # precondition: nearest float32 is below
     seen = []
-    original = _noise._check_scale_representable
+    original = _noise.check_scale_representable
 
     def record(scale, dtype):
         seen.append(float(np.asarray(scale).astype(dtype)))
         return original(scale, dtype)
 
-    monkeypatch.setattr(_noise, "_check_scale_representable", record)
+    monkeypatch.setattr(_noise, "check_scale_representable", record)
     tx = transforms.add_laplace_dp_sgd_noise(key=jax.random.key(5), **kw)
     tree = {"a": jnp.zeros(1, jnp.float64), "b": jnp.zeros(1, jnp.float32)}
     state = tx.init(tree)._replace(count=jnp.asarray(h - 1, jnp.int32))
@@ -149,11 +149,11 @@ from dpjax import _noise
 from dpjax.dp_sgd import transforms
 kw = dict(l1_sensitivity=1.0, epsilon=1.0, rho=0.5, kappa=0.0)
 seen = []
-original = _noise._check_scale_representable
+original = _noise.check_scale_representable
 def record(scale, dtype):
     seen.append(float(np.asarray(scale).astype(dtype)))
     return original(scale, dtype)
-_noise._check_scale_representable = record
+_noise.check_scale_representable = record
 tx = transforms.add_laplace_dp_sgd_noise(key=jax.random.key(1), **kw)
 tree = {"a": jnp.zeros(1, jnp.int32), "b": jnp.zeros(1, jnp.float32)}
 for h in (4, 8, 9, 11):

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from dpjax import _random, _validate
-from dpjax._noise import _check_scale_representable, tree_noise_like
+from dpjax._noise import check_scale_representable, tree_noise_like
 from dpjax.mechanisms._nonfinite import refuse_nonfinite, sanitise_scores
 
 __all__ = [
@@ -86,7 +86,7 @@ def _noisy_scores(key: jax.Array, scores: jax.Array, sampler, scale: float) -> j
     (a 16-bit sum ties often, and ties go to the lowest index).
     """
     noise = tree_noise_like(key, scores, sampler)
-    _check_scale_representable(scale, noise.dtype)
+    check_scale_representable(scale, noise.dtype)
     if not scale * _NOISE_REACH <= float(jnp.finfo(noise.dtype).max):
         _validate.fail(
             "sensitivity / epsilon",
