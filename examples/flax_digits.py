@@ -108,7 +108,8 @@ def train(
     x_tr, y_tr, x_te, y_te = load_digits(seed)
     start = time.perf_counter()
     # --- the user-facing part ------------------------------------------------------------
-    model = MLP(nnx.Rngs(seed), dropout=dropout)
+    model_key, private_key = jax.random.split(jax.random.key(seed))  # one key, one use each
+    model = MLP(nnx.Rngs(model_key), dropout=dropout)
     loss_fn, params = dpjax.dp_sgd.nnx_loss(model, example_loss)
     private = dpjax.make_private(
         loss_fn,
@@ -121,7 +122,7 @@ def train(
         target_epsilon=target_epsilon,
         noise_multiplier=noise_multiplier,
         delta=delta,
-        key=jax.random.key(seed),
+        key=private_key,
     )
     params, state, history = private.fit(params, {"x": x_tr, "y": y_tr}, progress=progress)
     nnx.update(model, params)
