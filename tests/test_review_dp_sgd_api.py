@@ -74,3 +74,98 @@ def test_per_leaf_optimizer_inside_the_dp_optimizer_still_works(key):
     assert not np.allclose(np.asarray(updates["b"]), exact_b)  # noise reached leaf "b"
     sampler = dpjax.PoissonSampler(dataset_size=100, sampling_rate=0.1)
     assert event_for(tx, sampler=sampler, state=state).count == 1
+
+
+# ----------------------------------------------------------------------------- stated once
+
+
+def test_dp_optimizer_sigma_is_read_only(key):
+    # Before the fix ``tx.noise_multiplier = 5.0`` (the Opacus idiom for changing σ) was
+    # accepted: the noise kept σ = 1 while event_for reported σ = 5 (ε under-stated).
+    grad_fn = dpjax.clipped_grad(lambda w, x: jnp.dot(w, x), l2_clip_norm=1.0)
+    tx = dpjax.dp_sgd_optimizer(
+        optimizer=optax.sgd(1.0),
+        clipped_grad=grad_fn,
+        noise_multiplier=1.0,
+        normalizer=1.0,
+        key=key,
+    )
+    for name in ("noise_multiplier", "l2_clip_norm", "normalizer"):
+        with pytest.raises(AttributeError, match="read-only"):
+            setattr(tx, name, 5.0)
+    sampler = dpjax.PoissonSampler(dataset_size=100, sampling_rate=0.1)
+    assert event_for(tx, sampler=sampler, steps=3).noise_multiplier == 1.0
+
+
+def test_clip_norm_of_clipped_grad_is_read_only():
+    # Before the fix ``grad_fn.l2_clip_norm = 10`` (before the first call) made it clip at 10
+    # while sensitivity() and every optimizer built from it still said C = 1: noise 10x short.
+    grad_fn = dpjax.clipped_grad(lambda w, x: jnp.dot(w, x), l2_clip_norm=1.0)
+    for name in ("l2_clip_norm", "l2_norm_bound", "per_layer", "loss_fn"):
+        with pytest.raises(AttributeError, match="read-only"):
+            setattr(grad_fn, name, 10.0)
+    clipped_sum, _ = grad_fn(jnp.zeros(3), 100.0 * jnp.ones((1, 3)))
+    assert float(jnp.linalg.norm(clipped_sum)) <= 1.0 + 1e-6  # still clips at C = 1
+
+
+def test_data_parallel_clip_norm_is_read_only():
+    # Before the fix ``dp_fn.grad_fn = clipped_grad(..., l2_clip_norm=10)`` clipped at 10
+    # while dp_fn.l2_norm_bound (what dp_sgd_optimizer scales its noise by) stayed 1.
+    loss = lambda w, x: jnp.dot(w, x)  # noqa: E731
+    dp_fn = dpjax.data_parallel(dpjax.clipped_grad(loss, l2_clip_norm=1.0))
+    for name, value in [
+        ("grad_fn", dpjax.clipped_grad(loss, l2_clip_norm=10.0)),
+        ("l2_norm_bound", 10.0),
+    ]:
+        with pytest.raises(AttributeError, match="read-only"):
+            setattr(dp_fn, name, value)
+    assert dp_fn.sensitivity() == 1.0
+
+
+def test_poisson_sampler_rate_is_read_only(key):
+    # Before the fix ``sampler.sampling_rate = 0.001`` changed the accounted rate while
+    # sample() kept drawing at the old threshold (rate 0.5): ε under-stated.
+    sampler = dpjax.PoissonSampler(dataset_size=100, sampling_rate=0.5)
+    for name in ("sampling_rate", "threshold", "max_batch_size", "dataset_size"):
+        with pytest.raises(AttributeError, match="read-only"):
+            setattr(sampler, name, 1)
+    assert sampler.event(noise_multiplier=1.0, steps=1).sampling_rate == 0.5
+
+
+def test_private_training_parameters_are_read_only(key):
+    # Before the fix ``private.noise_multiplier = 50`` made epsilon(state) report the ε of
+    # σ = 50 for steps whose noise was drawn with the original σ.
+    private = dpjax.make_private(
+        lambda w, ex: jnp.sum(w * ex),
+        optimizer=optax.sgd(0.1),
+        l2_clip_norm=1.0,
+        dataset_size=100,
+        batch_size=10,
+        steps=5,
+        noise_multiplier=1.0,
+        delta=1e-5,
+        key=key,
+    )
+    before = private.epsilon(5)
+    for name in ("noise_multiplier", "sampling_rate", "steps", "l2_clip_norm", "delta"):
+        with pytest.raises(AttributeError, match="read-only"):
+            setattr(private, name, 50.0)
+    assert private.epsilon(5) == before
+
+
+# ----------------------------------------------------------------------------- serialisation
+
+
+@pytest.mark.parametrize("dropped", ["count", "relation"])
+def test_state_dict_with_a_dropped_field_is_refused(dropped):
+    # Before the fix a saved accountant whose event lost "count" came back as ONE release
+    # (ε of 1 step instead of 1000, no error), and one that lost "relation" came back under the
+    # class default (an add/remove-one Gaussian relabelled replace-one).
+    from dpjax.accounting import PrivacyAccountant
+    from dpjax.events import GaussianEvent
+
+    run = PrivacyAccountant([GaussianEvent(4.0, count=1000, relation="add_or_remove_one")])
+    state = run.state_dict()
+    del state["events"][0][dropped]
+    with pytest.raises(ValueError, match=dropped):
+        PrivacyAccountant.from_state_dict(state)

@@ -74,6 +74,14 @@ class DPSGDTransformation(optax.GradientTransformation):
     l2_clip_norm: float
     normalizer: float
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # read-only: σ, C and the normaliser were baked into the noise at construction, so a
+        # new value here would change only what event_for tells the accountant
+        raise AttributeError(
+            f"{name} of a DP-SGD optimizer is read-only (the noise was built with the stated "
+            "value): build a new one with dp_sgd_optimizer(...)"
+        )
+
 
 def _stating(tx: optax.GradientTransformation, like: Any = None, **fields: float):
     """``tx`` as a :class:`DPSGDTransformation` with the fields of ``like`` or ``fields``."""

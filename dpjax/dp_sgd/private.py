@@ -238,6 +238,17 @@ class PrivateTraining:
         self.grad_fn = clipped_grad(self._example_loss, l2_clip_norm=l2_clip_norm, backend=clipping)
         self._epsilons: dict[tuple[int, float], float] = {}
         self._jitted_step = jax.jit(self._step_impl)
+        self._frozen = True
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # read-only once built: σ, C, q and the cap are baked into the noise, the sampler and
+        # the jitted step, so a new value would change only what epsilon() reports
+        if getattr(self, "_frozen", False):
+            raise AttributeError(
+                f"{name} of a PrivateTraining is read-only (the step was built with it): call "
+                "make_private(...) again"
+            )
+        object.__setattr__(self, name, value)
 
     # ---- the per-example loss, with or without its dropout key
 
