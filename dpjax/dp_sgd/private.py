@@ -618,7 +618,10 @@ def make_private(
         delta: δ in (0, 1) of the reported guarantee (the truncation slack of the padded
             sampler is paid from it; see "Formal guarantees").
         key: a JAX PRNG key; split into the noise key and the sampling/dropout key (each split
-            again at every step, never reused).
+            again at every step, never reused). The whole run is a function of it: use a NEW
+            key for every run on the same data (two runs of a hyperparameter sweep with one key
+            share their batches and noise draws, so their difference is noise-free and the
+            sweep is not the composition the accountant would assume).
         epochs: expected passes over the data (> 0); or give ``steps``.
         steps: T ≥ 1 noisy updates; or give ``epochs``.
         noise_multiplier: σ > 0; or give ``target_epsilon``.
@@ -663,6 +666,11 @@ def make_private(
         (realised batch size, loss), which are not private. Steps beyond the planned ``steps``
         are not refused (``step`` is traced code): ``epsilon(state)`` counts every step taken,
         warns past the plan, and raises if the truncation slack no longer fits in δ.
+        ``dataset_size`` is public (it fixes the cap and the normaliser q·n, and ``step``
+        refuses data of any other length): a removed record is modelled as a row that is never
+        sampled and contributes 0 ("zero-out" neighbours, Kairouz et al. 2021, "Practical and
+        private (deep) learning without sampling or shuffling"), which the Poisson
+        add/remove-one analysis covers; the cap is sized for n + 1 rows.
 
     Example:
         >>> import jax, jax.numpy as jnp, optax, dpjax
