@@ -178,3 +178,33 @@ def test_event_dict_without_relation_is_refused():
     del data["relation"]
     with pytest.raises(ValueError, match="relation"):
         event_from_dict(data)
+
+
+# ----------------------------------------------------------------------------- gather path
+
+
+def _repeat_batch():
+    from dpjax.dp_sgd.samplers import PaddedBatch
+
+    x = jnp.array([[3.0, 4.0], [0.0, 1.0], [6.0, 8.0]])
+    # record 2 in two real slots (a batch drawn WITH replacement), record 1 once, one padding
+    batch = PaddedBatch(jnp.array([2, 1, 2, 0], jnp.int32), jnp.array([1, 1, 1, 0], bool))
+    return x, batch
+
+
+def test_repeated_index_in_a_concrete_batch_is_refused():
+    # Before the fix record 2 was gathered twice: the sum moved by 2C when it was present,
+    # while grad_fn.sensitivity() (what the noise is scaled by) said C.
+    grad_fn = dpjax.clipped_grad(lambda w, x: jnp.dot(w, x), l2_clip_norm=1.0)
+    x, batch = _repeat_batch()
+    with pytest.raises(ValueError, match="batch.indices"):
+        grad_fn(jnp.zeros(2), x, batch=batch)
+
+
+def test_repeated_index_in_a_traced_batch_counts_once():
+    # Under jit the repeat cannot raise: it is masked, so record 2 contributes once (norm C).
+    grad_fn = dpjax.clipped_grad(lambda w, x: jnp.dot(w, x), l2_clip_norm=1.0)
+    x, batch = _repeat_batch()
+    with_2, _ = jax.jit(lambda b: grad_fn(jnp.zeros(2), x, batch=b))(batch)
+    # independent reference: record 2 clipped once (g = (6, 8), ‖g‖ = 10 → (0.6, 0.8)) + record 1
+    np.testing.assert_allclose(np.asarray(with_2), [0.6, 1.8], rtol=1e-6)
