@@ -208,3 +208,19 @@ def test_repeated_index_in_a_traced_batch_counts_once():
     with_2, _ = jax.jit(lambda b: grad_fn(jnp.zeros(2), x, batch=b))(batch)
     # independent reference: record 2 clipped once (g = (6, 8), ‖g‖ = 10 → (0.6, 0.8)) + record 1
     np.testing.assert_allclose(np.asarray(with_2), [0.6, 1.8], rtol=1e-6)
+
+
+# ----------------------------------------------------------------------------- nnx
+
+
+def test_nnx_loss_refuses_batch_norm_in_training_mode():
+    # Before the fix the per-example loss ran BatchNorm on ONE example: output exactly 0, loss
+    # 0 and gradient 0 through it for every example — training silently learnt nothing.
+    nnx = pytest.importorskip("flax.nnx")
+    model = nnx.Sequential(nnx.Linear(3, 2, rngs=nnx.Rngs(0)), nnx.BatchNorm(2, rngs=nnx.Rngs(1)))
+    with pytest.raises(ValueError, match="BatchNorm"):
+        dpjax.dp_sgd.nnx_loss(model, lambda m, ex: jnp.sum(m(ex) ** 2))
+    model.eval()  # running averages (constants here): an affine map, accepted
+    loss_fn, params = dpjax.dp_sgd.nnx_loss(model, lambda m, ex: jnp.sum(m(ex) ** 2))
+    x = jnp.array([1.0, 2.0, 3.0], jnp.float32)
+    assert float(loss_fn(params, x, jax.random.key(0))) > 0.0

@@ -100,7 +100,8 @@ def nnx_loss(model: Any, loss: Callable[[Any, Any], jax.Array]) -> tuple[Callabl
     After training, ``nnx.update(model, params)`` writes the parameters back; call
     ``model.eval()`` for deterministic evaluation. Non-parameter variables are constants here
     (batch statistics are not updated): use LayerNorm/GroupNorm — BatchNorm mixes the examples
-    of a batch, which per-example clipping cannot bound.
+    of a batch, which per-example clipping cannot bound, and on the ONE example the loss sees
+    it outputs 0, so a BatchNorm in training mode is refused (``ValueError``).
 
     Args:
         model: an ``nnx.Module`` (in training mode: Dropout not deterministic).
@@ -125,6 +126,7 @@ def nnx_loss(model: Any, loss: Callable[[Any, Any], jax.Array]) -> tuple[Callabl
         _validate.fail("model", type(model).__name__, "an nnx.Module")
     if not callable(loss):
         _validate.fail("loss", loss, "a callable loss(module, example) -> scalar")
+    _refuse_batch_norm(model)
     graphdef, params, rng_keys, rest = nnx.split(model, nnx.Param, nnx.RngKey, ...)
     key_leaves, key_tree = jax.tree.flatten(nnx.to_pure_dict(rng_keys))
 
@@ -137,6 +139,21 @@ def nnx_loss(model: Any, loss: Callable[[Any, Any], jax.Array]) -> tuple[Callabl
         return loss(module, example)
 
     return loss_fn, params
+
+
+def _refuse_batch_norm(model: Any) -> None:
+    """A BatchNorm in training mode normalises ONE example by its own statistics (its output
+    is then 0: nothing is learnt through it), and its batch statistics would mix examples."""
+    from flax import nnx
+
+    for _, node in nnx.iter_graph(model):
+        if isinstance(node, nnx.BatchNorm) and not node.use_running_average:
+            _validate.fail(
+                "model",
+                "a module with an nnx.BatchNorm in training mode",
+                "one without batch statistics: nnx.LayerNorm / nnx.GroupNorm (per-example "
+                "clipping runs the model on ONE example, where BatchNorm outputs 0)",
+            )
 
 
 # ----------------------------------------------------------------------------- state
