@@ -273,6 +273,12 @@ def event_from_dict(data: dict[str, Any]) -> PrivacyEvent:
     unknown = set(kwargs) - fields
     if unknown:
         _validate.fail("data", sorted(unknown), f"fields of {cls.__name__}: {sorted(fields)}")
+    missing = fields - set(kwargs)
+    if missing:  # no defaults here: a dropped "count" would read as 1 release, "relation" as
+        # the class default (event_to_dict writes every field)
+        _validate.fail(
+            "data", f"a dict without {sorted(missing)}", f"every field of {cls.__name__}"
+        )
     if "epsilons" in kwargs:
         kwargs["epsilons"] = tuple(kwargs["epsilons"])
     try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from fractions import Fraction
 
 from dpjax import _validate
 from dpjax.relation import ADD_OR_REMOVE_ONE, REPLACE_ONE, NeighbouringRelation, as_relation
@@ -231,7 +232,8 @@ def group_privacy(*, epsilon: float, delta: float, group_size: int) -> tuple[flo
         group_size: k, a positive integer (k = 1 returns (ε, δ)).
 
     Returns:
-        ``(k·epsilon, delta_group)`` (δ_group may exceed 1: then vacuous).
+        ``(k·epsilon, delta_group)``, each rounded up (a few ulps at most) so the returned
+        pair is never below the exact one (δ_group may exceed 1: then vacuous).
 
     Example:
         >>> eps, dlt = group_privacy(epsilon=1.0, delta=1e-6, group_size=2)
@@ -243,9 +245,32 @@ def group_privacy(*, epsilon: float, delta: float, group_size: int) -> tuple[flo
     delta = _validate.real("delta", delta)
     _validate.delta("delta", delta)
     k = _validate.positive_int("group_size", group_size)
+    if k == 1:
+        return float(epsilon), float(delta)
     # (e^{kε} − 1)/(e^ε − 1) = Σ_{j<k} e^{jε}, computed with expm1 for small ε.
     ratio = math.expm1(k * epsilon) / math.expm1(epsilon)
-    return k * float(epsilon), float(delta) * ratio
+    return _round_up(k * float(epsilon), exact=Fraction(k) * Fraction(epsilon)), _above(
+        float(delta) * ratio, delta
+    )
+
+
+#: ulps added to a computed group δ: two expm1 (≤ 1 ulp each), a division and a product
+#: (½ ulp each) leave it ≤ 3 ulps below the exact value; 8 ulps is above it.
+_GROUP_DELTA_ULPS = 8
+
+
+def _above(value: float, delta: float) -> float:
+    """``value`` raised by a few ulps so the rounded δ is never below the exact one (0 stays 0)."""
+    if delta == 0.0 or not math.isfinite(value):
+        return value
+    return value + _GROUP_DELTA_ULPS * math.ulp(value)
+
+
+def _round_up(value: float, *, exact: Fraction) -> float:
+    """``value`` (= the rounded ``exact``) or the next double up if rounding went down."""
+    if math.isfinite(value) and Fraction(value) < exact:
+        return math.nextafter(value, math.inf)
+    return value
 
 
 #: Why a replace-one guarantee is not converted to add/remove-one.

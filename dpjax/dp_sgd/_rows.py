@@ -77,9 +77,11 @@ def refuse_padded_batch_as_data(data: tuple[Any, ...]) -> None:
 def gather_batch(batch: PaddedBatch, data: tuple[Any, ...]) -> tuple[tuple[Any, ...], jax.Array]:
     """The rows of ``data`` (whole data set, leading axis n) at ``batch.indices``, and the mask.
 
-    The mask is ``batch.mask`` AND "index in [0, n)": padding slots (which hold index 0) and any
-    index outside the data given contribute nothing. Concrete out-of-range indices of real
-    slots raise (the sampler was built for a larger data set than the one passed).
+    The mask is ``batch.mask`` AND "index in [0, n)" AND "first real slot of its index":
+    padding slots (which hold index 0), any index outside the data given and any repeat of a
+    record contribute nothing. Concrete out-of-range or repeated indices of real slots raise
+    (the sampler was built for a larger data set than the one passed; a batch drawn with
+    replacement would count a record several times).
     """
     if not isinstance(batch, PaddedBatch):
         _validate.fail("batch", type(batch).__name__, "a dpjax.dp_sgd.PaddedBatch from a sampler")
@@ -98,5 +100,31 @@ def gather_batch(batch: PaddedBatch, data: tuple[Any, ...]) -> tuple[tuple[Any, 
                 f"in [0, {n}) (the data passed has {n} rows; build the sampler with "
                 "dataset_size equal to it)",
             )
+        real = np.asarray(indices)[np.asarray(mask)]
+        values, counts = np.unique(real, return_counts=True)
+        if (counts > 1).any():
+            _validate.fail(
+                "batch.indices",
+                f"index {int(values[counts > 1][0])} in {int(counts.max())} real slots",
+                "distinct for the real slots (a record counted k times moves the sum by k·C, "
+                "not C): sample with PoissonSampler or without replacement",
+            )
+    real = mask & in_range
     rows = jax.tree.map(lambda a: jnp.asarray(a)[jnp.where(in_range, indices, 0)], data)
-    return rows, mask & in_range
+    return rows, real & ~_repeated(indices, real)
+
+
+def _repeated(indices: jax.Array, real: jax.Array) -> jax.Array:
+    """True at every real slot whose index already occurs in an EARLIER real slot (traced
+    batches: a record then counts once, so the sum keeps sensitivity C)."""
+    size = indices.shape[0]
+    if size < 2:
+        return jnp.zeros((size,), bool)
+    slots = jnp.arange(size, dtype=jnp.int32)
+    # sort real slots by (index, slot); padding and out-of-range slots go last
+    sentinel = jnp.iinfo(indices.dtype).max
+    sort_key = jnp.where(real, indices, jnp.asarray(sentinel, indices.dtype))
+    sorted_key, sorted_slot = jax.lax.sort((sort_key, slots), num_keys=2)
+    sorted_real = sorted_key != sentinel
+    same = jnp.concatenate([jnp.zeros((1,), bool), sorted_key[1:] == sorted_key[:-1]])
+    return jnp.zeros((size,), bool).at[sorted_slot].set(same & sorted_real)

@@ -335,6 +335,17 @@ class ClippedGrad:
         self.nan_safe = nan_safe
         self.l2_norm_bound = _norm_bound(l2_clip_norm, per_layer)
         self._jitted = jax.jit(self._call_impl)
+        self._frozen = True
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # read-only once built: the optimizer read C (l2_norm_bound) from here to scale its
+        # noise, so clipping at another norm afterwards would break σ·C silently
+        if getattr(self, "_frozen", False):
+            raise AttributeError(
+                f"{name} of a clipped-gradient function is read-only (noise and sensitivity "
+                "were derived from it): build a new one with dpjax.clipped_grad(...)"
+            )
+        object.__setattr__(self, name, value)
 
     def sensitivity(self, relation: NeighbouringRelation | str = ADD_OR_REMOVE_ONE) -> float:
         """ℓ2 sensitivity of the clipped sum: C under add/remove-one, 2C under replace-one.

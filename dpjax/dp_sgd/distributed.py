@@ -82,6 +82,16 @@ class DataParallelClippedGrad:
         self.axis_name = axis_name
         self.l2_clip_norm = grad_fn.l2_clip_norm
         self.l2_norm_bound = grad_fn.l2_norm_bound
+        self._frozen = True
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # read-only once built, like ClippedGrad: C was read from here to scale the noise
+        if getattr(self, "_frozen", False):
+            raise AttributeError(
+                f"{name} of a data-parallel clipped-gradient function is read-only: build a "
+                "new one with dpjax.data_parallel(...)"
+            )
+        object.__setattr__(self, name, value)
 
     @property
     def num_shards(self) -> int:

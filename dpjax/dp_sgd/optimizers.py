@@ -74,6 +74,14 @@ class DPSGDTransformation(optax.GradientTransformation):
     l2_clip_norm: float
     normalizer: float
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # read-only: σ, C and the normaliser were baked into the noise at construction, so a
+        # new value here would change only what event_for tells the accountant
+        raise AttributeError(
+            f"{name} of a DP-SGD optimizer is read-only (the noise was built with the stated "
+            "value): build a new one with dp_sgd_optimizer(...)"
+        )
+
 
 def _stating(tx: optax.GradientTransformation, like: Any = None, **fields: float):
     """``tx`` as a :class:`DPSGDTransformation` with the fields of ``like`` or ``fields``."""
@@ -114,15 +122,37 @@ def _refuse_multisteps() -> None:
         )
 
 
+def _has_masked_node(tree: Any) -> bool:
+    """Whether ``tree`` holds an ``optax.MaskedNode`` (the placeholder ``optax.masked`` and
+    ``optax.multi_transform`` put where the wrapped transformation does not see a leaf)."""
+    is_masked = lambda x: isinstance(x, optax.MaskedNode)  # noqa: E731
+    return any(is_masked(leaf) for leaf in jax.tree.leaves(tree, is_leaf=is_masked))
+
+
+def _refuse_masking(*trees: Any) -> None:
+    if any(_has_masked_node(t) for t in trees):
+        _validate.fail(
+            "optimizer",
+            "a DP-SGD optimizer wrapped in optax.masked or optax.multi_transform",
+            "applied to the WHOLE clipped sum (the leaves it does not see would be updated "
+            "with the clipped sum WITHOUT noise): put the per-leaf choice inside it, "
+            "dp_sgd_optimizer(optimizer=optax.multi_transform(...), ...), where it is "
+            "post-processing of the noisy sum",
+        )
+
+
 def _refusing_multisteps(tx: optax.GradientTransformation) -> optax.GradientTransformation:
-    """``tx`` whose init and update raise when called from inside ``optax.MultiSteps``."""
+    """``tx`` whose init and update raise when called from inside ``optax.MultiSteps``, or on
+    a tree masked by ``optax.masked`` / ``optax.multi_transform`` (a noise-free bypass)."""
 
     def init_fn(params: Any) -> Any:
         _refuse_multisteps()
+        _refuse_masking(params)
         return tx.init(params)
 
     def update_fn(updates: Any, state: Any, params: Any = None) -> Any:
         _refuse_multisteps()
+        _refuse_masking(updates, params)
         return tx.update(updates, state, params)
 
     return optax.GradientTransformation(init_fn, update_fn)
@@ -178,12 +208,15 @@ def dp_sgd_optimizer(
     Returns:
         A :class:`DPSGDTransformation` (an ``optax.GradientTransformation`` stating σ, C and the
         normaliser). Wrapping it in ``optax.MultiSteps`` raises at ``init``: accumulate with
-        :func:`accumulate_clipped_sums`.
+        :func:`accumulate_clipped_sums`. Wrapping it in ``optax.masked`` or
+        ``optax.multi_transform`` raises too (the leaves it would not see get the clipped sum
+        with no noise): pass ``optimizer=optax.multi_transform(...)`` instead.
 
     Raises:
         ValueError: negative σ, non-positive normaliser, neither ``clipped_grad`` nor
             ``l2_clip_norm``, an ``l2_clip_norm`` different from ``clipped_grad``'s, or (at
-            init/update) a wrapping ``optax.MultiSteps``.
+            init/update) a wrapping ``optax.MultiSteps``, ``optax.masked`` or
+            ``optax.multi_transform``.
 
     Formal guarantees:
         One update is the Gaussian mechanism with noise multiplier σ = stddev/C on a sum of

@@ -100,7 +100,8 @@ def nnx_loss(model: Any, loss: Callable[[Any, Any], jax.Array]) -> tuple[Callabl
     After training, ``nnx.update(model, params)`` writes the parameters back; call
     ``model.eval()`` for deterministic evaluation. Non-parameter variables are constants here
     (batch statistics are not updated): use LayerNorm/GroupNorm — BatchNorm mixes the examples
-    of a batch, which per-example clipping cannot bound.
+    of a batch, which per-example clipping cannot bound, and on the ONE example the loss sees
+    it outputs 0, so a BatchNorm in training mode is refused (``ValueError``).
 
     Args:
         model: an ``nnx.Module`` (in training mode: Dropout not deterministic).
@@ -125,6 +126,7 @@ def nnx_loss(model: Any, loss: Callable[[Any, Any], jax.Array]) -> tuple[Callabl
         _validate.fail("model", type(model).__name__, "an nnx.Module")
     if not callable(loss):
         _validate.fail("loss", loss, "a callable loss(module, example) -> scalar")
+    _refuse_batch_norm(model)
     graphdef, params, rng_keys, rest = nnx.split(model, nnx.Param, nnx.RngKey, ...)
     key_leaves, key_tree = jax.tree.flatten(nnx.to_pure_dict(rng_keys))
 
@@ -137,6 +139,21 @@ def nnx_loss(model: Any, loss: Callable[[Any, Any], jax.Array]) -> tuple[Callabl
         return loss(module, example)
 
     return loss_fn, params
+
+
+def _refuse_batch_norm(model: Any) -> None:
+    """A BatchNorm in training mode normalises ONE example by its own statistics (its output
+    is then 0: nothing is learnt through it), and its batch statistics would mix examples."""
+    from flax import nnx
+
+    for _, node in nnx.iter_graph(model):
+        if isinstance(node, nnx.BatchNorm) and not node.use_running_average:
+            _validate.fail(
+                "model",
+                "a module with an nnx.BatchNorm in training mode",
+                "one without batch statistics: nnx.LayerNorm / nnx.GroupNorm (per-example "
+                "clipping runs the model on ONE example, where BatchNorm outputs 0)",
+            )
 
 
 # ----------------------------------------------------------------------------- state
@@ -238,6 +255,17 @@ class PrivateTraining:
         self.grad_fn = clipped_grad(self._example_loss, l2_clip_norm=l2_clip_norm, backend=clipping)
         self._epsilons: dict[tuple[int, float], float] = {}
         self._jitted_step = jax.jit(self._step_impl)
+        self._frozen = True
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # read-only once built: σ, C, q and the cap are baked into the noise, the sampler and
+        # the jitted step, so a new value would change only what epsilon() reports
+        if getattr(self, "_frozen", False):
+            raise AttributeError(
+                f"{name} of a PrivateTraining is read-only (the step was built with it): call "
+                "make_private(...) again"
+            )
+        object.__setattr__(self, name, value)
 
     # ---- the per-example loss, with or without its dropout key
 
@@ -607,7 +635,10 @@ def make_private(
         delta: δ in (0, 1) of the reported guarantee (the truncation slack of the padded
             sampler is paid from it; see "Formal guarantees").
         key: a JAX PRNG key; split into the noise key and the sampling/dropout key (each split
-            again at every step, never reused).
+            again at every step, never reused). The whole run is a function of it: use a NEW
+            key for every run on the same data (two runs of a hyperparameter sweep with one key
+            share their batches and noise draws, so their difference is noise-free and the
+            sweep is not the composition the accountant would assume).
         epochs: expected passes over the data (> 0); or give ``steps``.
         steps: T ≥ 1 noisy updates; or give ``epochs``.
         noise_multiplier: σ > 0; or give ``target_epsilon``.
@@ -652,6 +683,11 @@ def make_private(
         (realised batch size, loss), which are not private. Steps beyond the planned ``steps``
         are not refused (``step`` is traced code): ``epsilon(state)`` counts every step taken,
         warns past the plan, and raises if the truncation slack no longer fits in δ.
+        ``dataset_size`` is public (it fixes the cap and the normaliser q·n, and ``step``
+        refuses data of any other length): a removed record is modelled as a row that is never
+        sampled and contributes 0 ("zero-out" neighbours, Kairouz et al. 2021, "Practical and
+        private (deep) learning without sampling or shuffling"), which the Poisson
+        add/remove-one analysis covers; the cap is sized for n + 1 rows.
 
     Example:
         >>> import jax, jax.numpy as jnp, optax, dpjax

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -219,6 +219,17 @@ class PoissonSampler:
         self.max_batch_size = _validate.positive_int("max_batch_size", max_batch_size)
         if self.max_batch_size > self.dataset_size:
             _validate.fail("max_batch_size", max_batch_size, f"at most dataset_size={dataset_size}")
+        self._frozen = True
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # read-only once built: sample() uses the threshold, event() the rate; changing one
+        # afterwards would account a rate the sampler does not draw at
+        if getattr(self, "_frozen", False):
+            raise AttributeError(
+                f"{name} of a PoissonSampler is read-only (sample and event must agree): "
+                "build a new PoissonSampler(...)"
+            )
+        object.__setattr__(self, name, value)
 
     @property
     def expected_batch_size(self) -> float:
