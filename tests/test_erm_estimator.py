@@ -82,7 +82,7 @@ def test_no_default_key():
 
 def test_refit_with_same_key_warns_and_fresh_key_does_not():
     X, y = _blobs()
-    clf = PrivateLogisticRegression(random_state=jax.random.key(3)).fit(X, y)
+    clf = PrivateLogisticRegression(random_state=jax.random.key(3), classes=np.unique(y)).fit(X, y)
     with pytest.warns(UserWarning, match="noise is reused"):
         clf.fit(X, y)
     clf.set_params(random_state=jax.random.key(4))

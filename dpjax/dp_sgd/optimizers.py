@@ -25,7 +25,9 @@ optimizers is refused: use :func:`accumulate_clipped_sums`.
 
 from __future__ import annotations
 
+import math
 import sys
+import warnings
 from typing import Any, NamedTuple
 
 import jax
@@ -329,8 +331,26 @@ def event_for(
         steps = noise_releases(state)
         if steps == 0:
             _validate.fail("state", "a state with 0 releases", "a state after ≥ 1 update")
+    _warn_if_normalizer_is_not_the_batch(optimizer, sampler)
     kwargs = {} if relation is None else {"relation": relation}
     return sampler.event(noise_multiplier=optimizer.noise_multiplier, steps=steps, **kwargs)
+
+
+def _warn_if_normalizer_is_not_the_batch(optimizer: DPSGDTransformation, sampler: Any) -> None:
+    """Warn when the normaliser is not the sampler's expected batch: the usual sign of k
+    independent micro-batch draws accumulated into one release, which the sampler's event
+    (rate of ONE draw, T/k releases) under-states — split one logical batch instead."""
+    expected = getattr(sampler, "expected_batch_size", None)
+    if expected is None or math.isclose(optimizer.normalizer, expected, rel_tol=1e-9):
+        return
+    warnings.warn(
+        f"event_for: the optimizer divides by normalizer={optimizer.normalizer!r}, but the "
+        f"sampler's expected batch is {expected!r}. If each release accumulates several "
+        "independent draws of this sampler, its event under-states ε: draw ONE logical batch "
+        "and split it with batch.micro_batches(m) (or pass the logical batch's sampler).",
+        UserWarning,
+        stacklevel=3,
+    )
 
 
 class AccumulationState(NamedTuple):
