@@ -135,9 +135,8 @@ def _sample_words(
     the transform (the inverse-normal chain: three rational branches) is compiled ONCE and
     its result materialised once. Without the loop XLA fused a copy of the chain into every
     consumer, e.g. into each of the 38 leaf slices of a transformer's one flat noise draw
-    (:func:`dpjax._noise.tree_iid_noise_like`) and into the end of the clipped sum: compile
-    time grew with the number of leaves and the noise inside a jitted DP step cost ~3× a bare
-    draw on CPU (issue 15).
+    (:func:`dpjax._noise.tree_iid_noise_like`), so compile time grew with the number of leaves
+    (issue 15).
     """
     dtype = _check_wide(dtype)
     hi, lo = jax.random.bits(key, (2, *shape), jnp.uint32)
