@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -98,6 +99,12 @@ def _unit_and_sign(key: jax.Array, shape: tuple[int, ...], dtype: Any):
     """
     dtype = _check_wide(dtype)
     hi, lo = jax.random.bits(key, (2, *shape), jnp.uint32)
+    return _unit_and_sign_of_words(hi, lo, dtype)
+
+
+def _unit_and_sign_of_words(hi: jax.Array, lo: jax.Array, dtype: Any):
+    """:func:`_unit_and_sign` of given words: ``hi`` gives the sign and the top 31 bits of k,
+    ``lo`` its low 32 bits (elementwise)."""
     negative, flip = _sign_and_flip(hi)
     u = (
         ((hi ^ flip) & jnp.uint32(_LOW31)).astype(dtype) * jnp.asarray(2.0**-31, dtype)
@@ -107,8 +114,53 @@ def _unit_and_sign(key: jax.Array, shape: tuple[int, ...], dtype: Any):
     return jnp.minimum(u, jnp.asarray(1.0, dtype)), negative
 
 
+# Draws of at least _MIN_CHUNKED coordinates run their word -> sample transform in a loop over
+# chunks of at most _CHUNK coordinates (at least two chunks): speed only, see _sample_words.
+_CHUNK = 2**20
+_MIN_CHUNKED = 2**11
+
+
+def _sample_words(
+    key: jax.Array,
+    shape: tuple[int, ...],
+    dtype: Any,
+    transform: Callable[[jax.Array, jax.Array, Any], jax.Array],
+) -> jax.Array:
+    """``transform(hi, lo, dtype)`` of the two random words of every coordinate of ``shape``.
+
+    The words are ``jax.random.bits(key, (2, *shape))`` in every case. A draw of at least
+    ``_MIN_CHUNKED`` coordinates applies the (elementwise) transform in a ``lax.map`` over
+    ≥ 2 chunks of the flattened words (the last zero-padded, the padding cut off), which gives
+    bit-identical values: XLA cannot fuse a loop's body into the consumers of its result, so
+    the transform (the inverse-normal chain: three rational branches) is compiled ONCE and
+    its result materialised once. Without the loop XLA fused a copy of the chain into every
+    consumer, e.g. into each of the 38 leaf slices of a transformer's one flat noise draw
+    (:func:`dpjax._noise.tree_iid_noise_like`), so compile time grew with the number of leaves
+    (issue 15).
+    """
+    dtype = _check_wide(dtype)
+    hi, lo = jax.random.bits(key, (2, *shape), jnp.uint32)
+    size = math.prod(shape)
+    if size < _MIN_CHUNKED:
+        return transform(hi, lo, dtype)
+    chunks = max(2, -(-size // _CHUNK))
+    width = -(-size // chunks)
+
+    def rows(words: jax.Array) -> jax.Array:
+        return jnp.pad(words.reshape(-1), (0, chunks * width - size)).reshape(chunks, width)
+
+    out = jax.lax.map(lambda words: transform(*words, dtype), (rows(hi), rows(lo)))
+    return out.reshape(-1)[:size].reshape(shape)
+
+
 def _signed(magnitude: jax.Array, negative: jax.Array) -> jax.Array:
     return jnp.where(negative, -magnitude, magnitude)
+
+
+def _normal_of_words(hi: jax.Array, lo: jax.Array, dtype: Any) -> jax.Array:
+    u, negative = _unit_and_sign_of_words(hi, lo, dtype)
+    half = jnp.asarray(0.5, u.dtype)
+    return _signed(jnp.maximum(-jax.scipy.special.ndtri(u * half), 0.0), negative)
 
 
 def normal(key: jax.Array, shape: tuple[int, ...] = (), dtype: Any = np.float32) -> jax.Array:
@@ -117,18 +169,20 @@ def normal(key: jax.Array, shape: tuple[int, ...] = (), dtype: Any = np.float32)
     Support (all-zero / all-one words, :func:`gaussian_support_max`): |Z| ≤ Φ̄⁻¹(2⁻⁶⁵) = 9.155
     in float32 and float64. See the module docstring for the construction.
     """
-    u, negative = _unit_and_sign(key, tuple(shape), dtype)
-    half = jnp.asarray(0.5, u.dtype)
-    return _signed(jnp.maximum(-jax.scipy.special.ndtri(u * half), 0.0), negative)
+    return _sample_words(key, tuple(shape), dtype, _normal_of_words)
+
+
+def _laplace_of_words(hi: jax.Array, lo: jax.Array, dtype: Any) -> jax.Array:
+    u, negative = _unit_and_sign_of_words(hi, lo, dtype)
+    return _signed(-jnp.log(u), negative)
 
 
 def laplace(key: jax.Array, shape: tuple[int, ...] = (), dtype: Any = np.float32) -> jax.Array:
     """I.i.d. Laplace(0, 1) of ``shape`` in ``dtype``: ±(−log U); |L| ≤ 64·ln 2 = 44.36."""
-    u, negative = _unit_and_sign(key, tuple(shape), dtype)
-    return _signed(-jnp.log(u), negative)
+    return _sample_words(key, tuple(shape), dtype, _laplace_of_words)
 
 
-def _exponential_from_words(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
+def _exponential_of_words(hi: jax.Array, lo: jax.Array, dtype: Any) -> jax.Array:
     """Exp(1) = −ln U with both tails resolved: U ≤ ½ or U > ½ by the sign bit.
 
     X = u/2 ∈ (0, ½] (u from :func:`_unit_and_sign`, smallest 2⁻⁶⁵). Top bit 0: U = X,
@@ -136,9 +190,13 @@ def _exponential_from_words(key: jax.Array, shape: tuple[int, ...], dtype: Any) 
     small E keeps its relative accuracy (no 1 − U cancellation). P[E > t] = e^{−t} up to one
     2⁻⁶⁴ cell of X and the float rounding of X (relative 2⁻²³ in float32).
     """
-    u, small = _unit_and_sign(key, tuple(shape), dtype)
+    u, small = _unit_and_sign_of_words(hi, lo, dtype)
     x = u * jnp.asarray(0.5, u.dtype)
     return jnp.where(small, -jnp.log1p(-x), -jnp.log(x))
+
+
+def _gumbel_of_words(hi: jax.Array, lo: jax.Array, dtype: Any) -> jax.Array:
+    return -jnp.log(_exponential_of_words(hi, lo, dtype))
 
 
 def exponential(key: jax.Array, shape: tuple[int, ...] = (), dtype: Any = np.float32) -> jax.Array:
@@ -148,7 +206,7 @@ def exponential(key: jax.Array, shape: tuple[int, ...] = (), dtype: Any = np.flo
     float64 (``jax.random.exponential``: [0, 15.94] in float32, [0, 4.84] in bfloat16, 128
     values). The law is Exp(1) up to one 2⁻⁶⁴ cell of the uniform and the dtype's rounding.
     """
-    return _exponential_from_words(key, shape, dtype)
+    return _sample_words(key, tuple(shape), dtype, _exponential_of_words)
 
 
 def gumbel(key: jax.Array, shape: tuple[int, ...] = (), dtype: Any = np.float32) -> jax.Array:
@@ -159,7 +217,7 @@ def gumbel(key: jax.Array, shape: tuple[int, ...] = (), dtype: Any = np.float32)
     matter for the exponential mechanism: a candidate more than T·48.9 below the best is never
     selected (ideal probability < e^{−45}).
     """
-    return -jnp.log(_exponential_from_words(key, shape, dtype))
+    return _sample_words(key, tuple(shape), dtype, _gumbel_of_words)
 
 
 # --------------------------------------------------------------------- support by extreme bits
