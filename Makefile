@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: reproduce notebooks test test-slow test-all lint bench bench-full bench-torch venv clean
+.PHONY: reproduce notebooks test test-slow test-torch test-all lint bench bench-full bench-torch venv clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -36,11 +36,11 @@ notebooks: $(VENV)/.installed-notebooks
 
 ## Run the default test suite (statistical heavy suites are marked `slow` and excluded).
 test: $(VENV)/.installed-dev
-	$(PY) -m pytest -m "not slow" -q
+	$(PY) -m pytest -m "not slow and not torch" -q
 
 ## The heavy statistical suites (audits with many trials, full-scale checks).
 test-slow: $(VENV)/.installed-dev
-	$(PY) -m pytest -m slow -q
+	$(PY) -m pytest -m "slow and not torch" -q
 
 test-all: $(VENV)/.installed-dev
 	$(PY) -m pytest -q
@@ -63,6 +63,10 @@ $(VENV)/.installed-bench-torch: pyproject.toml | $(VENV)/.installed-dev
 	touch $@
 
 bench-torch: $(VENV)/.installed-bench-torch bench
+
+## The tests that need torch + opacus (deselected by `make test`: not a runtime dependency).
+test-torch: $(VENV)/.installed-bench-torch
+	$(PY) -m pytest -m torch -q
 
 clean:
 	rm -rf $(VENV) results .pytest_cache

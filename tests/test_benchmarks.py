@@ -20,9 +20,9 @@ def _flax_shapes(name):
     return sorted(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
 
 
+@pytest.mark.torch  # needs the bench-torch extra: `make test-torch` (deselected by `make test`)
 @pytest.mark.parametrize("name", ["mlp", "cnn", "cnn_tanh", "logreg"])
 def test_torch_twin_has_the_same_parameter_shapes(name):
-    pytest.importorskip("torch")
     from benchmarks.torch_side import TORCH_MODELS
 
     module = TORCH_MODELS[name][0]()

@@ -108,7 +108,7 @@ def test_lookup_modes_and_out_of_range_tokens(key, mode):
     assert tap.mode == ("clip" if mode == "clip" else "drop")
     outs = {}
     for method in ("ghost", "vmap"):
-        fn = jax.jit(dpjax.clipped_grad(loss, l2_clip_norm=0.7, method=method))
+        fn = jax.jit(dpjax.clipped_grad(loss, l2_clip_norm=0.7, backend=method))
         outs[method] = fn(params, tokens, y)
     (g_sum, g_info), (v_sum, v_info) = outs["ghost"], outs["vmap"]
     assert int(g_info.num_nonfinite) == int(v_info.num_nonfinite) == (2 if mode == "fill" else 0)
@@ -162,7 +162,7 @@ def test_embedding_table_gradients_are_not_materialised():
     per_example = batch * vocab * dim * 4
     temps = {}
     for method in ("ghost", "vmap"):
-        fn = jax.jit(dpjax.clipped_grad(loss, l2_clip_norm=1.0, method=method))
+        fn = jax.jit(dpjax.clipped_grad(loss, l2_clip_norm=1.0, backend=method))
         compiled = fn.lower(params, tokens, y).compile()
         temps[method] = compiled.memory_analysis().temp_size_in_bytes
     assert temps["vmap"] >= per_example  # the measurement sees them where they exist
