@@ -194,14 +194,13 @@ def train_non_private(key):
     sampler = dpjax.PoissonSampler(dataset_size=n, sampling_rate=EXPECTED_BATCH / n)
     noise_key, sample_key = jax.random.split(key)
     tx = dpjax.dp_sgd_optimizer(optimizer=optax.sgd(LEARNING_RATE, momentum=0.9),
-                                noise_multiplier=0.0, l2_clip_norm=CLIP,
+                                noise_multiplier=0.0, clipped_grad=grad_fn,
                                 normalizer=sampler.expected_batch_size, key=noise_key)
 
     def step(carry, k):
         params, opt_state = carry
         batch = sampler.sample(k)
-        total, _ = grad_fn(params, x_train[batch.indices], y_train[batch.indices],
-                           mask=batch.mask)
+        total, _ = grad_fn(params, x_train, y_train, batch=batch)  # gathers + masks
         updates, opt_state = tx.update(total, opt_state, params)
         return (optax.apply_updates(params, updates), opt_state), None
 
