@@ -243,8 +243,8 @@ def linear_ridge_instance(rng: np.random.Generator, n: int, d: int, *, mu: float
     """Linear loss −<w, x> (y = 1) plus (μ/2)‖w‖²: J is exactly quadratic with Hessian μI.
 
     w* = x̄/μ and J(w) − J* = (μ/2)‖w − w*‖² exactly, so the excess is the second moment
-    of the iterate's error that the recursions of 004 / literature §1.8 track. The per-example
-    gradient −x_i has norm 1: clipping at L = 1 is never active.
+    of the iterate's error that the recursions of the lecture on advances in DP (Theorems
+    36–37) track. The per-example gradient −x_i has norm 1: clipping at L = 1 is never active.
     """
     X = unit_sphere(rng, n, d)
     w_star = X.mean(axis=0) / mu

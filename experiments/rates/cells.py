@@ -335,17 +335,19 @@ def _laplace_last_iterate(rho: float, kappa: float, epsilon: float, mu: float, s
 
 
 def laplace_dpsgd_last(rho: float, kappa: float, mu: float = 1.0) -> Measure:
-    """Laplace batch-1 DP-SGD of 004 (Theorem 36 noise θ_h, a_h = h^κ), N = n steps, last iterate.
+    """Laplace batch-1 DP-SGD (lecture on advances in DP, Theorem 36 noise θ_h, a_h = h^κ).
+
+    N = n steps, last iterate.
 
     Built from the public ``dpjax.laplace_dp_sgd_optimizer`` optax transform and
     ``dpjax.clipped_grad``, on the linear loss −<w, x> + (μ/2)‖w‖² (Hessian exactly μI,
     clipping at L = 1 never active), so
     the excess (μ/2)‖β_N − β*‖² follows m_{h+1} = (1 − μγ_h)²m_h + γ_h²(s² + 2dθ_h²), whose
-    noise part is ∝ γ_Nθ_N²/μ ∝ N^{2−ρ−2κ} (literature §1.8; 004 Theorem 37's A₃ has the same
+    noise part is ∝ γ_Nθ_N²/μ ∝ N^{2−ρ−2κ} (Theorem 37's A₃ has the same
     exponent). No explicit-constant bound is stated (Theorem 37's constant is not explicit),
     so every cell is flagged vacuous. The γ-weighted average that ``dpjax.erm.laplace_dp_sgd``
     returns decays faster than this (the averaging cancels part of the noise), so the exponent
-    is measured on the last iterate, where 004's recursion is sharp.
+    is measured on the last iterate, where the lecture's recursion is sharp.
     """
 
     def measure(s: Setting, rng: np.random.Generator, keys: jax.Array) -> Cell:
