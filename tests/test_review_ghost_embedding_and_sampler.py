@@ -99,7 +99,8 @@ def test_narrow_token_ids_with_a_larger_vocabulary_match_per_example_clipping(to
 @pytest.mark.parametrize("model", ["promise_in_bounds", "fill", "tied", "twice"])
 def test_embedding_add_remove_contribution_within_clip(model):
     """Out-of-range ids (V, V + 7, −1), all-equal tokens with cancelling ±1e30 gradients, a
-    masked padding row: removing one example changes the sum by ≤ C(1 + 1e-6) in float64.
+    masked padding row holding inf: removing one example changes the sum by ≤ C(1 + 1e-6) in
+    float64, the masked row changes it by exactly 0.
 
     A table used as lookup and output head (tied) or looked up twice is not tapped (vmap).
     """
@@ -132,6 +133,7 @@ def test_embedding_add_remove_contribution_within_clip(model):
     worst, least = 0.0, np.inf
     for mag in (1.0, 1e3, 1e30):
         tok, y = jnp.asarray(toks, jnp.int32), jnp.asarray(mag * alternating, jnp.float32)
+        y = y.at[4, 0].set(jnp.inf)  # the masked padding row is non-finite: still contributes 0
         full = to64(fn(params, tok, y, mask=mask)[0])
         assert all(np.all(np.isfinite(v)) for v in full)
         for i in range(5):
