@@ -188,11 +188,13 @@ def _embedding_rows(tap: EmbeddingTap, idx: jax.Array, g: jax.Array):
     ``"clip"`` lookups read row ``clamp(idx, 0, V − 1)``; every other mode drops an index
     outside ``[0, V)`` (its ``g`` row is zeroed and it meets no other row). The rows returned
     are always in ``[0, V)``, so the scatter that forms the sum never relies on a drop rule.
+    Narrow ids (int8 / uint8 with V above their range) compare against ``min(V − 1, max id)``.
     """
     b = idx.shape[0]
     idx = idx.reshape(b, tap.t)
     g = g.reshape(b, tap.t, tap.dim)
-    zero, last = jnp.zeros((), idx.dtype), jnp.asarray(tap.vocab - 1, idx.dtype)
+    top = min(tap.vocab - 1, int(jnp.iinfo(idx.dtype).max))
+    zero, last = jnp.zeros((), idx.dtype), jnp.asarray(top, idx.dtype)
     if tap.mode == "clip":
         return jnp.clip(idx, zero, last), jnp.ones(idx.shape, bool), g
     valid = (idx >= zero) & (idx <= last)
@@ -363,7 +365,10 @@ def _embedding_clipped_sum(tap: EmbeddingTap, rows: jax.Array, seg_scaled: jax.A
     example's own T positions are never rounded against the other examples' partial sums.
     """
     table = jnp.zeros((tap.vocab, tap.dim), seg_scaled.dtype)
-    return table.at[rows.reshape(-1)].add(seg_scaled.reshape(-1, tap.dim), mode="drop")
+    # rows ∈ [0, V): int32 holds them (an int8 id array cannot hold the V that ``.at`` adds to
+    # negative indices, so indexing with it raises for V > 128)
+    ids = rows.reshape(-1).astype(np.int32 if tap.vocab <= np.iinfo(np.int32).max else rows.dtype)
+    return table.at[ids].add(seg_scaled.reshape(-1, tap.dim), mode="drop")
 
 
 def _scaled(bound_fn: Callable, a: jax.Array, g: jax.Array, sum_dt: Any) -> _Bound:
