@@ -17,7 +17,9 @@ on im2col patches, T = output positions) and embedding tables (a row-lookup ``ga
 ``E[tokens]``, ``jnp.take``, flax ``Embed``). For T > 1 a small layer's per-example gradients
 (K·N ≤ 8192) are formed and reused for the sum; a large one uses the Gram trick. An embedding's
 per-example gradient ``Σ_t e_{tok_t} g_tᵀ`` is kept in compact form: the segment sums
-``Σ_{s: tok_s = tok_t} g_s`` (a ``(T, T)`` token-equality matrix times g, ``B·T²·D`` flops),
+``Σ_{s: tok_s = tok_t} g_s`` (a ``(T, T)`` token-equality matrix times g, ``B·T²·D`` flops
+and ``B·T²`` entries of memory in the wide dtype: 145 MB at B = 4, T = 2048 under x64; for very
+long sequences pass ``microbatch_size`` to bound it),
 one row per distinct token, so ``‖∇E‖² = Σ_{t,t'} [tok_t = tok_t'] g_t·g_t'`` has no Gram
 cancellation and the ``(V, D)`` table is never formed per example; the clipped sum scatters the
 clipped segment sums into the table (Li et al. 2022, "Large language models can be strong
@@ -31,7 +33,10 @@ non-private gradient for the MLP 784-512-512-10, the CNN and logistic regression
 against 7–80× for the vmap path; memory stays near the non-private step.
 
 This module is the ``backend="ghost"`` path of :func:`dpjax.clipped_grad`; the result equals the
-vmap path up to float rounding (tested in ``tests/test_ghost.py``), overflow included.
+vmap path up to float rounding (tested in ``tests/test_ghost.py``). Under overflow the two can
+differ: an example whose float32 per-example gradient overflows is dropped by vmap (non-finite),
+while ghost computes its norm from a and g in the wide dtype and keeps it, clipped; either way
+its contribution is at most C.
 
 Certified norms. The clip factor is ``min(1, C/(U·(1+η)))`` with U an upper bound of the norm
 of what the sum receives, computed in the wide dtype (float64 under x64, else float32; integer
@@ -55,9 +60,8 @@ layers materialised one example at a time (``lax.map``, K·N memory). Both branc
 certified bounds; the reported norms are the estimates (not U).
 
 Formal guarantees:
-    Same as the vmap path (:mod:`dpjax.dp_sgd.clipping`): every example's contribution to the sum,
-    as
-    computed (rounding of norms, factor, contraction and final cast included), has ℓ2 norm
+    Same as the vmap path (:mod:`dpjax.dp_sgd.clipping`): every example's contribution to the
+    sum, as computed (rounding of norms, factor, contraction and final cast included), has ℓ2 norm
     ≤ ``l2_clip_norm``, so the sum has ℓ2 sensitivity ``C`` under add-or-remove-one and ``2C``
     under replace-one (Abadi et al. 2016, "Deep Learning with Differential Privacy", §3.1; error
     bounds: Higham, "Accuracy and Stability of Numerical Algorithms", Lemma 3.1). An example
