@@ -76,6 +76,7 @@ import jax.numpy as jnp
 from dpjax import _validate
 from dpjax.dp_sgd import _certified, _rows
 from dpjax.dp_sgd._certified import HIGHEST
+from dpjax.dp_sgd._frozen import ReadOnlyAfterInit
 from dpjax.dp_sgd.samplers import PaddedBatch
 from dpjax.relation import (
     ADD_OR_REMOVE_ONE,
@@ -314,7 +315,7 @@ def _microbatched(core: Callable, params: Any, batch: tuple, mask: jax.Array, si
 # ----------------------------------------------------------------------------- public API
 
 
-class ClippedGrad:
+class ClippedGrad(ReadOnlyAfterInit):
     """A clipped-gradient function bound to the sensitivity of what it returns.
 
     Built by :func:`clipped_grad`; call it as ``grad_fn(params, *dataset, batch=padded)`` with
@@ -326,6 +327,9 @@ class ClippedGrad:
         l2_norm_bound: the bound on one example's contribution (C, or sqrt(Σ c_l²) per-layer).
     """
 
+    _DERIVED = "noise and sensitivity were derived from it"
+    _REBUILD_HINT = "build a new one with dpjax.clipped_grad(...)"
+
     def __init__(self, loss_fn, *, l2_clip_norm, per_layer, microbatch_size, backend, nan_safe):
         self.loss_fn = loss_fn
         self.l2_clip_norm = l2_clip_norm
@@ -335,17 +339,7 @@ class ClippedGrad:
         self.nan_safe = nan_safe
         self.l2_norm_bound = _norm_bound(l2_clip_norm, per_layer)
         self._jitted = jax.jit(self._call_impl)
-        self._frozen = True
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        # read-only once built: the optimizer read C (l2_norm_bound) from here to scale its
-        # noise, so clipping at another norm afterwards would break σ·C silently
-        if getattr(self, "_frozen", False):
-            raise AttributeError(
-                f"{name} of a clipped-gradient function is read-only (noise and sensitivity "
-                "were derived from it): build a new one with dpjax.clipped_grad(...)"
-            )
-        object.__setattr__(self, name, value)
+        self._freeze()
 
     def sensitivity(self, relation: NeighbouringRelation | str = ADD_OR_REMOVE_ONE) -> float:
         """ℓ2 sensitivity of the clipped sum: C under add/remove-one, 2C under replace-one.

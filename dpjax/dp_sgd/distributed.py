@@ -54,6 +54,7 @@ from jax.sharding import PartitionSpec as P
 
 from dpjax import _validate
 from dpjax.dp_sgd import _rows
+from dpjax.dp_sgd._frozen import ReadOnlyAfterInit
 from dpjax.dp_sgd.clipping import ClippedGrad, ClippingInfo
 from dpjax.dp_sgd.samplers import PaddedBatch
 from dpjax.relation import ADD_OR_REMOVE_ONE, NeighbouringRelation
@@ -68,7 +69,7 @@ __all__ = [
 ]
 
 
-class DataParallelClippedGrad:
+class DataParallelClippedGrad(ReadOnlyAfterInit):
     """A :class:`dpjax.dp_sgd.clipping.ClippedGrad` whose batch is sharded over a device mesh.
 
     Call it like the wrapped function: ``(params, *dataset, batch=padded)`` or
@@ -76,22 +77,16 @@ class DataParallelClippedGrad:
     ``clipped_sum`` is the psum over devices (replicated), ``info`` covers the whole batch.
     """
 
+    _DERIVED = "noise and sensitivity were derived from it"
+    _REBUILD_HINT = "build a new one with dpjax.data_parallel(...)"
+
     def __init__(self, grad_fn: ClippedGrad, mesh: Mesh, axis_name: str):
         self.grad_fn = grad_fn
         self.mesh = mesh
         self.axis_name = axis_name
         self.l2_clip_norm = grad_fn.l2_clip_norm
         self.l2_norm_bound = grad_fn.l2_norm_bound
-        self._frozen = True
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        # read-only once built, like ClippedGrad: C was read from here to scale the noise
-        if getattr(self, "_frozen", False):
-            raise AttributeError(
-                f"{name} of a data-parallel clipped-gradient function is read-only: build a "
-                "new one with dpjax.data_parallel(...)"
-            )
-        object.__setattr__(self, name, value)
+        self._freeze()
 
     @property
     def num_shards(self) -> int:

@@ -26,6 +26,7 @@ import optax
 
 from dpjax import _validate
 from dpjax.accounting.dp_sgd import calibrate_noise_multiplier, dp_sgd_epsilon
+from dpjax.dp_sgd._frozen import ReadOnlyAfterInit
 from dpjax.dp_sgd.clipping import BACKENDS as CLIPPING_BACKENDS
 from dpjax.dp_sgd.clipping import clipped_grad
 from dpjax.dp_sgd.samplers import (
@@ -197,7 +198,7 @@ def _wants_rng(loss_fn: Callable) -> bool:
 # ----------------------------------------------------------------------------- training
 
 
-class PrivateTraining:
+class PrivateTraining(ReadOnlyAfterInit):
     """DP-SGD with Poisson sampling, built by :func:`make_private` (see its guarantees).
 
     Attributes:
@@ -214,6 +215,9 @@ class PrivateTraining:
         sampler: the :class:`~dpjax.dp_sgd.PoissonSampler`.
         grad_fn: the :class:`~dpjax.dp_sgd.ClippedGrad`.
     """
+
+    _DERIVED = "the step was built with it"
+    _REBUILD_HINT = "call make_private(...) again"
 
     def __init__(
         self,
@@ -255,17 +259,7 @@ class PrivateTraining:
         self.grad_fn = clipped_grad(self._example_loss, l2_clip_norm=l2_clip_norm, backend=clipping)
         self._epsilons: dict[tuple[int, float], float] = {}
         self._jitted_step = jax.jit(self._step_impl)
-        self._frozen = True
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        # read-only once built: σ, C, q and the cap are baked into the noise, the sampler and
-        # the jitted step, so a new value would change only what epsilon() reports
-        if getattr(self, "_frozen", False):
-            raise AttributeError(
-                f"{name} of a PrivateTraining is read-only (the step was built with it): call "
-                "make_private(...) again"
-            )
-        object.__setattr__(self, name, value)
+        self._freeze()
 
     # ---- the per-example loss, with or without its dropout key
 

@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from scipy import stats
 
 from dpjax import _validate
+from dpjax.dp_sgd._frozen import ReadOnlyAfterInit
 from dpjax.events import FixedBatchGaussianEvent, PoissonSampledGaussianEvent
 from dpjax.relation import ADD_OR_REMOVE_ONE, REPLACE_ONE, NeighbouringRelation, as_relation
 
@@ -152,7 +153,7 @@ def words_below_threshold(high: jax.Array, low: jax.Array, threshold: int) -> ja
     return (high < t_high) | ((high == t_high) & (low < t_low))
 
 
-class PoissonSampler:
+class PoissonSampler(ReadOnlyAfterInit):
     r"""Poisson sampling at rate q, padded to a deterministic ``max_batch_size``.
 
     Each of the n examples is selected independently: its two uint32 random words, read as a
@@ -200,6 +201,9 @@ class PoissonSampler:
         False
     """
 
+    _DERIVED = "sample and event must agree"
+    _REBUILD_HINT = "build a new PoissonSampler(...)"
+
     def __init__(
         self, *, dataset_size: int, sampling_rate: float, max_batch_size: int | None = None
     ):
@@ -219,17 +223,7 @@ class PoissonSampler:
         self.max_batch_size = _validate.positive_int("max_batch_size", max_batch_size)
         if self.max_batch_size > self.dataset_size:
             _validate.fail("max_batch_size", max_batch_size, f"at most dataset_size={dataset_size}")
-        self._frozen = True
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        # read-only once built: sample() uses the threshold, event() the rate; changing one
-        # afterwards would account a rate the sampler does not draw at
-        if getattr(self, "_frozen", False):
-            raise AttributeError(
-                f"{name} of a PoissonSampler is read-only (sample and event must agree): "
-                "build a new PoissonSampler(...)"
-            )
-        object.__setattr__(self, name, value)
+        self._freeze()
 
     @property
     def expected_batch_size(self) -> float:
