@@ -52,9 +52,16 @@ def private_for(loss_fn=square_loss, **kwargs):
     return make_private(loss_fn, **args)
 
 
+def fresh_state(private, params):
+    """The initial state of ``private`` again. These tests compare runs from ONE compiled
+    object bit for bit, so they replay its keys on purpose; ``init`` refuses a second run on
+    one object (tests/test_workflow_privacy.py), so they read the initial state directly."""
+    return private._fresh_state(params)
+
+
 @pytest.fixture(scope="module")
 def linear_private():
-    """One compiled square-loss run (T = 50 planned), shared: each test starts from init."""
+    """One compiled square-loss run (T = 50 planned), shared: each test starts from step 0."""
     return private_for(steps=50)
 
 
@@ -138,7 +145,7 @@ def hand_built_step(private, params, key, data, loss_fn, steps):
 def test_update_equals_the_hand_built_pipeline(key, loss_fn, fixture, request):
     data = linear_data(key)
     private = request.getfixturevalue(fixture)
-    params, state = jnp.zeros(DIM), private.init(jnp.zeros(DIM))
+    params, state = jnp.zeros(DIM), fresh_state(private, jnp.zeros(DIM))
     for _ in range(3):
         params, state, metrics = private.step(params, state, data)
     expected = hand_built_step(private, jnp.zeros(DIM), jax.random.key(7), data, loss_fn, 3)
@@ -151,7 +158,7 @@ def test_micro_batch_split_equals_the_unsplit_update(key, dropout_private):
     whole = dropout_private
     split = private_for(dropout_square_loss, physical_batch_size=5)
     assert split.physical_batch_size == 5 and whole.physical_batch_size is None
-    p1, s1, p2, s2 = jnp.zeros(DIM), whole.init(jnp.zeros(DIM)), jnp.zeros(DIM), None
+    p1, s1, p2, s2 = jnp.zeros(DIM), fresh_state(whole, jnp.zeros(DIM)), jnp.zeros(DIM), None
     s2 = split.init(p2)
     for _ in range(3):
         p1, s1, m1 = whole.step(p1, s1, data)
@@ -171,7 +178,7 @@ def test_padding_never_counts_example_zero():
     private = private_for(
         loss_fn, noise_multiplier=0.3, steps=40, optimizer=optax.sgd(1.0), accounting="rdp"
     )
-    params, state = jnp.zeros(DIM), private.init(jnp.zeros(DIM))
+    params, state = jnp.zeros(DIM), fresh_state(private, jnp.zeros(DIM))
     # one clipped example plus noise σC per coordinate (6σ√DIM bounds its norm), ÷ q·n; a
     # forgotten mask would add ~max_batch_size − batch_size ≈ 25 more clipped copies
     bound = (1.0 + 6 * 0.3 * np.sqrt(DIM)) / private.expected_batch_size
@@ -192,7 +199,7 @@ def test_padding_never_counts_example_zero():
 def test_epsilon_is_dp_sgd_epsilon_for_t_steps_and_includes_the_slack(key, linear_private):
     private = linear_private
     data = linear_data(key)
-    params, state = jnp.zeros(DIM), private.init(jnp.zeros(DIM))
+    params, state = jnp.zeros(DIM), fresh_state(private, jnp.zeros(DIM))
     assert private.epsilon(state) == 0.0
     for _ in range(7):
         params, state, _ = private.step(params, state, data)
@@ -237,14 +244,17 @@ def test_state_round_trips_through_flax_serialization(key, dropout_private):
 
     data = linear_data(key)
     private = dropout_private
-    params, state = jnp.zeros(DIM), private.init(jnp.zeros(DIM))
+    params, state = jnp.zeros(DIM), fresh_state(private, jnp.zeros(DIM))
     params, state, _ = private.step(params, state, data)
-    restored = serialization.from_bytes(private.init(jnp.zeros(DIM)), serialization.to_bytes(state))
+    template = private.state_template(jnp.zeros(DIM))
+    restored = serialization.from_bytes(template, serialization.to_bytes(state))
     a, _, _ = private.step(params, state, data)
     b, _, _ = private.step(params, restored, data)
     np.testing.assert_array_equal(a, b)
-    c, _, _ = private.step(params, private.init(jnp.zeros(DIM)), data)
+    c, _, _ = private.step(params, fresh_state(private, jnp.zeros(DIM)), data)
     assert not np.array_equal(a, c)  # a fresh init would replay keys already used
+    with pytest.raises(ValueError, match="state.plan"):  # the template itself never trains
+        private.step(params, template, data)
 
 
 # ----------------------------------------------------------------------------- models
@@ -353,8 +363,8 @@ def test_data_may_be_a_tuple_or_a_dict_and_auto_clipping_works(key, linear_priva
     tuple_loss = lambda w, ex: 0.5 * (ex[0] @ w - ex[1]) ** 2  # noqa: E731
     a = private_for(tuple_loss, clipping="auto", steps=50)
     b = linear_private
-    pa, sa, _ = a.step(jnp.zeros(DIM), a.init(jnp.zeros(DIM)), (data["x"], data["y"]))
-    pb, sb, _ = b.step(jnp.zeros(DIM), b.init(jnp.zeros(DIM)), data)
+    pa, sa, _ = a.step(jnp.zeros(DIM), fresh_state(a, jnp.zeros(DIM)), (data["x"], data["y"]))
+    pb, sb, _ = b.step(jnp.zeros(DIM), fresh_state(b, jnp.zeros(DIM)), data)
     np.testing.assert_allclose(pa, pb, rtol=1e-9, atol=1e-12)
 
 
@@ -363,7 +373,10 @@ def test_data_may_be_a_tuple_or_a_dict_and_auto_clipping_works(key, linear_priva
 
 def test_fit_shows_a_progress_bar_with_loss_and_epsilon(key, capsys, linear_private):
     pytest.importorskip("tqdm")
-    linear_private.fit(jnp.zeros(DIM), linear_data(key), steps=4, progress=True, log_every=2)
+    state = fresh_state(linear_private, jnp.zeros(DIM))
+    linear_private.fit(
+        jnp.zeros(DIM), linear_data(key), state=state, steps=4, progress=True, log_every=2
+    )
     err = capsys.readouterr().err
     assert "loss=" in err and "epsilon=" in err and "4/4" in err
 
@@ -371,7 +384,10 @@ def test_fit_shows_a_progress_bar_with_loss_and_epsilon(key, capsys, linear_priv
 def test_fit_runs_silently_without_tqdm(key, capsys, monkeypatch, linear_private):
     monkeypatch.setitem(sys.modules, "tqdm", None)  # import tqdm raises ImportError
     data = linear_data(key)
-    _, state, history = linear_private.fit(jnp.zeros(DIM), data, steps=2, progress=True)
+    state = fresh_state(linear_private, jnp.zeros(DIM))
+    _, state, history = linear_private.fit(
+        jnp.zeros(DIM), data, state=state, steps=2, progress=True
+    )
     assert int(state.step) == 2 and history["step"][-1] == 2
     assert capsys.readouterr().err == ""
 
@@ -435,7 +451,7 @@ def test_bad_key_and_bad_data_are_refused(key, linear_private):
     with pytest.raises(TypeError, match="key"):
         private_for(key=0)
     private = linear_private
-    state = private.init(jnp.zeros(DIM))
+    state = fresh_state(private, jnp.zeros(DIM))
     with pytest.raises(ValueError, match="data"):
         private.step(jnp.zeros(DIM), state, {"x": jnp.zeros((N - 1, DIM)), "y": jnp.zeros(N)})
     with pytest.raises(ValueError, match="delta"):

@@ -32,6 +32,7 @@ from dpjax.dp_sgd.optimizers import (
 from dpjax.dp_sgd.private import (
     PrivateState,
     PrivateTraining,
+    PublicState,
     make_private,
     nnx_loss,
     poisson_schedule,
@@ -42,7 +43,13 @@ from dpjax.dp_sgd.samplers import (
     ShuffledBatchSampler,
     UniformBatchSampler,
 )
-from dpjax.dp_sgd.transforms import add_gaussian_noise, add_laplace_dp_sgd_noise, normalize_by
+from dpjax.dp_sgd.transforms import (
+    PublicNoiseState,
+    add_gaussian_noise,
+    add_laplace_dp_sgd_noise,
+    normalize_by,
+    public_opt_state,
+)
 
 __all__ = [
     "AccumulationState",
@@ -54,6 +61,8 @@ __all__ = [
     "PoissonSampler",
     "PrivateState",
     "PrivateTraining",
+    "PublicNoiseState",
+    "PublicState",
     "ShuffledBatchSampler",
     "UniformBatchSampler",
     "accumulate_clipped_sums",
@@ -71,5 +80,6 @@ __all__ = [
     "noise_releases",
     "normalize_by",
     "poisson_schedule",
+    "public_opt_state",
     "replicate",
 ]

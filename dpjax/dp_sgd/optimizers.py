@@ -38,6 +38,7 @@ import optax
 from dpjax import _noise, _validate
 from dpjax.dp_sgd.transforms import (
     NoiseState,
+    PublicNoiseState,
     add_gaussian_noise,
     add_laplace_dp_sgd_noise,
     laplace_dp_sgd_theta,
@@ -261,17 +262,16 @@ def noise_releases(state: Any) -> int:
     """How many noisy sums the optimizer whose state is ``state`` has released (host-side).
 
     Reads the count of the one Gaussian :class:`~dpjax.dp_sgd.transforms.NoiseState` in the
-    state: with :func:`accumulate_clipped_sums` that is the number of logical batches, never
-    the number of micro-batches.
+    state (or its published form, :class:`~dpjax.dp_sgd.transforms.PublicNoiseState`, from
+    :func:`~dpjax.dp_sgd.public_opt_state`): with :func:`accumulate_clipped_sums` that is the
+    number of logical batches, never the number of micro-batches.
 
     Raises:
         ValueError: the state holds no noise state, or more than one.
     """
-    found = [
-        s
-        for s in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, NoiseState))
-        if isinstance(s, NoiseState)
-    ]
+    kinds = (NoiseState, PublicNoiseState)
+    is_noise = lambda x: isinstance(x, kinds)  # noqa: E731
+    found = [s for s in jax.tree.leaves(state, is_leaf=is_noise) if is_noise(s)]
     if len(found) != 1:
         _validate.fail("state", f"{len(found)} noise states", "the state of one DP-SGD optimizer")
     return int(found[0].count)

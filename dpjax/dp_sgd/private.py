@@ -23,9 +23,12 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
+from scipy import stats
 
 from dpjax import _validate
 from dpjax.accounting.dp_sgd import calibrate_noise_multiplier, dp_sgd_epsilon
+from dpjax.accounting.tight import tight_epsilon
+from dpjax.dp_sgd import _plan
 from dpjax.dp_sgd._frozen import ReadOnlyAfterInit
 from dpjax.dp_sgd.clipping import BACKENDS as CLIPPING_BACKENDS
 from dpjax.dp_sgd.clipping import clipped_grad
@@ -35,12 +38,13 @@ from dpjax.dp_sgd.samplers import (
     _binomial_cap,
     realised_sampling_rate,
 )
-from dpjax.dp_sgd.transforms import add_gaussian_noise, normalize_by
+from dpjax.dp_sgd.transforms import add_gaussian_noise, normalize_by, public_opt_state
 from dpjax.events import PoissonSampledGaussianEvent
 from dpjax.relation import ADD_OR_REMOVE_ONE
 
 __all__ = [
     "PrivateState",
+    "PublicState",
     "PrivateTraining",
     "make_private",
     "nnx_loss",
@@ -161,17 +165,47 @@ def _refuse_batch_norm(model: Any) -> None:
 
 
 class PrivateState(NamedTuple):
-    """Training state of :class:`PrivateTraining` (a pytree of arrays: checkpoint it whole).
+    """Training state of :class:`PrivateTraining`: a SECRET checkpoint (a pytree of arrays).
+
+    It holds the key data from which every later batch and noise draw is derived: given it,
+    one later model reveals a noise-free clipped sum (issue 20). Save it to resume a run and
+    keep it private; publish :meth:`PrivateTraining.public_state` instead.
 
     Attributes:
         step: int32 scalar, noisy updates applied so far (what ``epsilon`` reads).
-        key: uint32 raw key data for sampling and dropout, split at every step.
-        opt_state: the optax state of noise (its own key data) → ÷ q·n → optimizer.
+        key: uint32 raw key data for sampling and dropout, split at every step (SECRET).
+        opt_state: the optax state of noise (its own key data, SECRET) → ÷ q·n → optimizer.
+        plan: uint32[k, 16] ledger of the run's phases (exact σ, q, C, normaliser, n, cap,
+            relation and start step of each; public): ``step``/``fit`` refuse a state whose
+            current phase is another plan, ``epsilon`` composes every phase
+            (:meth:`PrivateTraining.continue_from` opens a new one).
     """
 
     step: jax.Array
     key: jax.Array
     opt_state: Any
+    plan: jax.Array
+
+
+class PublicState(NamedTuple):
+    """What may be published of a run besides its parameters (no key data, no randomness).
+
+    Built by :meth:`PrivateTraining.public_state`.
+
+    Attributes:
+        step: noisy updates applied so far.
+        opt_state: the optimizer state with every noise state reduced to its count
+            (:func:`~dpjax.dp_sgd.public_opt_state`): moments are post-processing.
+        plan: the phase ledger (see :class:`PrivateState`).
+        epsilon: ε of the whole run at ``delta`` (every phase composed, slack included).
+        delta: δ of that guarantee.
+    """
+
+    step: jax.Array
+    opt_state: Any
+    plan: jax.Array
+    epsilon: float
+    delta: float
 
 
 def _check_key(key: Any) -> jax.Array:
@@ -257,7 +291,20 @@ class PrivateTraining(ReadOnlyAfterInit):
             optimizer,
         )
         self.grad_fn = clipped_grad(self._example_loss, l2_clip_norm=l2_clip_norm, backend=clipping)
+        self._plan = _plan.Plan(
+            noise_multiplier=float(noise_multiplier),
+            sampling_rate=float(self.sampling_rate),
+            l2_clip_norm=float(l2_clip_norm),
+            normalizer=float(self.expected_batch_size),
+            dataset_size=sampler.dataset_size,
+            max_batch_size=sampler.max_batch_size,
+            relation=self.relation,
+        )
         self._epsilons: dict[tuple[int, float], float] = {}
+        self._composed: dict[tuple[Any, float], float] = {}
+        # host-side bookkeeping (mutable contents of a frozen attribute): whether this object
+        # has issued a run's keys (init / continue_from), and the last plan leaf checked
+        self._host: dict[str, Any] = {"started": False, "verified": None}
         self._jitted_step = jax.jit(self._step_impl)
         self._freeze()
 
@@ -277,13 +324,94 @@ class PrivateTraining(ReadOnlyAfterInit):
     def init(self, params: Any) -> PrivateState:
         """The initial :class:`PrivateState` (step 0; keys derived from ``make_private``'s key).
 
-        Calling it twice gives the same state: start a NEW run with a new ``make_private`` key;
-        resume a run from its saved state, never from ``init``.
+        Only once per :class:`PrivateTraining`: a second ``init`` would return the same keys,
+        so a second run would replay the first one's batches and noise (the difference of the
+        two runs' updates is then noise-free). Resume a run from its saved state
+        (``fit(params, data, state=state)``); for a checkpoint template use
+        :meth:`state_template`; for a new run call ``make_private`` with a new key.
+
+        Raises:
+            ValueError: ``init`` or :meth:`continue_from` was already called on this object.
         """
+        self._start("init")
+        return self._fresh_state(params)
+
+    def _start(self, what: str) -> None:
+        if self._host["started"]:
+            _validate.fail(
+                what,
+                "a second run on one PrivateTraining",
+                "at most one init/continue_from per PrivateTraining (its keys are fixed: a "
+                "second run would replay the first one's batches and noise); resume with "
+                "fit(params, data, state=state) or step(params, state, data), or build a new "
+                "make_private(..., key=<new key>) for a new run",
+            )
+        self._host["started"] = True
+
+    def _fresh_state(self, params: Any) -> PrivateState:
         return PrivateState(
             step=jnp.zeros((), jnp.int32),
             key=jax.random.key_data(self._train_key),
             opt_state=self._tx.init(params),
+            plan=jnp.asarray(_plan.ledger_row(self._plan, 0)[None, :]),
+        )
+
+    def state_template(self, params: Any) -> PrivateState:
+        """A :class:`PrivateState` of the right structure to restore a checkpoint into.
+
+        E.g. ``flax.serialization.from_bytes(private.state_template(params), blob)``. Its key
+        data and plan are zeros: ``step``, ``fit`` and ``epsilon`` refuse it until restored.
+        It does not count as a run (see :meth:`init`).
+        """
+        zeros = lambda x: jnp.zeros(jnp.shape(x), jnp.result_type(x))  # noqa: E731
+        return jax.tree.map(zeros, self._fresh_state(params))
+
+    def continue_from(self, state: PrivateState) -> PrivateState:
+        """Continue a run made under ANOTHER plan (σ, q, C, n, …) with this one.
+
+        The keys of ``state`` continue (nothing is replayed), and a new phase is recorded in
+        its ledger from the current step on, so :meth:`epsilon` reports the composition of
+        every phase (not the cost of this plan's steps alone). A state already in this plan
+        is returned unchanged. Counts as this object's run (see :meth:`init`).
+
+        Args:
+            state: the :class:`PrivateState` of the earlier phase(s) (the optimizer state must
+                have this object's structure: same optimizer transformations).
+
+        Returns:
+            The state to pass to ``step``/``fit`` of this object.
+
+        Raises:
+            ValueError: ``state`` has no valid ledger, or this object already ran.
+        """
+        state = _as_private_state(state)
+        step = _steps_of(state)
+        phases = _plan.read_ledger(state.plan, step)
+        self._start("continue_from")
+        if phases[-1][0] == self._plan:
+            return state
+        ledger = _plan.append_phase(state.plan, self._plan, step)
+        return state._replace(plan=jnp.asarray(ledger))
+
+    def public_state(self, state: PrivateState) -> PublicState:
+        """What may be published of ``state`` with the parameters: no key data.
+
+        Keeps the step count, the optimizer's moments (noise states reduced to their counts),
+        the phase ledger and (ε, δ) of the whole run; drops the sampling/dropout key and the
+        noise key, from which every later batch and noise draw is derived.
+
+        Raises:
+            ValueError: ``state`` is not a valid :class:`PrivateState`, or its optimizer state
+                holds other key data (e.g. ``optax.add_noise``'s key).
+        """
+        state = _as_private_state(state)
+        eps = self.epsilon(state)
+        return PublicState(
+            step=state.step,
+            opt_state=public_opt_state(state.opt_state),
+            plan=state.plan,
+            epsilon=eps,
+            delta=self.delta,
         )
 
     # ---- one step
@@ -317,19 +445,47 @@ class PrivateTraining(ReadOnlyAfterInit):
             ``(params, state, metrics)``; ``metrics`` (loss: mean loss over the batch, one
             extra forward pass; batch_size; num_clipped; num_nonfinite) are NOT private: for
             monitoring only.
+
+        Raises:
+            ValueError: ``state``'s current phase is another plan (σ, q, C, normaliser, n,
+                cap or relation; use :meth:`continue_from`), or a template/invalid ledger.
+                Checked on the host once per plan array (the ledger is passed through
+                unchanged, so a run syncs once); not checked when ``state`` is traced by
+                your own ``jax.jit``.
         """
         self._check_data(data)
-        return self._jitted_step(params, state, data)
+        self._check_plan(state)
+        params, (count, key, opt_state), metrics = self._jitted_step(
+            params, state.step, state.key, state.opt_state, data
+        )
+        return params, PrivateState(count, key, opt_state, state.plan), metrics
 
-    def _step_impl(self, params: Any, state: PrivateState, data: Any):
-        key = jax.random.wrap_key_data(state.key, impl=self._impl)
+    def _check_plan(self, state: Any) -> None:
+        """Refuse a state whose current phase is not this object's plan (host-side)."""
+        state = _as_private_state(state)
+        ledger = state.plan
+        if ledger is self._host["verified"] or not _validate.is_concrete(ledger):
+            return
+        current = _plan.current_plan(ledger)
+        if current != self._plan:
+            _validate.fail(
+                "state",
+                f"a state whose current phase is another plan ({current.describe()})",
+                f"a state of this plan ({self._plan.describe()}): continue it under this "
+                "plan with state = private.continue_from(state) (ε then composes both "
+                "phases), or step it with the PrivateTraining that made it",
+            )
+        self._host["verified"] = ledger
+
+    def _step_impl(self, params: Any, count: jax.Array, key_data: jax.Array, opt: Any, data: Any):
+        key = jax.random.wrap_key_data(key_data, impl=self._impl)
         next_key, sample_key, dropout_key = jax.random.split(key, 3)
         batch = self.sampler.sample(sample_key)
         if self.physical_batch_size is None:
             clipped_sum, stats = self._clipped_part(params, data, batch, dropout_key)
         else:
             clipped_sum, stats = self._accumulate(params, data, batch, dropout_key)
-        updates, opt_state = self._tx.update(clipped_sum, state.opt_state, params)
+        updates, opt_state = self._tx.update(clipped_sum, opt, params)
         params = optax.apply_updates(params, updates)
         loss_sum, size, num_clipped, num_nonfinite = stats
         metrics = {
@@ -338,8 +494,7 @@ class PrivateTraining(ReadOnlyAfterInit):
             "num_clipped": num_clipped,
             "num_nonfinite": num_nonfinite,
         }
-        new_state = PrivateState(state.step + 1, jax.random.key_data(next_key), opt_state)
-        return params, new_state, metrics
+        return params, (count + 1, jax.random.key_data(next_key), opt_state), metrics
 
     def _clipped_part(self, params: Any, data: Any, batch: PaddedBatch, dropout_key: jax.Array):
         """Clipped sum and (loss sum, size, #clipped, #non-finite) of one (micro-)batch."""
@@ -373,40 +528,104 @@ class PrivateTraining(ReadOnlyAfterInit):
 
     # ---- privacy spent
 
-    def epsilon(self, state: PrivateState | int, delta: float | None = None) -> float:
-        """ε spent so far: the run of t = ``state.step`` updates is (ε, δ)-DP (add/remove-one).
+    def epsilon(self, state: PrivateState | PublicState | int, delta: float | None = None) -> float:
+        """ε spent so far: the run that produced ``state`` is (ε, δ)-DP (add/remove-one).
 
-        One ``PoissonSampledGaussianEvent(σ, q, count=t)`` is accounted (cost independent of
-        how the steps were recorded; results cached per (t, δ)) at δ·(1 − ``SLACK_FRACTION``);
-        the padded sampler's truncation slack (1 + e^ε)·t·p̄ must fit in the rest of δ, so the
+        For a state, every phase of its ledger is accounted: a run of t steps under this
+        object's plan is one ``PoissonSampledGaussianEvent(σ, q, count=t)`` (cached per
+        (t, δ)); a run with phases under other plans (:meth:`continue_from`) is the
+        composition of one such event per phase. Accounted at δ·(1 − ``SLACK_FRACTION``); the
+        padded sampler's truncation slack (1 + e^ε)·Σ tᵢ·p̄ᵢ must fit in the rest of δ, so the
         returned ε holds at ``delta`` with the slack INCLUDED. Steps beyond the planned
-        ``steps`` are counted (a warning is issued): ε reflects the actual count.
+        ``steps`` are counted (one warning per call): ε reflects the actual count.
 
         Args:
-            state: a :class:`PrivateState` (its ``step`` is read on the host) or a step count t.
+            state: a :class:`PrivateState` or :class:`PublicState` (step and ledger read on the
+                host), or a step count t of this plan.
             delta: δ in (0, 1); default: ``make_private``'s δ.
 
         Returns:
             ε (0.0 before the first step).
 
         Raises:
-            ValueError: ``delta`` too small to hold the truncation slack of this cap.
+            ValueError: ``delta`` too small to hold the truncation slack; an invalid ledger.
         """
-        t = _steps_of(state)
-        if delta is not None:
-            delta = _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
-        delta = self.delta if delta is None else delta
-        if t == 0:
-            return 0.0
+        delta = self._delta_or_default(delta)
+        phases = self._phases(state)
+        self._warn_past_plan(phases)
+        return self._epsilon_of_phases(phases, delta)
+
+    def _delta_or_default(self, delta: Any) -> float:
+        if delta is None:
+            return self.delta
+        return _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
+
+    def _phases(self, state: Any) -> list[tuple[_plan.Plan, int]]:
+        """``[(plan, steps)]`` of every phase of ``state`` (a step count: this plan only)."""
+        if isinstance(state, (PrivateState, PublicState)):
+            return _plan.read_ledger(state.plan, _steps_of(state))
+        return [(self._plan, _steps_of(state))]
+
+    def _steps_in_this_plan(self, phases: list[tuple[_plan.Plan, int]]) -> int:
+        return sum(t for p, t in phases if p == self._plan)
+
+    def _warn_past_plan(self, phases: list[tuple[_plan.Plan, int]]) -> None:
+        t = self._steps_in_this_plan(phases)
         if t > self.steps:
             warnings.warn(
                 f"{t} steps run, beyond the planned steps={self.steps}: ε counts all of them",
-                stacklevel=2,
+                stacklevel=3,
             )
-        cached = self._epsilons.get((t, delta))
+
+    def _epsilon_of_phases(self, phases: list[tuple[_plan.Plan, int]], delta: float) -> float:
+        ran = tuple((p, t) for p, t in phases if t > 0)
+        if not ran:
+            return 0.0
+        if all(p == self._plan for p, _ in ran):
+            t = sum(t for _, t in ran)
+            cached = self._epsilons.get((t, delta))
+            if cached is None:
+                cached = self._epsilons[(t, delta)] = self._epsilon_uncached(t, delta)
+            return cached
+        cached = self._composed.get((ran, delta))
         if cached is None:
-            cached = self._epsilons[(t, delta)] = self._epsilon_uncached(t, delta)
+            cached = self._composed[(ran, delta)] = self._epsilon_composed(ran, delta)
         return cached
+
+    def _epsilon_composed(self, phases: tuple[tuple[_plan.Plan, int], ...], delta: float) -> float:
+        """ε of phases under different plans: their events composed, slack of every phase.
+
+        The coupling argument of :class:`~dpjax.dp_sgd.PoissonSampler` holds for the whole
+        run: the truncated and untruncated runs differ only if some step overflows, with
+        probability ≤ Σᵢ tᵢ·p̄ᵢ on D and on D′, so the slack is (1 + e^ε)·Σᵢ tᵢ·p̄ᵢ.
+        """
+        if any(p.noise_multiplier == 0.0 for p, _ in phases):
+            return math.inf
+        accounted = delta * (1.0 - SLACK_FRACTION)
+        events = [
+            PoissonSampledGaussianEvent(
+                noise_multiplier=p.noise_multiplier,
+                sampling_rate=p.sampling_rate,
+                count=t,
+                relation=p.relation,
+            )
+            for p, t in phases
+        ]
+        eps = tight_epsilon(events, accounted, method=self.accounting)
+        overflow = sum(
+            t * float(stats.binom.sf(p.max_batch_size, p.dataset_size + 1, p.sampling_rate))
+            for p, t in phases
+        )
+        factor = 1.0 + math.exp(eps) if eps < 709.0 else math.inf
+        slack = 0.0 if overflow == 0.0 else factor * overflow
+        if accounted + slack > delta:
+            _validate.fail(
+                "delta",
+                delta,
+                f"large enough to hold the truncation slack {slack:.3g} of the run's "
+                f"{len(phases)} phases ({sum(t for _, t in phases)} steps)",
+            )
+        return eps
 
     def _epsilon_uncached(self, t: int, delta: float) -> float:
         accounted = delta * (1.0 - SLACK_FRACTION)
@@ -432,12 +651,14 @@ class PrivateTraining(ReadOnlyAfterInit):
 
         Each point is one accounting call (cached), for plots of privacy spent over training.
         """
-        total = _steps_of(state)
+        phases = self._phases(state)
+        total = sum(t for _, t in phases)
         num_points = _validate.positive_int("num_points", num_points)
         if total <= 0:
             return []
+        self._warn_past_plan(phases)
         points = sorted({max(1, round(total * (i + 1) / num_points)) for i in range(num_points)})
-        return [(t, self.epsilon(t)) for t in points]
+        return [(t, self._epsilon_of_phases(_first_steps(phases, t), self.delta)) for t in points]
 
     # ---- training loop
 
@@ -460,21 +681,54 @@ class PrivateTraining(ReadOnlyAfterInit):
         Args:
             params: initial parameters.
             data: the training data (see :meth:`step`).
-            state: resume from this state (default: ``init(params)``).
-            steps: number of steps to run (default: ``self.steps − state.step``).
+            state: resume from this state (default: ``init(params)``, allowed once per
+                object: a second ``fit`` without ``state`` is refused, it would replay the
+                first run's batches and noise).
+            steps: number of steps to run (default: this plan's ``steps`` minus the steps
+                the state already ran under this plan).
             progress: show the bar.
             log_every: refresh period in steps.
 
         Returns:
             ``(params, state, history)``; ``history`` has lists ``step``, ``loss``, ``epsilon``
             recorded at every refresh (loss is NOT private).
+
+        Raises:
+            ValueError: before any step runs: ``state`` omitted on an object that already
+                ran, a state of another plan (see :meth:`continue_from`), bad ``data``, or
+                a run whose final step count would leave no room in δ for the truncation
+                slack. Running past the planned ``steps`` warns once.
         """
-        state = self.init(params) if state is None else state
+        if state is None:
+            if self._host["started"]:
+                _validate.fail(
+                    "state",
+                    None,
+                    "the state returned by the previous fit/step of this PrivateTraining "
+                    "(fit without state starts from init, and this object's keys were already "
+                    "issued: a second run would replay its batches and noise); or build a new "
+                    "make_private(..., key=<new key>) for a new run",
+                )
+            state = self.init(params)
+        self._check_plan(state)
+        self._check_data(data)
         data = jax.tree.map(jnp.asarray, data)  # on the device once, not at every step
-        done = int(jax.device_get(state.step))
-        todo = (
-            max(0, self.steps - done) if steps is None else _validate.positive_int("steps", steps)
-        )
+        phases = self._phases(state)
+        done = sum(t for _, t in phases)
+        in_plan = self._steps_in_this_plan(phases)
+        if steps is None:
+            todo = max(0, self.steps - in_plan)
+        else:
+            todo = _validate.positive_int("steps", steps)
+        after = lambda k: phases[:-1] + [(phases[-1][0], phases[-1][1] + k)]  # noqa: E731
+        if todo:
+            self._check_room(after(todo), done + todo)
+            if in_plan + todo > self.steps:
+                warnings.warn(
+                    f"fit runs {in_plan + todo} steps of this plan, beyond the planned "
+                    f"steps={self.steps}: ε counts all of them",
+                    stacklevel=2,
+                )
         every = (
             max(1, todo // 20)
             if log_every is None
@@ -485,7 +739,8 @@ class PrivateTraining(ReadOnlyAfterInit):
         for i in range(todo):
             params, state, metrics = self.step(params, state, data)
             if (i + 1) % every == 0 or i + 1 == todo:
-                loss, eps = float(metrics["loss"]), self.epsilon(done + i + 1)
+                loss = float(metrics["loss"])
+                eps = self._epsilon_of_phases(after(i + 1), self.delta)
                 history["step"].append(done + i + 1)
                 history["loss"].append(loss)
                 history["epsilon"].append(eps)
@@ -497,6 +752,19 @@ class PrivateTraining(ReadOnlyAfterInit):
             bar.close()
         return params, state, history
 
+    def _check_room(self, phases: list[tuple[_plan.Plan, int]], end: int) -> None:
+        """Refuse, before any step runs, a run whose final (ε, δ) would not hold at δ."""
+        try:
+            self._epsilon_of_phases(phases, self.delta)
+        except ValueError as err:
+            _validate.fail(
+                "steps",
+                f"a run ending at step {end}",
+                f"one ending where δ={self.delta} still holds the sampler's truncation slack "
+                f"(refused before any step ran; the plan has steps={self.steps}; for a longer "
+                f"run build make_private with more steps): {err}",
+            )
+
     def __repr__(self) -> str:
         return (
             f"PrivateTraining(noise_multiplier={self.noise_multiplier:.4g}, "
@@ -506,9 +774,31 @@ class PrivateTraining(ReadOnlyAfterInit):
         )
 
 
+def _first_steps(phases: list[tuple[Any, int]], t: int) -> list[tuple[Any, int]]:
+    """The phases of the first ``t`` steps of a run whose phases are ``phases``."""
+    out, left = [], t
+    for plan, steps in phases:
+        out.append((plan, min(steps, left)))
+        left -= out[-1][1]
+    return out
+
+
+def _as_private_state(state: Any) -> PrivateState:
+    """``state`` if it is a :class:`PrivateState` (a pre-ledger 3-field state is refused)."""
+    if not isinstance(state, PrivateState):
+        _validate.fail(
+            "state",
+            type(state).__name__,
+            "a PrivateState from init / step / fit / continue_from (a PublicState holds no "
+            "keys and cannot be stepped)",
+        )
+    return state
+
+
 def _steps_of(state: Any) -> int:
-    """The step count t ≥ 0 of a :class:`PrivateState` (read on the host) or an integer."""
-    value = jax.device_get(state.step) if isinstance(state, PrivateState) else state
+    """The step count t ≥ 0 of a state (read on the host) or an integer."""
+    is_state = isinstance(state, (PrivateState, PublicState))
+    value = jax.device_get(state.step) if is_state else state
     t = _validate.integer("state.step", value)
     _validate.non_negative("state.step", t)
     return t

@@ -19,6 +19,11 @@ Checkpoint and resume: ``flax.serialization.to_bytes(opt_state)`` (or orbax) sav
 and count; ``from_bytes(tx.init(params), blob)`` restores a state whose next update continues the
 noise stream bit for bit. Re-initialising with the original key instead replays noise already
 released.
+
+Secret and public: a :class:`NoiseState` holds the key data from which every later noise draw is
+derived, so an optimizer state holding one is a SECRET checkpoint (given the key, one later
+model reveals a noise-free clipped sum). Publish :func:`public_opt_state` ``(opt_state)``
+instead: the same tree with every noise state replaced by its count (:class:`PublicNoiseState`).
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ from dpjax import _noise, _random, _validate
 
 __all__ = [
     "NoiseState",
+    "PublicNoiseState",
+    "public_opt_state",
     "add_gaussian_noise",
     "normalize_by",
     "add_laplace_dp_sgd_noise",
@@ -50,10 +57,82 @@ class NoiseState(NamedTuple):
     restored state CONTINUES the noise stream (the transform wraps it back with the key's
     implementation on every update). Never re-create the transform with the old seed to resume:
     that replays noise already released.
+
+    The key data is SECRET: it determines every later noise draw. Publish
+    :func:`public_opt_state` of an optimizer state, never the state itself.
     """
 
     key: jax.Array
     count: jax.Array
+
+
+class PublicNoiseState(NamedTuple):
+    """What may be published of a :class:`NoiseState`: the number of noisy releases only."""
+
+    count: jax.Array
+
+
+_KEY_FIELD_HINTS = ("key", "rng", "seed")
+
+
+def _is_noise_state(x: Any) -> bool:
+    return isinstance(x, NoiseState)
+
+
+def _refuse_other_keys(tree: Any) -> None:
+    """Refuse PRNG key leaves and key-named state fields (e.g. ``optax.add_noise``'s
+    ``rng_key``) left in a tree meant for publication."""
+    for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+        named = [getattr(k, "name", "") for k in path]
+        is_key = hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+        if is_key or any(h in str(n).lower() for n in named for h in _KEY_FIELD_HINTS):
+            _validate.fail(
+                "opt_state",
+                f"a state holding key data at {jax.tree_util.keystr(path)}",
+                "an optimizer state whose only randomness is dpjax's noise state (another "
+                "transform's key, e.g. optax.add_noise, would be published with it)",
+            )
+
+
+def public_opt_state(opt_state: Any) -> Any:
+    """The publishable form of an optimizer state: every :class:`NoiseState` → its count.
+
+    The optimizer's moments (Adam's μ, ν, …) and step counts are post-processing of the
+    noisy sums and stay; the noise key data, from which every later noise draw is derived,
+    is removed (:class:`PublicNoiseState` keeps the count, so
+    :func:`dpjax.dp_sgd.noise_releases` still reads T).
+
+    Args:
+        opt_state: the state of a :func:`dpjax.dp_sgd_optimizer` (or of any chain holding
+            dpjax noise transforms).
+
+    Returns:
+        The same tree with no key data.
+
+    Raises:
+        ValueError: the state holds other PRNG key data (a typed key leaf, or a state field
+            named like a key, e.g. ``optax.add_noise``'s ``rng_key``).
+
+    Formal guarantees:
+        The result is a function of the released noisy sums and public constants only (the
+        optimizer is post-processing, Dwork–Roth 2014, Proposition 2.1), so the DP-SGD
+        guarantee covers it; the removed key data is not covered and stays secret.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, optax, dpjax
+        >>> tx = dpjax.dp_sgd_optimizer(optimizer=optax.adam(0.1), noise_multiplier=1.0,
+        ...     l2_clip_norm=1.0, normalizer=10.0, key=jax.random.key(0))
+        >>> public = public_opt_state(tx.init(jnp.zeros(3)))
+        >>> public[0]
+        PublicNoiseState(count=Array(0, dtype=int32))
+    """
+    public = jax.tree.map(
+        lambda x: PublicNoiseState(count=x.count) if _is_noise_state(x) else x,
+        opt_state,
+        is_leaf=_is_noise_state,
+    )
+    _refuse_other_keys(public)
+    return public
 
 
 def _check_key(key: Any) -> jax.Array:
@@ -68,10 +147,13 @@ def _check_key(key: Any) -> jax.Array:
     return key
 
 
+def _shape_tree(tree: Any) -> tuple[Any, tuple[tuple[int, ...], ...]]:
+    leaves, treedef = jax.tree.flatten(tree)
+    return treedef, tuple(tuple(jnp.shape(leaf)) for leaf in leaves)
+
+
 def _check_update_shapes(updates: Any, params: Any) -> None:
     """Updates must be shaped like params: a SUM, not per-example gradients (B, ...)."""
-    if params is None:
-        return
     shapes_u = jax.tree.map(jnp.shape, updates)
     shapes_p = jax.tree.map(jnp.shape, params)
     if shapes_u != shapes_p:
@@ -81,6 +163,48 @@ def _check_update_shapes(updates: Any, params: Any) -> None:
             f"shaped like params {shapes_p} (the clipped SUM from dpjax.clipped_grad, "
             "not per-example gradients)",
         )
+
+
+class _ParamShapes:
+    """The shapes of the params a noise transform was initialised with (host-side record).
+
+    ``update(updates, state)`` with ``params`` omitted is checked against them, so per-example
+    gradients (a leading batch axis) are refused even then (issue 20, finding 8: without
+    ``params`` the check was skipped and unclipped rows were released with noise). With no
+    ``init`` in this process and no ``params``, the update is refused: there is nothing to
+    check it against.
+    """
+
+    def __init__(self) -> None:
+        self._seen: list[Any] = []
+
+    def record(self, params: Any) -> None:
+        if params is None:
+            return
+        shapes = _shape_tree(params)
+        if shapes not in self._seen:
+            self._seen.append(shapes)
+
+    def check(self, updates: Any, params: Any) -> None:
+        if params is not None:
+            _check_update_shapes(updates, params)
+            return
+        if not self._seen:
+            _validate.fail(
+                "params",
+                None,
+                "the params (tx.update(updates, state, params)), or a tx.init(params) of this "
+                "transform in this process: without them nothing shows that updates is the "
+                "clipped SUM and not per-example gradients",
+            )
+        if _shape_tree(updates) not in self._seen:
+            _, shapes = _shape_tree(updates)
+            _validate.fail(
+                "updates",
+                f"a tree of shapes {list(shapes)}",
+                "shaped like the params given to tx.init (the clipped SUM from "
+                "dpjax.clipped_grad, not per-example gradients)",
+            )
 
 
 def _normal(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
@@ -144,8 +268,9 @@ def add_gaussian_noise(stddev: float, *, key: jax.Array) -> optax.GradientTransf
         An ``optax.GradientTransformation`` with state :class:`NoiseState`.
 
     Raises:
-        TypeError: no key / not a key. ValueError: negative or non-finite stddev, or (when
-            ``params`` is passed to ``update``) updates not shaped like params.
+        TypeError: no key / not a key. ValueError: negative or non-finite stddev; at
+            ``update``: updates not shaped like ``params`` (with ``params`` omitted: like the
+            params given to ``init`` in this process; omitted with no ``init``: refused).
 
     Formal guarantees:
         With stddev = σ·Δ₂, one update is the Gaussian mechanism on a query of ℓ2 sensitivity Δ₂
@@ -169,13 +294,14 @@ def add_gaussian_noise(stddev: float, *, key: jax.Array) -> optax.GradientTransf
     _validate.non_negative("stddev", stddev)
     key = _check_key(key)
     impl = _key_impl(key)
+    shapes = _ParamShapes()
 
     def init_fn(params: Any) -> NoiseState:
-        del params
+        shapes.record(params)
         return _init_noise_state(key)
 
     def update_fn(updates: Any, state: NoiseState, params: Any = None):
-        _check_update_shapes(updates, params)
+        shapes.check(updates, params)
         next_key, noise_key = _next_keys(state, impl)
         noisy = _noise.tree_add_iid_noise(noise_key, _fusion_barrier(updates), _normal, stddev)
         return noisy, NoiseState(key=next_key, count=optax.safe_increment(state.count))
@@ -341,14 +467,15 @@ def add_laplace_dp_sgd_noise(
     _validate.non_negative("kappa", kappa)
     key = _check_key(key)
     impl = _key_impl(key)
+    shapes = _ParamShapes()
     theta_kw = dict(l1_sensitivity=l1_sensitivity, epsilon=epsilon, rho=rho, kappa=kappa)
 
     def init_fn(params: Any) -> NoiseState:
-        del params
+        shapes.record(params)
         return _init_noise_state(key)
 
     def update_fn(updates: Any, state: NoiseState, params: Any = None):
-        _check_update_shapes(updates, params)
+        shapes.check(updates, params)
         # rounded up in the NARROWEST noise dtype of the tree: that value is exact in every
         # wider one, so no leaf's cast can round θ below the accounted float64 value
         dtypes = [np.dtype(_noise.noise_dtype_of(u)) for u in jax.tree.leaves(updates)]

@@ -1,0 +1,134 @@
+"""The plan of a DP-SGD run, recorded exactly inside its training state (the phase ledger).
+
+A :class:`~dpjax.dp_sgd.PrivateState` carries ``plan``, a ``uint32[k, WORDS]`` array: one row
+per phase of the run, each row the exact bits of the parameters that fix the privacy of a
+step (σ, realised q, C, the normaliser, n, the padded cap, the relation) and the step count
+at which the phase started. Float64 values are stored as their two 32-bit words, so the
+record is exact with or without x64 and survives ``flax.serialization`` / orbax checkpoints
+(it is an array leaf, not static data). The ledger holds no key and no randomness: it is
+public.
+
+Why: a state resumed under another plan would otherwise be charged at the new plan only
+(issue 20: 200 steps at σ = 0.8, q = 0.05 then 200 at σ = 4, q = 0.01 reported ε = 0.166
+instead of the composition 7.705). With the ledger, ``step``/``fit`` refuse a state whose
+current phase is another plan, and ``epsilon`` composes every recorded phase.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from dpjax import _validate
+from dpjax.relation import NeighbouringRelation, as_relation
+
+__all__ = ["Plan", "WORDS", "ledger_row", "current_plan", "read_ledger", "append_phase"]
+
+#: First word of every row ("DPJ1"): a row of zeros (or garbage) is not a plan.
+MAGIC = 0x44504A31
+_RELATIONS = tuple(NeighbouringRelation)
+#: Words per row: magic, 4 float64 (2 words each), 2 int64 (2 each), relation, start (2).
+WORDS = 1 + 4 * 2 + 2 * 2 + 1 + 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What fixes the privacy of one DP-SGD step of :func:`~dpjax.make_private`.
+
+    Attributes:
+        noise_multiplier: σ.
+        sampling_rate: the REALISED Poisson rate q (what is accounted).
+        l2_clip_norm: C.
+        normalizer: the public divisor q·n.
+        dataset_size: n.
+        max_batch_size: the padded cap (fixes the truncation slack).
+        relation: the neighbouring relation of the guarantee.
+    """
+
+    noise_multiplier: float
+    sampling_rate: float
+    l2_clip_norm: float
+    normalizer: float
+    dataset_size: int
+    max_batch_size: int
+    relation: NeighbouringRelation
+
+    def describe(self) -> str:
+        return (
+            f"σ={self.noise_multiplier:.6g}, q={self.sampling_rate:.6g}, C={self.l2_clip_norm:.6g}"
+            f", normalizer={self.normalizer:.6g}, n={self.dataset_size}, "
+            f"max_batch_size={self.max_batch_size}, relation={self.relation.value}"
+        )
+
+
+def _float_words(x: float) -> list[int]:
+    return [int(w) for w in np.array([x], "<f8").view("<u4")]
+
+
+def _int_words(i: int) -> list[int]:
+    return [(i >> 32) & 0xFFFFFFFF, i & 0xFFFFFFFF]
+
+
+def ledger_row(plan: Plan, start: int) -> np.ndarray:
+    """The ``uint32[WORDS]`` row recording ``plan`` from step ``start`` on (exact bits)."""
+    words = [MAGIC]
+    for x in (plan.noise_multiplier, plan.sampling_rate, plan.l2_clip_norm, plan.normalizer):
+        words += _float_words(float(x))
+    words += _int_words(plan.dataset_size) + _int_words(plan.max_batch_size)
+    words.append(_RELATIONS.index(as_relation(plan.relation)))
+    words += _int_words(start)
+    return np.asarray(words, np.uint32)
+
+
+def _decode_row(row: np.ndarray) -> tuple[Plan, int]:
+    w = [int(x) for x in row]
+    floats = [float(np.array(w[i : i + 2], "<u4").view("<f8")[0]) for i in (1, 3, 5, 7)]
+    ints = [(w[i] << 32) | w[i + 1] for i in (9, 11, 14)]
+    plan = Plan(*floats, ints[0], ints[1], _RELATIONS[w[13]])
+    return plan, ints[2]
+
+
+_VALID = (
+    f"a uint32[k, {WORDS}] plan ledger written by PrivateTraining (init/continue_from; a "
+    "state_template must be restored from a checkpoint first)"
+)
+
+
+def _checked(ledger: Any) -> np.ndarray:
+    arr = np.asarray(ledger)
+    if arr.dtype != np.uint32 or arr.ndim != 2 or arr.shape[0] < 1 or arr.shape[1] != WORDS:
+        _validate.fail("state.plan", f"an array of {arr.dtype}{arr.shape}", _VALID)
+    if np.any(arr[:, 0] != MAGIC) or np.any(arr[:, 13] >= len(_RELATIONS)):
+        _validate.fail("state.plan", "rows without the ledger's magic word", _VALID)
+    return arr
+
+
+def current_plan(ledger: Any) -> Plan:
+    """The plan of the last (current) phase of ``ledger`` (host-side; validates it)."""
+    return _decode_row(_checked(ledger)[-1])[0]
+
+
+def read_ledger(ledger: Any, step: int) -> list[tuple[Plan, int]]:
+    """``[(plan_i, steps_i)]``: every phase of a state and the steps it ran (host-side).
+
+    Args:
+        ledger: the state's ``plan`` leaf, ``uint32[k, WORDS]``.
+        step: the state's step count (the last phase ran from its start to ``step``).
+
+    Raises:
+        ValueError: not a ledger (wrong shape, dtype or magic word, starts not increasing
+            from 0 up to ``step``): e.g. a template state, or a state from before the ledger.
+    """
+    arr = _checked(ledger)
+    decoded = [_decode_row(r) for r in arr]
+    starts = [s for _, s in decoded] + [step]
+    if starts[0] != 0 or any(b < a for a, b in zip(starts[:-1], starts[1:], strict=True)):
+        _validate.fail("state.plan", f"phase starts {starts[:-1]} at step {step}", _VALID)
+    return [(plan, starts[i + 1] - starts[i]) for i, (plan, _) in enumerate(decoded)]
+
+
+def append_phase(ledger: Any, plan: Plan, start: int) -> np.ndarray:
+    """``ledger`` with a new phase ``plan`` from step ``start`` (the current phase closed)."""
+    return np.concatenate([np.asarray(ledger), ledger_row(plan, start)[None, :]], axis=0)
