@@ -82,7 +82,7 @@ def _dpjax(model: Model, method: str, noise: str = "transform") -> Callable:
     def step(params, key, xs, ys):
         clipped_sum, _ = grad_fn(params, xs, ys)
         if noise == "transform":
-            noisy, _ = noise_tx.update(clipped_sum, _noise_state(key))
+            noisy, _ = noise_tx.update(clipped_sum, _noise_state(key), params)
         elif noise == "nobarrier":  # the transform's draw, same key, without its barrier
             _, noise_key = jax.random.split(key)
             noisy = _noise.tree_add_iid_noise(noise_key, clipped_sum, _random.normal, stddev)

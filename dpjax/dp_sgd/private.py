@@ -453,8 +453,8 @@ class PrivateTraining(ReadOnlyAfterInit):
                 unchanged, so a run syncs once); not checked when ``state`` is traced by
                 your own ``jax.jit``.
         """
-        self._check_data(data)
         self._check_plan(state)
+        self._check_data(data)
         params, (count, key, opt_state), metrics = self._jitted_step(
             params, state.step, state.key, state.opt_state, data
         )
@@ -593,39 +593,44 @@ class PrivateTraining(ReadOnlyAfterInit):
         return cached
 
     def _epsilon_composed(self, phases: tuple[tuple[_plan.Plan, int], ...], delta: float) -> float:
-        """ε of phases under different plans: their events composed, slack of every phase.
+        """ε of phases under different plans (see :meth:`continue_from`): the smaller of
 
-        The coupling argument of :class:`~dpjax.dp_sgd.PoissonSampler` holds for the whole
-        run: the truncated and untruncated runs differ only if some step overflows, with
-        probability ≤ Σᵢ tᵢ·p̄ᵢ on D and on D′, so the slack is (1 + e^ε)·Σᵢ tᵢ·p̄ᵢ.
+        * the tight composition of one event per phase, valid when the truncation slack
+          (1 + e^ε)·Σᵢ tᵢ·p̄ᵢ fits: the coupling argument of
+          :class:`~dpjax.dp_sgd.PoissonSampler` holds for the whole run (the truncated and
+          untruncated runs differ only if some step overflows, probability ≤ Σᵢ tᵢ·p̄ᵢ on D
+          and on D′);
+        * the sum of the phases' own ε, each at δ·(1 − 2k·``SLACK_FRACTION``)/k (k phases)
+          and paying its slack at its own ε (basic composition of (εᵢ, δᵢ)-DP phases,
+          Dwork–Roth 2014, Theorem 3.16) — the bound that holds when a later phase's cap was
+          sized for its own, smaller ε (each phase's cap spends up to ``SLACK_FRACTION``·δ).
+
+        Raises:
+            ValueError: neither bound holds at ``delta``.
         """
         if any(p.noise_multiplier == 0.0 for p, _ in phases):
             return math.inf
         accounted = delta * (1.0 - SLACK_FRACTION)
-        events = [
-            PoissonSampledGaussianEvent(
-                noise_multiplier=p.noise_multiplier,
-                sampling_rate=p.sampling_rate,
-                count=t,
-                relation=p.relation,
-            )
-            for p, t in phases
-        ]
+        events = [_event_of(p, t) for p, t in phases]
         eps = tight_epsilon(events, accounted, method=self.accounting)
-        overflow = sum(
-            t * float(stats.binom.sf(p.max_batch_size, p.dataset_size + 1, p.sampling_rate))
-            for p, t in phases
-        )
-        factor = 1.0 + math.exp(eps) if eps < 709.0 else math.inf
-        slack = 0.0 if overflow == 0.0 else factor * overflow
-        if accounted + slack > delta:
+        slack = _slack(eps, sum(t * _overflow(p) for p, t in phases))
+        bounds = [eps] if accounted + slack <= delta else []
+        k, slacks = len(phases), [math.inf]
+        if 2 * k * SLACK_FRACTION < 1.0:
+            share = delta * (1.0 - 2 * k * SLACK_FRACTION) / k
+            parts = [tight_epsilon([e], share, method=self.accounting) for e in events]
+            slacks = [_slack(e, t * _overflow(p)) for e, (p, t) in zip(parts, phases, strict=True)]
+            if k * share + sum(slacks) <= delta:
+                bounds.append(math.fsum(parts))
+        if not bounds:
             _validate.fail(
                 "delta",
                 delta,
-                f"large enough to hold the truncation slack {slack:.3g} of the run's "
-                f"{len(phases)} phases ({sum(t for _, t in phases)} steps)",
+                f"large enough to hold the truncation slack of the run's {len(phases)} phases "
+                f"({sum(t for _, t in phases)} steps; {slack:.3g} at the composed ε = "
+                f"{eps:.4g}, {math.fsum(slacks):.3g} phase by phase)",
             )
-        return eps
+        return min(bounds)
 
     def _epsilon_uncached(self, t: int, delta: float) -> float:
         accounted = delta * (1.0 - SLACK_FRACTION)
@@ -709,11 +714,11 @@ class PrivateTraining(ReadOnlyAfterInit):
                     "issued: a second run would replay its batches and noise); or build a new "
                     "make_private(..., key=<new key>) for a new run",
                 )
-            state = self.init(params)
-        self._check_plan(state)
+            phases = [(self._plan, 0)]
+        else:
+            self._check_plan(state)
+            phases = self._phases(state)
         self._check_data(data)
-        data = jax.tree.map(jnp.asarray, data)  # on the device once, not at every step
-        phases = self._phases(state)
         done = sum(t for _, t in phases)
         in_plan = self._steps_in_this_plan(phases)
         if steps is None:
@@ -729,6 +734,8 @@ class PrivateTraining(ReadOnlyAfterInit):
                     f"steps={self.steps}: ε counts all of them",
                     stacklevel=2,
                 )
+        state = self.init(params) if state is None else state
+        data = jax.tree.map(jnp.asarray, data)  # on the device once, not at every step
         every = (
             max(1, todo // 20)
             if log_every is None
@@ -772,6 +779,27 @@ class PrivateTraining(ReadOnlyAfterInit):
             f"l2_clip_norm={self.l2_clip_norm}, expected_batch_size={self.expected_batch_size:.4g}"
             f", max_batch_size={self.max_batch_size}, delta={self.delta})"
         )
+
+
+def _event_of(plan: _plan.Plan, steps: int) -> PoissonSampledGaussianEvent:
+    return PoissonSampledGaussianEvent(
+        noise_multiplier=plan.noise_multiplier,
+        sampling_rate=plan.sampling_rate,
+        count=steps,
+        relation=plan.relation,
+    )
+
+
+def _overflow(plan: _plan.Plan) -> float:
+    """p̄ = P[Binomial(n + 1, q) > cap]: overflow chance per step of ``plan``'s sampler."""
+    return float(stats.binom.sf(plan.max_batch_size, plan.dataset_size + 1, plan.sampling_rate))
+
+
+def _slack(epsilon: float, overflow: float) -> float:
+    """(1 + e^ε)·(Σ t·p̄): the truncation slack (0 when nothing can overflow)."""
+    if overflow == 0.0:
+        return 0.0
+    return (1.0 + math.exp(epsilon)) * overflow if epsilon < 709.0 else math.inf
 
 
 def _first_steps(phases: list[tuple[Any, int]], t: int) -> list[tuple[Any, int]]:
