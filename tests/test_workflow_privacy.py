@@ -326,16 +326,15 @@ def test_continue_from_the_same_plan_changes_nothing_and_templates_never_train(k
 
 
 def test_second_fit_or_init_without_the_state_is_refused(key):
-    private = private_for(jax.random.key(13), steps=3)
+    private = private_for(jax.random.key(13), steps=6)
     data = make_data(key)
     w0 = jnp.zeros(DIM)
-    w1, s1, _ = private.fit(w0, data, progress=False)
+    w1, s1, _ = private.fit(w0, data, steps=3, progress=False)
     with pytest.raises(ValueError, match="state"):
         private.fit(w1, data, progress=False)  # the review's attack: a replay of run 1
     with pytest.raises(ValueError, match="init"):
         private.init(w0)
-    with pytest.warns(UserWarning, match="beyond the planned"):
-        w2, s2, _ = private.fit(w1, data, state=s1, steps=3, progress=False)
+    w2, s2, _ = private.fit(w1, data, state=s1, progress=False)  # the rest of the plan
     assert int(s2.step) == 6
     # continued, not replayed: the second-difference w2 − 2w1 + w0 is not noise-free
     assert float(jnp.linalg.norm(w2 - 2 * w1 + w0)) > 0.1
@@ -345,10 +344,10 @@ def test_second_fit_or_init_without_the_state_is_refused(key):
 
 
 def test_fit_past_what_delta_holds_is_refused_before_any_step(key, monkeypatch):
-    private = private_for(
-        jax.random.key(14), dataset_size=1000, batch_size=10, steps=5, accounting="rdp"
-    )
-    data = make_data(key, n=1000)
+    # this plan's cap holds the truncation slack of 7 steps at δ, not of 8 (the cap is sized
+    # for the planned 6: running past the plan soon leaves δ)
+    private = private_for(jax.random.key(14), steps=6)
+    data = make_data(key)
     calls = []
     original = PrivateTraining.step
 
@@ -363,10 +362,13 @@ def test_fit_past_what_delta_holds_is_refused_before_any_step(key, monkeypatch):
     # a run past the plan where δ still holds: ONE warning, not one per refresh
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _, state, history = private.fit(jnp.zeros(DIM), data, steps=8, log_every=1)
+        _, state, history = private.fit(jnp.zeros(DIM), data, steps=7, log_every=1)
     past = [w for w in caught if "beyond the planned" in str(w.message)]
-    assert len(past) == 1 and len(calls) == 8 and len(history["epsilon"]) == 8
-    assert int(state.step) == 8
+    assert len(past) == 1 and len(calls) == 7 and len(history["epsilon"]) == 7
+    assert int(state.step) == 7
+    with pytest.raises(ValueError, match="before any step ran"):  # the 8th would leave δ
+        private.fit(jnp.zeros(DIM), data, state=state, steps=1, progress=False)
+    assert len(calls) == 7
 
 
 # ----------------------------------------------------------------------------- 8. params omitted

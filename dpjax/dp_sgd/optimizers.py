@@ -219,7 +219,9 @@ def dp_sgd_optimizer(
         ValueError: negative σ, non-positive normaliser, neither ``clipped_grad`` nor
             ``l2_clip_norm``, an ``l2_clip_norm`` different from ``clipped_grad``'s, or (at
             init/update) a wrapping ``optax.MultiSteps``, ``optax.masked`` or
-            ``optax.multi_transform``.
+            ``optax.multi_transform``; at update, a tree or shapes other than ``params``'
+            (with ``params`` omitted: other than those given to ``init`` in this process; and
+            omitted with no ``init``: refused) — per-example gradients are never noised.
 
     Formal guarantees:
         One update is the Gaussian mechanism with noise multiplier σ = stddev/C on a sum of

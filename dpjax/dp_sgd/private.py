@@ -9,6 +9,12 @@ builds the whole pipeline of :mod:`dpjax.dp_sgd` and returns a :class:`PrivateTr
 
 with a jit-able ``step``, a host-side ``epsilon(state)`` read from the step count, and ``fit``
 (a training loop with a tqdm progress bar showing loss and ε spent). The parts stay public.
+
+Secret and public: the :class:`PrivateState` (keys, optimizer state, step, plan ledger) is the
+SECRET checkpoint that resumes a run; :meth:`PrivateTraining.public_state` is what may be
+published with the parameters (no key data). A state is bound to its plan: another plan's
+``step``/``fit`` refuse it, and :meth:`PrivateTraining.continue_from` continues it under a new
+plan with ε composed over both phases.
 """
 
 from __future__ import annotations
@@ -947,10 +953,15 @@ def make_private(
         delta: δ in (0, 1) of the reported guarantee (the truncation slack of the padded
             sampler is paid from it; see "Formal guarantees").
         key: a JAX PRNG key; split into the noise key and the sampling/dropout key (each split
-            again at every step, never reused). The whole run is a function of it: use a NEW
-            key for every run on the same data (two runs of a hyperparameter sweep with one key
-            share their batches and noise draws, so their difference is noise-free and the
-            sweep is not the composition the accountant would assume).
+            again at every step, never reused; one run per object: ``init`` and ``fit``
+            without ``state`` refuse a second). The whole run is a function of it: use a NEW
+            key for every ``make_private`` (``dpjax.os_key()`` or ``jax.random.key`` of a
+            fresh seed). Two objects built with one key draw the same batches and the same
+            noise: on neighbouring data sets D, D′ the difference of their first updates is
+            (S_D − S_D′)/(q·n) with NO noise, which shows whether (and in which direction) the
+            differing record moved the model; in a hyperparameter sweep on one data set the
+            difference of two runs' updates is noise-free as well, so releasing both is not
+            the composition of two private runs the accountant would assume.
         epochs: expected passes over the data (> 0); or give ``steps``.
         steps: T ≥ 1 noisy updates; or give ``epochs``.
         noise_multiplier: σ > 0; or give ``target_epsilon``.
@@ -991,10 +1002,24 @@ def make_private(
         sampler drops records only if more than ``max_batch_size`` are drawn; its cap is chosen
         so that the resulting slack (1 + e^ε)·T·p̄ (see :class:`~dpjax.dp_sgd.PoissonSampler`)
         is ≤ 10⁻³·δ, so ``epsilon(state)`` is an (ε, δ) guarantee with the slack included.
-        The guarantee covers the released parameters and optimizer state, not the ``metrics``
-        (realised batch size, loss), which are not private. Steps beyond the planned ``steps``
-        are not refused (``step`` is traced code): ``epsilon(state)`` counts every step taken,
-        warns past the plan, and raises if the truncation slack no longer fits in δ.
+        What it covers: the sequence of parameters θ₁, …, θ_t and
+        :meth:`~PrivateTraining.public_state` (step count, optimizer moments with the noise
+        states reduced to their counts, the plan ledger, (ε, δ)) — functions of the noisy sums
+        and public constants. NOT covered: the keys — the :class:`PrivateState` is a SECRET
+        checkpoint (its key data fixes every later batch and noise draw: with it and one later
+        model the noise-free clipped sum is recovered) — and the ``metrics`` of ``step`` /
+        ``fit`` (realised batch size, loss), which are not private. Resume: a state restored
+        from its checkpoint continues its key streams (nothing is replayed); ``step`` and
+        ``fit`` refuse a state whose current phase is another plan (σ, q, C, normaliser, n,
+        cap, relation); :meth:`~PrivateTraining.continue_from` opens a new phase and
+        ``epsilon`` then reports the composition of all phases (tight when the truncation slack
+        fits at the composed ε, else the basic composition of the phases). Re-run: one run per
+        object (``init``, ``fit`` without ``state``); a new run needs a new key. Out of scope
+        (the accounting trusts the state): editing ``step`` or ``plan`` by hand, stepping twice
+        from one state, and two objects sharing a key. Past the plan: ``fit`` refuses before
+        its first step a run whose δ could not hold the truncation slack and warns once
+        otherwise; ``step`` is traced code and is not refused: ``epsilon(state)`` counts every
+        step taken, warns past the plan, and raises if the slack no longer fits in δ.
         ``dataset_size`` is public (it fixes the cap and the normaliser q·n, and ``step``
         refuses data of any other length): a removed record is modelled as a row that is never
         sampled and contributes 0 ("zero-out" neighbours, Kairouz et al. 2021, "Practical and

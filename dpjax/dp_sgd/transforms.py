@@ -453,6 +453,10 @@ def add_laplace_dp_sgd_noise(
     Returns:
         An ``optax.GradientTransformation`` with state :class:`NoiseState`.
 
+    Raises:
+        ValueError: at ``update``, updates not shaped like ``params`` (with ``params``
+            omitted: like the params given to ``init``; omitted with no ``init``: refused).
+
     Formal guarantees:
         Per step, the noisy gradient is the Laplace mechanism with b = θ_h on a query of ℓ1
         sensitivity Δ₁, hence (Δ₁/θ_h, 0)-DP (replace-one; Dwork–Roth 2014, Theorem 3.6), and T
