@@ -399,25 +399,44 @@ class PrivateTraining(ReadOnlyAfterInit):
         ledger = _plan.append_phase(state.plan, self._plan, step)
         return state._replace(plan=jnp.asarray(ledger))
 
-    def public_state(self, state: PrivateState) -> PublicState:
+    def public_state(self, state: PrivateState, delta: float | None = None) -> PublicState:
         """What may be published of ``state`` with the parameters: no key data.
 
         Keeps the step count, the optimizer's moments (noise states reduced to their counts),
         the phase ledger and (ε, δ) of the whole run; drops the sampling/dropout key and the
         noise key, from which every later batch and noise draw is derived.
 
+        Args:
+            state: the (secret) :class:`PrivateState`.
+            delta: δ of the reported ε; default: ``make_private``'s δ.
+
+        Returns:
+            A :class:`PublicState` (a pytree; ``epsilon(public)`` recomputes its ε).
+
         Raises:
-            ValueError: ``state`` is not a valid :class:`PrivateState`, or its optimizer state
-                holds other key data (e.g. ``optax.add_noise``'s key).
+            ValueError: ``state`` is not a valid :class:`PrivateState`, its optimizer state
+                holds other key data (e.g. ``optax.add_noise``'s key), or ``delta`` cannot
+                hold the truncation slack of the steps taken.
+
+        Example:
+            >>> import jax, jax.numpy as jnp, optax, dpjax
+            >>> private = dpjax.make_private(lambda w, ex: ex @ w, optimizer=optax.sgd(0.1),
+            ...     l2_clip_norm=1.0, dataset_size=100, batch_size=10, steps=3,
+            ...     noise_multiplier=1.0, delta=1e-5, key=jax.random.key(0))
+            >>> w, state, _ = private.fit(jnp.zeros(2), jnp.ones((100, 2)), progress=False)
+            >>> public = private.public_state(state)
+            >>> int(public.step), public.epsilon == private.epsilon(state), public.delta
+            (3, True, 1e-05)
         """
         state = _as_private_state(state)
-        eps = self.epsilon(state)
+        delta = self._delta_or_default(delta)
+        eps = self.epsilon(state, delta)
         return PublicState(
             step=state.step,
             opt_state=public_opt_state(state.opt_state),
             plan=state.plan,
             epsilon=eps,
-            delta=self.delta,
+            delta=delta,
         )
 
     # ---- one step
