@@ -208,6 +208,12 @@ def test_public_opt_state_of_the_pieces_path(key):
     assert dpjax.dp_sgd.noise_releases(public) == 1
     assert dpjax.dp_sgd.event_for(tx, sampler=sampler, state=public).count == 1
     np.testing.assert_array_equal(public[2][0].trace, state[2][0].trace)  # moments kept
+    accumulated = dpjax.accumulate_clipped_sums(tx, every_k=2)
+    _, mid = accumulated.update(clipped_sum, accumulated.init(params), params)
+    assert float(jnp.linalg.norm(mid.clipped_sum)) > 0  # noise-free until the k-th micro-batch
+    public_mid = public_opt_state(mid)
+    assert public_mid.clipped_sum is None and not noise_states_in(public_mid)
+    assert dpjax.dp_sgd.noise_releases(public_mid) == 0
     with_optax_noise = optax.chain(tx, optax.add_noise(0.1, 0.5, key=jax.random.key(6)))
     with pytest.raises(ValueError, match="opt_state"):  # another key would be published
         public_opt_state(with_optax_noise.init(params))

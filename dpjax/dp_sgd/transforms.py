@@ -94,13 +94,34 @@ def _refuse_other_keys(tree: Any) -> None:
             )
 
 
+def _holds_a_running_sum(x: Any) -> bool:
+    """A state carrying a not-yet-noised running clipped sum (gradient accumulation)."""
+    return isinstance(x, tuple) and "clipped_sum" in getattr(x, "_fields", ())
+
+
+def _is_secret_node(x: Any) -> bool:
+    return _is_noise_state(x) or _holds_a_running_sum(x)
+
+
+def _publishable(x: Any) -> Any:
+    if _is_noise_state(x):
+        return PublicNoiseState(count=x.count)
+    if _holds_a_running_sum(x):  # drop the partial sum, publish what is inside
+        rest = {f: getattr(x, f) for f in x._fields if f != "clipped_sum"}
+        rest = {f: jax.tree.map(_publishable, v, is_leaf=_is_secret_node) for f, v in rest.items()}
+        return x._replace(clipped_sum=None, **rest)
+    return x
+
+
 def public_opt_state(opt_state: Any) -> Any:
     """The publishable form of an optimizer state: every :class:`NoiseState` → its count.
 
     The optimizer's moments (Adam's μ, ν, …) and step counts are post-processing of the
     noisy sums and stay; the noise key data, from which every later noise draw is derived,
     is removed (:class:`PublicNoiseState` keeps the count, so
-    :func:`dpjax.dp_sgd.noise_releases` still reads T).
+    :func:`dpjax.dp_sgd.noise_releases` still reads T), and so is the running clipped sum of
+    :func:`dpjax.dp_sgd.accumulate_clipped_sums` (``clipped_sum=None``: between releases it
+    is the NOT yet noised sum of the micro-batches seen).
 
     Args:
         opt_state: the state of a :func:`dpjax.dp_sgd_optimizer` (or of any chain holding
@@ -126,11 +147,7 @@ def public_opt_state(opt_state: Any) -> Any:
         >>> public[0]
         PublicNoiseState(count=Array(0, dtype=int32))
     """
-    public = jax.tree.map(
-        lambda x: PublicNoiseState(count=x.count) if _is_noise_state(x) else x,
-        opt_state,
-        is_leaf=_is_noise_state,
-    )
+    public = jax.tree.map(_publishable, opt_state, is_leaf=_is_secret_node)
     _refuse_other_keys(public)
     return public
 
