@@ -241,6 +241,10 @@ def _wants_rng(loss_fn: Callable) -> bool:
 class PrivateTraining(ReadOnlyAfterInit):
     """DP-SGD with Poisson sampling, built by :func:`make_private` (see its guarantees).
 
+    One run per object: :meth:`init` (or ``fit`` without ``state``) issues its keys once;
+    the :class:`PrivateState` it returns is a SECRET checkpoint, :meth:`public_state` its
+    publishable form; :meth:`continue_from` continues another plan's state under this one.
+
     Attributes:
         noise_multiplier: σ (noise std σ·C on the clipped sum of each logical batch).
         sampling_rate: q, the rate the sampler realises (⌊q·2⁶⁴⌋/2⁶⁴; what is accounted).
