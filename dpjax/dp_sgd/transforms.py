@@ -164,9 +164,10 @@ def _check_key(key: Any) -> jax.Array:
     return key
 
 
-def _shape_tree(tree: Any) -> tuple[Any, tuple[tuple[int, ...], ...]]:
-    leaves, treedef = jax.tree.flatten(tree)
-    return treedef, tuple(tuple(jnp.shape(leaf)) for leaf in leaves)
+def _leaf_shapes(tree: Any) -> tuple[tuple[int, ...], ...]:
+    """The shapes of the leaves, in order (the container types are not compared: a dict and a
+    FrozenDict of the same arrays match; a leading per-example axis never does)."""
+    return tuple(tuple(jnp.shape(leaf)) for leaf in jax.tree.leaves(tree))
 
 
 def _check_update_shapes(updates: Any, params: Any) -> None:
@@ -198,7 +199,7 @@ class _ParamShapes:
     def record(self, params: Any) -> None:
         if params is None:
             return
-        shapes = _shape_tree(params)
+        shapes = _leaf_shapes(params)
         if shapes not in self._seen:
             self._seen.append(shapes)
 
@@ -214,8 +215,8 @@ class _ParamShapes:
                 "transform in this process: without them nothing shows that updates is the "
                 "clipped SUM and not per-example gradients",
             )
-        if _shape_tree(updates) not in self._seen:
-            _, shapes = _shape_tree(updates)
+        shapes = _leaf_shapes(updates)
+        if shapes not in self._seen:
             _validate.fail(
                 "updates",
                 f"a tree of shapes {list(shapes)}",
