@@ -40,7 +40,7 @@ def prepare_data(X, y, loss: Loss, *, sign_labels: bool = True) -> tuple[jax.Arr
     Concrete data are checked (``ValueError``): at least one row, finite entries, ‖x_i‖ ≤ 1
     (up to the rounding of the input dtype, :func:`row_norm_slack`; such rows are rescaled),
     |y_i| ≤ ``loss.label_bound`` and, for margin losses with ``sign_labels`` (every private
-    solver), y_i ∈ {−1, +1} (the reference :func:`solve` accepts |y_i| ≤ 1). Traced data (inside
+    solver and the reference :func:`solve`), y_i ∈ {−1, +1}. Traced data (inside
     ``jax.jit``) cannot be checked; they are mapped onto the assumptions instead, a no-op on
     valid data: non-finite entries become 0 (a fixed public value), rows are scaled to
     ‖x_i‖ ≤ 1 and labels clipped to [−B, B]. A traced margin label y_i = 0 is kept and makes

@@ -298,7 +298,9 @@ def solve(
 
     Args:
         X: features, shape (n, d), rows with ‖x_i‖ ≤ 1.
-        y: labels, shape (n,) (±1 for margin losses, |y| ≤ the loss's label bound).
+        y: labels, shape (n,): y_i ∈ {−1, +1} for margin losses (checked on concrete labels;
+            a 0 label carries no gradient, so {0, 1} labels would drop every 0-row), |y| ≤ the
+            loss's label bound for residual losses.
         loss: a :class:`~dpjax.erm.losses.Loss`.
         mu: the strong-convexity parameter μ > 0 of the regulariser.
         solver: ``"auto"`` (Newton if the loss is twice differentiable, else SDCA),
@@ -313,8 +315,8 @@ def solve(
         A :class:`SolveResult`; ``converged`` is False if the certificate missed ``tol``.
 
     Raises:
-        ValueError: float64 disabled, μ ≤ 0, bad shapes, rows with ‖x_i‖ > 1, or a solver that
-            cannot certify this loss.
+        ValueError: float64 disabled, μ ≤ 0, bad shapes, rows with ‖x_i‖ > 1, margin labels
+            outside {−1, +1}, or a solver that cannot certify this loss.
 
     Formal guarantees:
         cert ≥ J(ŵ) − J* by the PL inequality of a μ-strongly convex function (Newton, L-BFGS)
@@ -336,7 +338,7 @@ def solve(
         max_iter = {"newton": 100, "lbfgs": 5000, "sdca": 2000}[solver]
     max_iter = _validate.positive_int("max_iter", max_iter)
     check_domain(loss, mu)
-    X, y = prepare_data(X, y, loss, sign_labels=False)
+    X, y = prepare_data(X, y, loss)
     if normalizer is not None:
         normalizer = _validate.positive_int("normalizer", normalizer)
     return solve_prepared(
