@@ -1,6 +1,7 @@
 """Issue 25's papercuts: each test attacks one fix and fails on the code before it."""
 
 import secrets
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +12,8 @@ import pytest
 import dpjax
 from dpjax.accounting import PrivacyAccountant
 from dpjax.dp_sgd.samplers import PaddedBatch
-from dpjax.erm import losses, solve
+from dpjax.erm import PrivateLogisticRegression, losses, solve
+from dpjax.erm.estimator import PrivacyLeakWarning
 from dpjax.events import LaplaceEvent
 from dpjax.mechanisms import gaussian, laplace
 
@@ -175,3 +177,139 @@ def test_reference_solve_refuses_zero_one_labels_for_margin_losses():
     with pytest.raises(ValueError, match=r"y must be in \{−1, \+1\}"):
         solve(X, y01, loss=losses.logistic, mu=0.1)
     assert bool(solve(X, 2.0 * y01 - 1.0, loss=losses.logistic, mu=0.1).converged)
+
+
+# ----------------------------------------------------------------------------- estimator scale
+
+
+def _breast_cancer():
+    datasets = pytest.importorskip("sklearn.datasets")
+    return datasets.load_breast_cancer(return_X_y=True)
+
+
+def test_estimator_without_a_scale_warns_and_reports_every_row_clipped():
+    X, y = _breast_cancer()
+    clf = PrivateLogisticRegression(epsilon=3.0, classes=[0, 1], random_state=jax.random.key(0))
+    with pytest.warns(PrivacyLeakWarning, match="neither data_norm nor bounds"):
+        clf.fit(X, y)
+    assert clf.clipped_fraction_ == 1.0  # raw features: every row norm is > 1
+
+
+def test_estimator_with_public_bounds_learns_and_clips_nothing():
+    X, y = _breast_cancer()
+    # stand-in for published feature ranges (a real release takes them from a data dictionary)
+    bounds = (np.floor(X.min(axis=0)), np.ceil(X.max(axis=0)))
+    majority = max(np.mean(y), 1.0 - np.mean(y))  # 0.627
+    scores = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrivacyLeakWarning)
+        for k in range(3):
+            clf = PrivateLogisticRegression(
+                epsilon=3.0, classes=[0, 1], bounds=bounds, random_state=jax.random.key(k)
+            ).fit(X, y)
+            scores.append(clf.score(X, y))
+    assert clf.clipped_fraction_ == 0.0
+    # n = 569: a score's sd around the majority rate is ≤ 0.021; require a 6-sd improvement
+    assert np.mean(scores) > majority + 6 * 0.021
+
+
+def test_estimator_scale_maps_and_coefficients_in_original_units():
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-5.0, 15.0, size=(40, 2))
+    y = (X[:, 0] > 5.0).astype(int)
+    clf = PrivateLogisticRegression(
+        epsilon=5.0, classes=[0, 1], bounds=([-5.0, -5.0], [15.0, 15.0]), data_norm=12.0,
+        random_state=jax.random.key(0),
+    ).fit(X, y)  # fmt: skip
+    centred_norm = np.linalg.norm(X - 5.0, axis=1)
+    assert clf.clipped_fraction_ == np.mean(centred_norm > 12.0)
+    inside = X[centred_norm <= 12.0]
+    np.testing.assert_allclose(
+        clf.decision_function(inside), inside @ clf.coef_[0] + clf.intercept_[0], rtol=1e-12
+    )
+    # (100, 100): box-clipped to (15, 15), then scaled to norm 12 around the centre (5, 5)
+    mapped = np.full((1, 2), 5.0 + 10.0 * 12.0 / np.sqrt(200.0))
+    np.testing.assert_allclose(
+        clf.decision_function(np.array([[100.0, 100.0]])),
+        mapped @ clf.coef_[0] + clf.intercept_[0],
+        rtol=1e-12,
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(data_norm=0.0), "data_norm"),
+        (dict(data_norm=float("inf")), "data_norm"),
+        (dict(bounds=(1.0, 1.0)), "bounds"),
+        (dict(bounds=(0.0,)), "bounds"),
+        (dict(bounds=([0.0, 0.0, 0.0], [1.0, 1.0, 1.0])), "bounds"),
+    ],
+)
+def test_estimator_bad_scale_is_refused(kwargs, name):
+    X = np.array([[1.0, 0.2], [0.9, 0.1], [-1.0, 0.0], [-0.8, -0.3]])
+    clf = PrivateLogisticRegression(classes=[0, 1], random_state=jax.random.key(0), **kwargs)
+    with pytest.raises(ValueError, match=name):
+        clf.fit(X, np.array([0, 0, 1, 1]))
+
+
+def test_estimator_delta_at_least_one_over_n_warns_naming_n():
+    X = np.tile(np.array([[0.5, 0.1], [-0.5, 0.0]]), (50, 1))
+    y = np.tile([1, 0], 50)
+    clf = PrivateLogisticRegression(
+        epsilon=1.0, delta=0.01, classes=[0, 1], data_norm=1.0, random_state=jax.random.key(0)
+    )
+    with pytest.warns(PrivacyLeakWarning, match=r"1/n = 1/100"):
+        clf.fit(X, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrivacyLeakWarning)
+        clf.set_params(delta=1e-5, random_state=jax.random.key(1)).fit(X, y)
+
+
+# ----------------------------------------------------------------------------- pure ε, released
+
+
+def test_estimator_objective_pure_epsilon_covers_the_released_iterate():
+    """The AGD iterate alone is not ε-DP (its step count jumps with ‖b‖); the estimator now
+    releases it plus gamma-norm noise for the residual 2τ, spending 1% of ε on it."""
+    X = np.tile(np.array([[0.5, 0.1], [-0.5, 0.0], [0.2, -0.4]]), (40, 1))
+    y = np.tile([1, 0, 1], 40)
+    eps = 2.0
+    clf = PrivateLogisticRegression(
+        epsilon=eps, delta=0.0, classes=[0, 1], data_norm=1.0, random_state=jax.random.key(0)
+    ).fit(X, y)
+    res = clf.result_
+    mu_total = clf.mu_ + res.extra_regularization
+    assert res.sensitivity == pytest.approx(2e-9 / mu_total, rel=1e-12)  # Δ_o = 2τ
+    assert res.noise_scale == pytest.approx(res.sensitivity / (0.01 * eps), rel=1e-12)
+    assert res.event.epsilon == eps and res.event.delta == 0.0
+
+
+def test_accelerated_solve_meets_tau_on_both_sides_of_a_step_count_jump():
+    """The premise of the output-noise argument: ‖ŵ − w_p‖ ≤ τ for every b, also where K(‖b‖)
+    changes by one (the place where b ↦ ŵ is discontinuous)."""
+    from dpjax.erm.accelerated import accelerated_steps, smoothness_bound
+    from dpjax.erm.objective_perturbation import tilted_minimiser
+    from dpjax.erm.solver import solve_prepared
+
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(60, 3))
+    X = jnp.asarray(X / np.linalg.norm(X, axis=1, keepdims=True))
+    y = jnp.asarray(np.where(rng.normal(size=60) > 0, 1.0, -1.0))
+    mu, tau = 0.05, 1e-6
+    beta = smoothness_bound(loss_smoothness=losses.logistic.smoothness, mu=mu)
+    root_kappa = np.sqrt(beta / mu)
+    # K(R) = ⌈√κ ln((1+κ)R²/τ²)⌉ jumps at R_m = τ·sqrt(e^{m/√κ}/(1+κ)); R = (L + ‖b‖/n)/μ
+    m = int(np.ceil(root_kappa * np.log((1 + beta / mu) * (3.0 / mu) ** 2 / tau**2)))
+    r_jump = tau * np.sqrt(np.exp(m / root_kappa) / (1.0 + beta / mu))
+    direction = jnp.asarray([0.6, -0.8, 0.0])
+    counts = []
+    for side in (1.0 - 1e-6, 1.0 + 1e-6):
+        tilt = direction * (mu * r_jump * side - 1.0)  # ‖tilt‖ = ‖b‖/n
+        radius = (1.0 + float(jnp.linalg.norm(tilt))) / mu
+        counts.append(accelerated_steps(mu=mu, beta=beta, radius=radius, accuracy=tau))
+        w_hat = tilted_minimiser(X, y, loss=losses.logistic, mu=mu, tilt=tilt, accuracy=tau)
+        exact = solve_prepared(X, y, loss=losses.logistic, mu=mu, tilt=tilt, tol=1e-26)
+        assert float(exact.certificate) <= 1e-26
+        assert float(jnp.linalg.norm(w_hat.params - exact.params)) <= tau
+    assert counts[1] == counts[0] + 1  # the two tilts straddle a jump of K
