@@ -31,6 +31,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from scipy import special
 
 from dpjax import _validate
 
@@ -345,10 +346,10 @@ class PrivateLogisticRegression(_Mixin, _Base):
         >>> from dpjax.erm import PrivateLogisticRegression
         >>> X = np.array([[1.0, 0.2], [0.9, 0.1], [-1.0, 0.0], [-0.8, -0.3]])
         >>> y = ["a", "a", "b", "b"]
-        >>> clf = PrivateLogisticRegression(epsilon=1.0, classes=["a", "b"],
+        >>> clf = PrivateLogisticRegression(epsilon=1.0, classes=["a", "b"], bounds=(-2.0, 2.0),
         ...                                 random_state=jax.random.key(0)).fit(X, y)
-        >>> clf.predict(X).shape, clf.classes_.tolist()
-        ((4,), ['a', 'b'])
+        >>> clf.predict(X).shape, clf.classes_.tolist(), clf.clipped_fraction_
+        ((4,), ['a', 'b'], 0.0)
     """
 
     def __init__(
@@ -563,8 +564,8 @@ class PrivateLogisticRegression(_Mixin, _Base):
     def predict_proba(self, X) -> np.ndarray:
         """(n, 2) probabilities of ``classes_[0]`` and ``classes_[1]`` under the logistic model."""
         z = self.decision_function(X)
-        p1 = 0.5 * (1.0 + np.tanh(0.5 * z))  # σ(z) without overflow
-        return np.column_stack([1.0 - p1, p1])
+        # σ(±z), each side computed directly (1 − σ(z) cancels when σ(z) ≈ 1)
+        return np.column_stack([special.expit(-z), special.expit(z)])
 
     def predict_log_proba(self, X) -> np.ndarray:
         """Log of :meth:`predict_proba`, computed stably."""
