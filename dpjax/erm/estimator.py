@@ -296,9 +296,9 @@ class PrivateLogisticRegression(_Mixin, _Base):
         max_steps: cap on DP-GD's T (default ⌈n²ρ/(2d)⌉, capped at this); public.
         random_state: a JAX PRNG key (required: there is no default key). An ``int`` seed is
             accepted for RESEARCH ONLY — not for real releases (threefry keys from small
-            integers are guessable; see README "Releasing real data"). Each fit draws its
-            noise from this key: refitting with the same key reuses the noise (a warning);
-            pass a fresh key (``set_params(random_state=...)``) for every release.
+            integers are guessable): for a real release pass ``dpjax.os_key()``. Each fit
+            draws its noise from this key: refitting with the same key reuses the noise (a
+            warning); pass a fresh key (``set_params(random_state=...)``) for every release.
         classes: the two class labels, if public (recommended). ``None``: read from y and
             released as they are, with a :class:`PrivacyLeakWarning` (as diffprivlib does).
         data_norm: D > 0, a public bound on the row norm ‖x − m‖ (m: the centre of
