@@ -11,10 +11,11 @@ Ground floor: ``dpjax.relation`` (neighbouring relations), ``dpjax.events`` (the
 that mechanisms, samplers and solvers emit and accountants consume), ``dpjax.typing``.
 
 Security note: JAX's threefry PRNG is fine for research and audits. Releases of real data need
-keys seeded from the OS (``os.urandom``) and non-porous noise; see README "Security".
+keys seeded from the OS (:func:`dpjax.os_key`) and non-porous noise; see README "Security".
 """
 
 from dpjax import accounting, auditing, dp_sgd, erm, events, mechanisms
+from dpjax._random import os_key
 from dpjax._version import __version__
 from dpjax.dp_sgd import (
     ClippedGrad,
@@ -48,6 +49,7 @@ __all__ = [
     "erm",
     "events",
     "mechanisms",
+    "os_key",
     # DP-SGD in one call, then the parts (see dpjax.dp_sgd)
     "make_private",
     "ClippedGrad",

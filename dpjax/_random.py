@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import math
+import secrets
 from collections.abc import Callable
 from typing import Any
 
@@ -51,6 +52,7 @@ __all__ = [
     "gaussian_support_max",
     "laplace_support_max",
     "constant_bits_key",
+    "os_key",
 ]
 
 _WIDE = (np.dtype(np.float32), np.dtype(np.float64))
@@ -288,3 +290,47 @@ def legacy_gaussian_support_max(dtype: Any = np.float32) -> float:
 def gaussian_tail(z: float) -> float:
     """Φ̄(z) = P[N(0,1) > z] in float64, accurate in the far tail (erfc, not 1 − Φ)."""
     return 0.5 * math.erfc(z / math.sqrt(2.0))
+
+
+# --------------------------------------------------------------------- keys for real releases
+
+
+def os_key(impl: Any = None) -> jax.Array:
+    """A fresh JAX PRNG key whose every bit comes from the operating system's CSPRNG.
+
+    The key data (all of it: two uint32 words for threefry2x32, four for rbg) is read from
+    :func:`secrets.token_bytes` (``os.urandom``) and wrapped with
+    :func:`jax.random.wrap_key_data`; no integer seed is formed, so nothing is truncated and
+    nothing depends on ``jax_enable_x64`` (``jax.random.key(int.from_bytes(os.urandom(8)))``
+    raises OverflowError for seeds ≥ 2⁶³, and folds a 64-bit seed into 32 bits without x64).
+
+    JAX's PRNG (threefry) with a fixed integer seed is fine for research, tests and audits:
+    runs are reproducible. A release of real data to an untrusted party needs a key nobody can
+    guess — this one — and non-porous noise (:func:`dpjax.mechanisms.discrete_laplace`): the
+    floating-point samplers leak through their least significant bits (Mironov 2012).
+
+    Args:
+        impl: the PRNG implementation (as for :func:`jax.random.key`); ``None``: JAX's default
+            (``jax_default_prng_impl``).
+
+    Returns:
+        A typed scalar key (``jax.random.key`` style). Keep it secret; never log it.
+
+    Example:
+        >>> import jax
+        >>> key = os_key()
+        >>> key.shape, jax.random.key_data(key).dtype.name
+        ((), 'uint32')
+    """
+    shape, dtype = _key_data_layout(impl, jax.config.jax_default_prng_impl)
+    nbytes = np.dtype(dtype).itemsize * math.prod(shape)
+    words = np.frombuffer(secrets.token_bytes(nbytes), dtype=dtype).reshape(shape)
+    return jax.random.wrap_key_data(words, impl=impl)
+
+
+@functools.lru_cache(maxsize=32)
+def _key_data_layout(impl: Any, default_impl: str) -> tuple[tuple[int, ...], Any]:
+    """Shape and dtype of one key's data for ``impl`` (``default_impl`` keys the cache)."""
+    del default_impl
+    data = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0, impl=impl)))
+    return tuple(data.shape), np.dtype(data.dtype)

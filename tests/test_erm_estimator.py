@@ -82,7 +82,9 @@ def test_no_default_key():
 
 def test_refit_with_same_key_warns_and_fresh_key_does_not():
     X, y = _blobs()
-    clf = PrivateLogisticRegression(random_state=jax.random.key(3), classes=np.unique(y)).fit(X, y)
+    clf = PrivateLogisticRegression(
+        random_state=jax.random.key(3), classes=np.unique(y), data_norm=1.0
+    ).fit(X, y)
     with pytest.warns(UserWarning, match="noise is reused"):
         clf.fit(X, y)
     clf.set_params(random_state=jax.random.key(4))
@@ -172,7 +174,9 @@ def test_dpjax_imports_without_sklearn():
 #   check_classifier_data_not_an_array: skipped by scikit-learn itself when pandas is missing.
 # Tags: binary_only (multiclass checks do not apply). Determinism checks pass because the key is
 # fixed (random_state=jax.random.key(0)); refits with that same key warn (noise reused).
-@parametrize_with_checks([PrivateLogisticRegression(epsilon=10.0, random_state=jax.random.key(0))])
+@parametrize_with_checks(
+    [PrivateLogisticRegression(epsilon=10.0, random_state=jax.random.key(0), data_norm=1.0)]
+)
 def test_sklearn_estimator_checks(estimator, check):
     import warnings
 
@@ -240,7 +244,7 @@ def test_labels_read_from_the_data_warn_and_public_classes_do_not():
     with warnings.catch_warnings():
         warnings.simplefilter("error", PrivacyLeakWarning)
         clf = PrivateLogisticRegression(
-            epsilon=1.0, classes=[7, 3], random_state=jax.random.key(1)
+            epsilon=1.0, classes=[7, 3], random_state=jax.random.key(1), data_norm=1.0
         ).fit(X, y)
     assert clf.classes_.tolist() == [3, 7]
     # a data set holding one of the two public labels only is fitted, not refused

@@ -211,7 +211,8 @@ class PrivacyAccountant:
         events: events to record now.
         relation: the relation of the guarantee; default: that of the first event recorded.
         value_discretization_interval: PLD grid (default 1e-4).
-        orders: RDP orders (default :data:`dpjax.accounting.DEFAULT_RDP_ORDERS`).
+        orders: RDP orders, a non-empty sequence in (1, inf) (default
+            :data:`dpjax.accounting.DEFAULT_RDP_ORDERS`).
 
     Example:
         >>> acc = PrivacyAccountant()
@@ -247,6 +248,13 @@ class PrivacyAccountant:
         )
         if orders is not None:
             orders = tuple(_validate.real("orders[i]", a) for a in orders)
+            if not orders:
+                _validate.fail(
+                    "orders",
+                    [],
+                    "a non-empty sequence of RDP orders in (1, inf), or None for "
+                    "dpjax.accounting.DEFAULT_RDP_ORDERS",
+                )
             for a in orders:
                 if not 1.0 < a < math.inf:
                     _validate.fail("orders[i]", a, "in (1, inf)")

@@ -90,7 +90,7 @@ def gather_batch(batch: PaddedBatch, data: tuple[Any, ...]) -> tuple[tuple[Any, 
     if indices.ndim != 1 or not jnp.issubdtype(indices.dtype, jnp.integer):
         _validate.fail("batch.indices", f"{indices.dtype}{indices.shape}", "an int (B,) array")
     mask = check_mask(batch.mask, indices.shape[0])
-    in_range = (indices >= 0) & (indices < n)
+    in_range = index_in_range(indices, n)
     if _validate.is_concrete(indices) and _validate.is_concrete(mask):
         bad = np.asarray(mask) & ~np.asarray(in_range)
         if bad.any():
@@ -110,8 +110,30 @@ def gather_batch(batch: PaddedBatch, data: tuple[Any, ...]) -> tuple[tuple[Any, 
                 "not C): sample with PoissonSampler or without replacement",
             )
     real = mask & in_range
-    rows = jax.tree.map(lambda a: jnp.asarray(a)[jnp.where(in_range, indices, 0)], data)
-    return rows, real & ~_repeated(indices, real)
+    # in-range indices are < n: gather and deduplicate in int32 (uint8 index 255 would
+    # collide with the dtype's max, the sort sentinel of _repeated)
+    wide = jnp.int32 if n <= jnp.iinfo(jnp.int32).max else indices.dtype
+    safe = jnp.where(in_range, indices, jnp.zeros((), indices.dtype)).astype(wide)
+    rows = jax.tree.map(lambda a: jnp.asarray(a)[safe], data)
+    return rows, real & ~_repeated(safe, real)
+
+
+def index_in_range(indices: jax.Array, n: int) -> jax.Array:
+    """``0 <= indices < n`` elementwise, exact for EVERY integer dtype of ``indices``.
+
+    ``indices < n`` would cast n to the indices' dtype: 300 wraps to 44 in uint8 (real
+    records silently masked under ``jit``) and raises OverflowError in int8. Here each bound
+    is only compared where it is representable: n above the dtype's max means "always below n",
+    and an unsigned dtype is never negative.
+    """
+    info = jnp.iinfo(indices.dtype)
+    if n > int(info.max):
+        below = jnp.ones(indices.shape, bool)
+    else:
+        below = indices < jnp.asarray(n, indices.dtype)
+    if int(info.min) < 0:
+        return below & (indices >= jnp.zeros((), indices.dtype))
+    return below
 
 
 def _repeated(indices: jax.Array, real: jax.Array) -> jax.Array:

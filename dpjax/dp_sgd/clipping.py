@@ -157,6 +157,23 @@ def _norms_and_bound(rows: list[jax.Array], wide: Any) -> tuple[jax.Array, jax.A
 # ----------------------------------------------------------------------------- validation
 
 
+_LOSS_CONVENTIONS = (
+    "a loss in the form of the function you call: clipped_grad calls loss_fn(params, *example), "
+    "one positional argument per data array given to grad_fn (loss_fn(params, x, y) for "
+    "grad_fn(params, X, Y)); make_private calls loss_fn(params, example[, rng]), the example "
+    "as ONE pytree (loss_fn(params, ex) reading ex['x'], ex['y'] for data={'x': X, 'y': Y})"
+)
+
+
+def _is_call_mismatch(err: TypeError) -> bool:
+    """Whether a TypeError is Python's arity/keyword error for a call (not one from inside)."""
+    text = str(err)
+    return any(
+        s in text
+        for s in ("positional argument", "required keyword", "unexpected keyword argument")
+    )
+
+
 def _check_scalar_loss(loss_fn: Callable, params: Any, batch: tuple[Any, ...]) -> None:
     """loss_fn on ONE example must return a scalar (a per-batch / per-example-vector loss fails)."""
 
@@ -164,7 +181,16 @@ def _check_scalar_loss(loss_fn: Callable, params: Any, batch: tuple[Any, ...]) -
         return jax.ShapeDtypeStruct(jnp.shape(x)[1:], jnp.result_type(x))
 
     example = jax.tree.map(one_row, batch)
-    out = jax.eval_shape(loss_fn, params, *example)
+    try:
+        out = jax.eval_shape(loss_fn, params, *example)
+    except TypeError as err:
+        if not _is_call_mismatch(err):
+            raise
+        _validate.fail(
+            "loss_fn",
+            f"a function Python cannot call that way ({err})",
+            _LOSS_CONVENTIONS,
+        )
     if not hasattr(out, "shape") or out.shape != ():
         _validate.fail(
             "loss_fn",
@@ -496,7 +522,9 @@ def clipped_grad(
 
     Raises:
         ValueError: non-positive C, unknown backend, batch arguments without a shared leading
-            axis, a loss that is not a scalar for one example, a mask of the wrong shape.
+            axis, a loss that is not a scalar for one example, a mask of the wrong shape, a
+            loss Python cannot call as ``loss_fn(params, *example)`` (the message names
+            :func:`dpjax.make_private`'s other form, ``loss_fn(params, example[, rng])``).
 
     Formal guarantees:
         One example changes ``clipped_sum`` by at most C in ℓ2 (add/remove-one; 2C replace-one),

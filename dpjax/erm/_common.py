@@ -40,7 +40,8 @@ def prepare_data(X, y, loss: Loss, *, sign_labels: bool = True) -> tuple[jax.Arr
     Concrete data are checked (``ValueError``): at least one row, finite entries, ‖x_i‖ ≤ 1
     (up to the rounding of the input dtype, :func:`row_norm_slack`; such rows are rescaled),
     |y_i| ≤ ``loss.label_bound`` and, for margin losses with ``sign_labels`` (every private
-    solver), y_i ∈ {−1, +1} (the reference :func:`solve` accepts |y_i| ≤ 1). Traced data (inside
+    solver), y_i ∈ {−1, +1} (the reference :func:`solve` accepts 0 < |y_i| ≤ 1, never a 0
+    label, which would drop its row). Traced data (inside
     ``jax.jit``) cannot be checked; they are mapped onto the assumptions instead, a no-op on
     valid data: non-finite entries become 0 (a fixed public value), rows are scaled to
     ‖x_i‖ ≤ 1 and labels clipped to [−B, B]. A traced margin label y_i = 0 is kept and makes
@@ -107,6 +108,13 @@ def _check_bounds(
             f"labels {bad}",
             f"in {{−1, +1}} for the margin loss {loss.name} (a 0 label "
             "carries no gradient; map {0, 1} labels to {−1, +1})",
+        )
+    if loss.kind == "margin" and np.any(y == 0.0):
+        _validate.fail(
+            "y",
+            f"{int(np.sum(y == 0.0))} labels equal to 0",
+            f"in {{−1, +1}} for the margin loss {loss.name} (a 0 label carries no gradient: "
+            "{0, 1} labels would silently drop every 0-row; map them to {−1, +1})",
         )
     bound = loss.label_bound
     if bound is not None and float(np.max(np.abs(y))) > bound + 1e-12:

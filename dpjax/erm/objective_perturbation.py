@@ -206,8 +206,11 @@ def objective_perturbation(
         (ε + ln(1 + c/(nμ))², δ) to account for the Jacobian term the lecture omits — prefer
         ``"kst"`` for a published guarantee. The released ŵ is a deterministic function of
         (D, b) within τ of w_p on every D (no data-dependent failure); that τ-residual is not
-        covered by CMS11/KST12 (who assume the exact minimiser) —
-        :func:`approximate_objective_perturbation` covers it with a small output noise.
+        covered by CMS11/KST12 (who assume the exact minimiser): the step count K(‖b‖) jumps
+        with ‖b‖, so b ↦ ŵ skips tiny intervals of outputs at places that differ between D and
+        D′, and δ = 0 does NOT hold for ŵ itself. ``event`` is the guarantee of w_p.
+        :func:`approximate_objective_perturbation` covers the released iterate with a small
+        output noise (pure ε with ``variant="cms"``).
         Utility: E[J(w_priv)] − J(w*) ≤ E‖b‖²/(2n²(μ+Δ)) + ΔL²/(2μ²) (lecture on objective
         perturbation, utility analysis; = dσ²/(2n²μ) when Δ = 0) —
         :func:`dpjax.erm.bounds.objective_perturbation_from_scale` — plus
@@ -305,50 +308,69 @@ def approximate_objective_perturbation(
     loss: Loss,
     mu: float,
     epsilon: float,
-    delta: float,
+    delta: float | None = None,
     gradient_tolerance: float | None = None,
     output_fraction: float = 0.01,
+    variant: str = "kst",
 ) -> ERMResult:
     r"""Objective perturbation solved only approximately, made private again by output
     noise — the idea of Approximate Minima Perturbation (Iyengar et al. 2019), with KST12's
-    tilt and dpjax's own composition argument instead of AMP's constants.
+    (or CMS11's) tilt and dpjax's own composition argument instead of AMP's constants.
 
-    1. (ε₁, δ₁) = (1 − f)(ε, δ): KST12 tilt b ~ N(0, σ_b²I) and extra ridge, exactly as
-       ``objective_perturbation(variant="kst")``, defining the (never computed) exact
-       minimiser w_p of J̃(w) = J(w) + (Δ/2)‖w‖² + bᵀw/n.
+    1. (ε₁, δ₁) = (1 − f)(ε, δ): the tilt b and extra ridge, exactly as
+       ``objective_perturbation(variant=variant)`` (``"kst"``: b ~ N(0, σ_b²I); ``"cms"``:
+       density ∝ exp(−β‖b‖), pure ε₁), defining the (never computed) exact minimiser w_p of
+       J̃(w) = J(w) + (Δ/2)‖w‖² + bᵀw/n.
     2. :func:`tilted_minimiser` (Nesterov's AGD for a step count fixed by public constants and
-       ‖b‖) returns ŵ with ‖ŵ − w_p‖ ≤ τ = γ/(μ+Δ) on EVERY data set — no convergence test,
-       no failure branch. Default γ = 1e-9, which makes the output noise negligible (AMP's
-       1/n² with f = 0.01 would dominate the excess risk for n ≲ 10⁴).
-    3. Release ŵ + N(0, σ_o²I), σ_o analytic-Gaussian for Δ₂ = 2γ/(μ+Δ) at (ε₂, δ₂) = f(ε, δ).
+       ‖b‖) returns ŵ with ‖ŵ − w_p‖ ≤ τ = γ/(μ+Δ) on EVERY data set and for every b — no
+       convergence test, no failure branch. Default γ = 1e-9, which makes the output noise
+       negligible (AMP's 1/n² with f = 0.01 would dominate the excess risk for n ≲ 10⁴).
+    3. Release ŵ + z for ℓ2 sensitivity Δ_o = 2γ/(μ+Δ) at (ε₂, δ₂) = f(ε, δ): ``"kst"``: z
+       analytic Gaussian; ``"cms"``: z with density ∝ exp(−(ε₂/Δ_o)‖z‖) (pure ε₂).
+
+    Why step 3 matters even for tiny τ: the step count K(‖b‖) jumps with ‖b‖, so b ↦ ŵ skips
+    small intervals of outputs (≈ 1e-14 wide) at places that differ between D and D′; released
+    without z, an output can have probability 0 under D and > 0 under D′, and no pure-ε claim
+    holds for ŵ itself. z has a positive density everywhere and covers the residual.
 
     Args:
         key: PRNG key (split into the tilt key and the output-noise key).
-        X, y, loss, mu, epsilon, delta: as :func:`objective_perturbation`; δ ∈ (0, 1).
+        X, y, loss, mu, epsilon: as :func:`objective_perturbation`.
+        delta: δ ∈ (0, 1) for ``"kst"``; ``"cms"`` is pure ε: None or 0 (a δ > 0 is accepted
+            and not used: the event records δ = 0).
         gradient_tolerance: γ > 0, sets the guaranteed distance τ = γ/(μ+Δ); default 1e-9.
         output_fraction: f ∈ (0, 1), the share of (ε, δ) spent on the output noise.
+        variant: ``"kst"`` (KST12 Gaussian tilt, (ε, δ)) or ``"cms"`` (CMS11 Algorithm 2
+            tilt, ε-DP).
 
     Returns:
-        :class:`ERMResult` with ``EpsilonDeltaEvent(ε, δ)`` and the bound below.
+        :class:`ERMResult` with ``EpsilonDeltaEvent(ε, δ)`` (δ = 0 for ``"cms"``), the
+        output-noise scale in ``noise_scale``, Δ_o in ``sensitivity`` and the bound below.
 
     Formal guarantees:
-        Privacy (replace-one): step 1 is (ε₁, δ₁)-DP (KST12 Theorem 2). Given w_p, the tilt is
-        b = −n∇(J + Δ/2‖·‖²)(w_p) and ŵ is a deterministic function of (D, b), within τ = γ/(μ+Δ)
-        of w_p for every D (Bubeck 2015 Thm 3.18 with the step count of :func:`tilted_minimiser`;
-        exact-arithmetic theorem, the float64 floor is far below τ); so for fixed w_p the map
+        Privacy (replace-one): step 1 is (ε₁, δ₁)-DP (KST12 Theorem 2) or ε₁-DP (CMS11
+        Theorem 9). Given w_p, the tilt is b = −n∇(J + Δ/2‖·‖²)(w_p) and ŵ is a deterministic
+        function of (D, b), within τ = γ/(μ+Δ) of w_p for every D and b (Bubeck 2015 Thm 3.18
+        with the step count of :func:`tilted_minimiser`; exact-arithmetic theorem, the float64
+        floor ≈ 1e-16·√κ·‖w_p‖ is far below τ for ‖b‖/n ≲ 10⁴L); so for fixed w_p the map
         D ↦ ŵ has ℓ2 sensitivity 2γ/(μ+Δ) and step 3 is an (ε₂, δ₂) Gaussian mechanism (Balle
-        & Wang 2018). Adaptive composition (lecture on the properties of DP) of the release
-        (w_p, ŵ + z) gives (ε, δ); dropping w_p is post-processing.
+        & Wang 2018) or an ε₂-DP gamma-norm mechanism (CMS11 Theorem 6: the density ratio is
+        ≤ exp(ε₂‖a − a′‖/Δ_o)). Adaptive composition (lecture on the properties of DP) of the
+        release (w_p, ŵ + z) gives (ε, δ), or ε for ``"cms"``; dropping w_p is post-processing.
         Utility: with J (c+μ)-smooth and ŵ + z − w_p independent of the sign of z,
-        E[J(ŵ+z)] − J* ≤ B_obj + E‖∇J(w_p)‖·γ/μ' + ((c+μ)/2)(γ²/μ'² + dσ_o²), μ' = μ+Δ,
-        E‖∇J(w_p)‖ ≤ σ_b√d/n + Δ(L + σ_b√d/n)/μ', B_obj the objective-perturbation bound.
+        E[J(ŵ+z)] − J* ≤ B_obj + E‖∇J(w_p)‖·γ/μ' + ((c+μ)/2)(γ²/μ'² + E‖z‖²), μ' = μ+Δ,
+        E‖∇J(w_p)‖ ≤ E‖b‖/n + Δ(L + E‖b‖/n)/μ', B_obj the objective-perturbation bound,
+        E‖b‖ ≤ σ_b√d (Gaussian) or d/β (gamma norm), E‖z‖² = dσ_o² or d(d+1)σ_o².
     """
     require_x64()
     check_objective_perturbation_loss(loss, mu)
-    if not loss.continuous_hessian:
+    variant = _validate.one_of("variant", variant, ("kst", "cms"))
+    if variant == "kst" and not loss.continuous_hessian:
         _validate.fail("loss", loss.name, "a loss with a continuous Hessian (KST12)")
     _validate.epsilon("epsilon", epsilon)
-    _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
+    delta = _delta_for_variant(variant, delta)
+    if variant == "cms":
+        delta = 0.0
     _validate.in_range("output_fraction", output_fraction, 0.0, 1.0, low_inclusive=False)
     X, y = prepare_data(X, y, loss)
     n, d = X.shape
@@ -357,7 +379,7 @@ def approximate_objective_perturbation(
     f = float(output_fraction)
     eps1, delta1 = (1.0 - f) * float(epsilon), (1.0 - f) * float(delta)
     cal = calibrate(
-        "kst",
+        variant,
         n=n,
         lipschitz=loss.lipschitz,
         smoothness=loss.smoothness,
@@ -366,29 +388,14 @@ def approximate_objective_perturbation(
         delta=delta1,
     )
     mu_total = float(mu) + cal["extra"]
-    from dpjax.mechanisms import gaussian_sigma
-
     out_sens = 2.0 * gamma / mu_total
-    sigma_out = gaussian_sigma(sensitivity=out_sens, epsilon=f * epsilon, delta=f * delta)
-    sigma_b = cal["scale"]
-    b_norm = sigma_b * math.sqrt(d) / n
-    grad_at_wp = b_norm + cal["extra"] * (loss.lipschitz + b_norm) / mu_total
-    bound = (
-        bounds.objective_perturbation_from_scale(
-            n=n,
-            d=d,
-            scale=sigma_b,
-            mu=mu,
-            extra_regularization=cal["extra"],
-            lipschitz=loss.lipschitz,
-        )
-        + grad_at_wp * gamma / mu_total
-        + 0.5 * (loss.smoothness + float(mu)) * ((gamma / mu_total) ** 2 + d * sigma_out**2)
-    )
+    scale_out, out_sampler, out_noise = _output_noise(variant, out_sens, f, epsilon, delta)
+    bound = _approximate_bound(loss, mu, cal, n, d, gamma, scale_out, out_noise)
     tilt_key, out_key = jax.random.split(key)
-    b = sigma_b * tree_noise_like(tilt_key, jnp.zeros(d, dtype=X.dtype), jax.random.normal)
+    tilt_sampler = jax.random.normal if cal["noise"] == "gaussian" else gamma_norm_sampler
+    b = cal["scale"] * tree_noise_like(tilt_key, jnp.zeros(d, dtype=X.dtype), tilt_sampler)
     sol = tilted_minimiser(X, y, loss=loss, mu=mu_total, tilt=b / n, accuracy=gamma / mu_total)
-    noisy = sol.params + sigma_out * tree_noise_like(out_key, sol.params, jax.random.normal)
+    noisy = sol.params + scale_out * tree_noise_like(out_key, sol.params, out_sampler)
     return ERMResult(
         params=noisy,
         certificate=sol.certificate,
@@ -396,6 +403,40 @@ def approximate_objective_perturbation(
         event=EpsilonDeltaEvent(epsilon=float(epsilon), delta=float(delta), relation=REPLACE_ONE),
         relation=REPLACE_ONE,
         sensitivity=out_sens,
-        noise_scale=sigma_out,
+        noise_scale=scale_out,
         extra_regularization=cal["extra"],
+    )
+
+
+def _output_noise(variant: str, sensitivity: float, f: float, epsilon, delta):
+    """(scale, sampler, noise kind) of step 3: analytic Gaussian, or gamma-norm at ε₂ = fε."""
+    if variant == "cms":
+        return sensitivity / (f * float(epsilon)), gamma_norm_sampler, "gamma_norm"
+    from dpjax.mechanisms import gaussian_sigma
+
+    sigma = gaussian_sigma(sensitivity=sensitivity, epsilon=f * epsilon, delta=f * delta)
+    return sigma, jax.random.normal, "gaussian"
+
+
+def _approximate_bound(
+    loss: Loss, mu: float, cal: dict, n: int, d: int, gamma: float, scale_out: float, noise: str
+) -> float:
+    """B_obj + E‖∇J(w_p)‖γ/μ' + ((c+μ)/2)(γ²/μ'² + E‖z‖²) (see the guarantees above)."""
+    mu_total = float(mu) + cal["extra"]
+    mean_b = cal["scale"] * (math.sqrt(d) if cal["noise"] == "gaussian" else d) / n
+    grad_at_wp = mean_b + cal["extra"] * (loss.lipschitz + mean_b) / mu_total
+    z_sq = d * scale_out**2 if noise == "gaussian" else d * (d + 1) * scale_out**2
+    base = bounds.objective_perturbation_from_scale(
+        n=n,
+        d=d,
+        scale=cal["scale"],
+        mu=mu,
+        extra_regularization=cal["extra"],
+        lipschitz=loss.lipschitz,
+        noise=cal["noise"],
+    )
+    return (
+        base
+        + grad_at_wp * gamma / mu_total
+        + 0.5 * (loss.smoothness + float(mu)) * ((gamma / mu_total) ** 2 + z_sq)
     )

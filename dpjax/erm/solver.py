@@ -298,7 +298,9 @@ def solve(
 
     Args:
         X: features, shape (n, d), rows with ‖x_i‖ ≤ 1.
-        y: labels, shape (n,) (±1 for margin losses, |y| ≤ the loss's label bound).
+        y: labels, shape (n,): for margin losses ±1 (or 0 < |y_i| ≤ 1 as example weights;
+            a 0 label is refused when concrete: it carries no gradient, so {0, 1} labels would
+            drop every 0-row), |y| ≤ the loss's label bound for residual losses.
         loss: a :class:`~dpjax.erm.losses.Loss`.
         mu: the strong-convexity parameter μ > 0 of the regulariser.
         solver: ``"auto"`` (Newton if the loss is twice differentiable, else SDCA),
@@ -313,8 +315,9 @@ def solve(
         A :class:`SolveResult`; ``converged`` is False if the certificate missed ``tol``.
 
     Raises:
-        ValueError: float64 disabled, μ ≤ 0, bad shapes, rows with ‖x_i‖ > 1, or a solver that
-            cannot certify this loss.
+        ValueError: float64 disabled, μ ≤ 0, bad shapes, rows with ‖x_i‖ > 1, a margin label
+            0 (e.g. {0, 1} labels: map them to {−1, +1}), or a solver that cannot certify this
+            loss.
 
     Formal guarantees:
         cert ≥ J(ŵ) − J* by the PL inequality of a μ-strongly convex function (Newton, L-BFGS)

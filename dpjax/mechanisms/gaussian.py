@@ -19,6 +19,7 @@ from scipy import special
 from dpjax import _validate
 from dpjax._noise import tree_add_noise
 from dpjax.mechanisms._nonfinite import zero_nonfinite
+from dpjax.mechanisms._scale import GAUSSIAN_SUPPORT, refuse_overflowing_noise
 
 __all__ = [
     "gaussian",
@@ -251,6 +252,11 @@ def gaussian(
     Returns:
         The noisy answer, with the structure of ``value``.
 
+    Raises:
+        ValueError: invalid ε, δ or sensitivity; a concrete non-finite ``value``; a
+            sensitivity so large that value + noise (up to 9.2σ) overflows the value's float
+            dtype to ±inf (the message gives the largest admissible sensitivity).
+
     Formal guarantees:
         (ε, δ)-DP under the relation Δ₂ holds for (lecture on properties of DP, the Gaussian
         mechanism; Balle & Wang 2018, Theorem 8 for the analytic calibration). The non-finite
@@ -269,5 +275,12 @@ def gaussian(
     value = zero_nonfinite("value", value)
     sigma = gaussian_sigma(
         sensitivity=sensitivity, epsilon=epsilon, delta=delta, calibration=calibration
+    )
+    refuse_overflowing_noise(
+        value,
+        sigma,
+        support=GAUSSIAN_SUPPORT,
+        sensitivity=sensitivity,
+        context=f"epsilon={epsilon!r}, delta={delta!r}",
     )
     return tree_add_noise(key, value, jax.random.normal, sigma)

@@ -11,6 +11,7 @@ import jax
 from dpjax import _validate
 from dpjax._noise import tree_add_noise
 from dpjax.mechanisms._nonfinite import zero_nonfinite
+from dpjax.mechanisms._scale import LAPLACE_SUPPORT, refuse_overflowing_noise
 
 __all__ = [
     "laplace",
@@ -59,6 +60,11 @@ def laplace(key: jax.Array, value: Any, *, sensitivity: float, epsilon: float) -
     Returns:
         A pytree with the structure of ``value`` (floating dtype): the noisy answer.
 
+    Raises:
+        ValueError: invalid ε or sensitivity; a concrete non-finite ``value``; a sensitivity
+            so large that value + noise (up to 44.4b) overflows the value's float dtype to
+            ±inf (the message gives the largest admissible sensitivity).
+
     Formal guarantees:
         (ε, 0)-DP under the relation for which Δ₁ holds (lecture on privacy background, the
         Laplace mechanism; Dwork & Roth 2014, Thm 3.6). The non-finite rule makes every
@@ -78,6 +84,13 @@ def laplace(key: jax.Array, value: Any, *, sensitivity: float, epsilon: float) -
     """
     value = zero_nonfinite("value", value)
     scale = laplace_scale(sensitivity=sensitivity, epsilon=epsilon)
+    refuse_overflowing_noise(
+        value,
+        scale,
+        support=LAPLACE_SUPPORT,
+        sensitivity=sensitivity,
+        context=f"epsilon={epsilon!r}",
+    )
     return tree_add_noise(key, value, jax.random.laplace, scale)
 
 
