@@ -35,6 +35,8 @@ __all__ = [
     "PoissonSampledGaussianEvent",
     "FixedBatchGaussianEvent",
     "LaplaceDPSGDEvent",
+    "RepeatAndSelectEvent",
+    "WithReplacementGaussianEvent",
     "EVENT_TYPES",
     "count_is_additive",
     "merge",
@@ -184,6 +186,70 @@ class LaplaceDPSGDEvent(PrivacyEvent):
             _validate.epsilon("epsilons[i]", e)
 
 
+@dataclasses.dataclass(frozen=True)
+class RepeatAndSelectEvent(PrivacyEvent):
+    """``count`` private selections: run ``base_event`` a random number K of times and release
+    only the best run (Papernot & Steinke 2022; :func:`dpjax.tuning.private_selection`).
+
+    K is drawn independently of the data with mean ``mean`` and is NOT released. ``shape``
+    names its distribution, as in dp-accounting's ``RepeatAndSelectDpEvent``: ``inf``
+    Poisson, ``1`` geometric (Liu & Talwar 2019), ``0`` logarithmic, ``0 < shape < inf``
+    truncated negative binomial. The relation is the base event's. Accounted by RDP only.
+    """
+
+    base_event: PrivacyEvent
+    mean: float
+    shape: float
+    count: int = 1
+    relation: NeighbouringRelation | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.base_event, PrivacyEvent) or isinstance(
+            self.base_event, RepeatAndSelectEvent
+        ):
+            _validate.fail("base_event", self.base_event, "a dpjax privacy event (not a selection)")
+        if self.relation is None:
+            object.__setattr__(self, "relation", self.base_event.relation)
+        super().__post_init__()
+        if self.relation is not self.base_event.relation:
+            _validate.fail("relation", self.relation, "the base event's relation")
+        self._coerce_float("mean", "shape")
+        _validate.in_range("mean", self.mean, 1.0, float("inf"), high_inclusive=False)
+        _validate.in_range("shape", self.shape, 0.0, float("inf"), high_inclusive=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class WithReplacementGaussianEvent(PrivacyEvent):
+    """``count`` DP-SGD steps on batches of ``batch_size`` independent uniform draws WITH
+    replacement from ``dataset_size`` records; every draw is clipped to C on its own (a record
+    drawn k times contributes up to k·C), clipped sum + N(0, (σ·C)²).
+
+    Replace-one only (n and b are public); accounted by PLD
+    (:mod:`dpjax.accounting.with_replacement`).
+    """
+
+    noise_multiplier: float
+    batch_size: int
+    dataset_size: int
+    count: int = 1
+    relation: NeighbouringRelation = REPLACE_ONE
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._coerce_float("noise_multiplier")
+        self._coerce_int("batch_size", "dataset_size")
+        _validate.positive("noise_multiplier", self.noise_multiplier)
+        _validate.positive_int("batch_size", self.batch_size)
+        _validate.positive_int("dataset_size", self.dataset_size)
+        if self.relation is not REPLACE_ONE:
+            _validate.fail(
+                "relation",
+                self.relation.value,
+                "'replace_one' (sampling with replacement from a public n; no add/remove-one "
+                "analysis is claimed)",
+            )
+
+
 #: The event classes by name (what :func:`event_to_dict` writes under ``"type"``).
 EVENT_TYPES: dict[str, type[PrivacyEvent]] = {
     cls.__name__: cls
@@ -194,6 +260,8 @@ EVENT_TYPES: dict[str, type[PrivacyEvent]] = {
         PoissonSampledGaussianEvent,
         FixedBatchGaussianEvent,
         LaplaceDPSGDEvent,
+        RepeatAndSelectEvent,
+        WithReplacementGaussianEvent,
     )
 }
 
@@ -251,6 +319,8 @@ def event_to_dict(event: PrivacyEvent) -> dict[str, Any]:
         value = getattr(event, field.name)
         if isinstance(value, NeighbouringRelation):
             value = value.value
+        elif isinstance(value, PrivacyEvent):
+            value = event_to_dict(value)
         elif isinstance(value, tuple):
             value = list(value)
         out[field.name] = value
@@ -281,6 +351,8 @@ def event_from_dict(data: dict[str, Any]) -> PrivacyEvent:
         )
     if "epsilons" in kwargs:
         kwargs["epsilons"] = tuple(kwargs["epsilons"])
+    if "base_event" in kwargs:
+        kwargs["base_event"] = event_from_dict(kwargs["base_event"])
     try:
         return cls(**kwargs)
     except TypeError as err:  # a missing required field
