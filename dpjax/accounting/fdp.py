@@ -50,7 +50,7 @@ def gdp_delta(*, mu: float, epsilon: float) -> float:
 
     Example:
         >>> round(gdp_delta(mu=1.0, epsilon=1.0), 6)
-        0.126936
+        0.126937
     """
     epsilon = _validate.non_negative("epsilon", epsilon)
     mu = _validate.non_negative("mu", mu)

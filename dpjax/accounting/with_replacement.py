@@ -193,10 +193,10 @@ def with_replacement_epsilon(
     """ε(δ) of ``steps`` with-replacement DP-SGD steps (replace-one), by PLD.
 
     Example:
-        >>> e = with_replacement_epsilon(
-        ...     noise_multiplier=1.0, batch_size=10, dataset_size=1000, steps=100, delta=1e-5)
-        >>> bool(0.5 < e < 5.0)
-        True
+        >>> e = with_replacement_epsilon(noise_multiplier=2.0, batch_size=10, dataset_size=1000,
+        ...                              steps=10, delta=1e-5, value_discretization_interval=1e-3)
+        >>> round(e, 2)  # Poisson sampling at q = 0.01 (replace-one) gives 0.10
+        1.14
     """
     event = ev.WithReplacementGaussianEvent(
         noise_multiplier=noise_multiplier,
