@@ -41,6 +41,7 @@ from dpjax.dp_sgd.samplers import (
     PoissonSampler,
     ShuffledBatchSampler,
     UniformBatchSampler,
+    WithReplacementSampler,
 )
 from dpjax.dp_sgd.transforms import add_gaussian_noise, add_laplace_dp_sgd_noise, normalize_by
 
@@ -56,6 +57,7 @@ __all__ = [
     "PrivateTraining",
     "ShuffledBatchSampler",
     "UniformBatchSampler",
+    "WithReplacementSampler",
     "accumulate_clipped_sums",
     "add_gaussian_noise",
     "add_laplace_dp_sgd_noise",
