@@ -197,25 +197,41 @@ class RepeatAndSelectEvent(PrivacyEvent):
     truncated negative binomial. The relation is the base event's. Accounted by RDP only.
     """
 
-    base_event: PrivacyEvent
+    base_event: PrivacyEvent | tuple[PrivacyEvent, ...]
     mean: float
     shape: float
     count: int = 1
     relation: NeighbouringRelation | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.base_event, PrivacyEvent) or isinstance(
-            self.base_event, RepeatAndSelectEvent
+        if isinstance(self.base_event, list | tuple):
+            object.__setattr__(self, "base_event", tuple(self.base_event))
+        parts = self.base_parts
+        if not parts or not all(
+            isinstance(p, PrivacyEvent) and not isinstance(p, RepeatAndSelectEvent) for p in parts
         ):
-            _validate.fail("base_event", self.base_event, "a dpjax privacy event (not a selection)")
+            _validate.fail(
+                "base_event",
+                self.base_event,
+                "a dpjax privacy event, or a non-empty tuple of them (their composition; no "
+                "nested selection)",
+            )
+        if len({p.relation for p in parts}) > 1:
+            _validate.fail("base_event", self.base_event, "events under one relation")
         if self.relation is None:
-            object.__setattr__(self, "relation", self.base_event.relation)
+            object.__setattr__(self, "relation", parts[0].relation)
         super().__post_init__()
-        if self.relation is not self.base_event.relation:
+        if self.relation is not parts[0].relation:
             _validate.fail("relation", self.relation, "the base event's relation")
         self._coerce_float("mean", "shape")
         _validate.in_range("mean", self.mean, 1.0, float("inf"), high_inclusive=False)
         _validate.in_range("shape", self.shape, 0.0, float("inf"), high_inclusive=True)
+
+    @property
+    def base_parts(self) -> tuple[PrivacyEvent, ...]:
+        """The events one trial is the composition of."""
+        b = self.base_event
+        return b if isinstance(b, tuple) else (b,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -321,6 +337,8 @@ def event_to_dict(event: PrivacyEvent) -> dict[str, Any]:
             value = value.value
         elif isinstance(value, PrivacyEvent):
             value = event_to_dict(value)
+        elif isinstance(value, tuple) and value and isinstance(value[0], PrivacyEvent):
+            value = [event_to_dict(v) for v in value]
         elif isinstance(value, tuple):
             value = list(value)
         out[field.name] = value
@@ -352,7 +370,12 @@ def event_from_dict(data: dict[str, Any]) -> PrivacyEvent:
     if "epsilons" in kwargs:
         kwargs["epsilons"] = tuple(kwargs["epsilons"])
     if "base_event" in kwargs:
-        kwargs["base_event"] = event_from_dict(kwargs["base_event"])
+        base = kwargs["base_event"]
+        kwargs["base_event"] = (
+            tuple(event_from_dict(b) for b in base)
+            if isinstance(base, list)
+            else event_from_dict(base)
+        )
     try:
         return cls(**kwargs)
     except TypeError as err:  # a missing required field

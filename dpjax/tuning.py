@@ -87,17 +87,24 @@ def _host_rng(key: jax.Array) -> np.random.Generator:
     return np.random.default_rng([int(b) for b in bits])
 
 
-def _unpack(returned: Any) -> tuple[float, ev.PrivacyEvent, Any]:
+def _unpack(returned: Any) -> tuple[float, Any, Any]:
     if not isinstance(returned, tuple) or len(returned) not in (2, 3):
         _validate.fail("train_and_score(...)", type(returned).__name__, "(score, event[, output])")
     score, event = returned[0], returned[1]
     output = returned[2] if len(returned) == 3 else None
-    if not isinstance(event, ev.PrivacyEvent) or isinstance(event, ev.RepeatAndSelectEvent):
+    if isinstance(event, list | tuple) and event:
+        event = tuple(event)
+        parts = event
+    else:
+        parts = (event,)
+    if not all(
+        isinstance(p, ev.PrivacyEvent) and not isinstance(p, ev.RepeatAndSelectEvent) for p in parts
+    ):
         _validate.fail(
             "train_and_score(...)[1]",
             event,
-            "the dpjax PrivacyEvent of the trial (a trial that cannot state its event is not "
-            "known to be private and is refused)",
+            "the dpjax PrivacyEvent of the trial, or a tuple of them (a trial that cannot "
+            "state its event is not known to be private and is refused)",
         )
     score = float(np.asarray(score))
     return (score if math.isfinite(score) else -math.inf), event, output
@@ -117,9 +124,10 @@ def private_selection(
 
     Each trial draws a candidate uniformly from ``candidates`` and calls
     ``train_and_score(trial_key, candidate)``, which must return ``(score, event)`` or
-    ``(score, event, output)``: ``event`` is the trial's own privacy event covering
-    everything it computed from the private data, the score included (score on public
-    validation data, or privately). A trial without an event is refused.
+    ``(score, event, output)``: ``event`` is the trial's own privacy event (or a tuple of
+    events, their composition) covering everything it computed from the private data, the
+    score included (score on public validation data, or privately, e.g. a noisy count). A
+    trial without an event is refused.
 
     Every trial must report the same event (decided here: the guarantee is stated for one
     base mechanism "random candidate, then a run with this event"; configurations with

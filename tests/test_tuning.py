@@ -165,3 +165,18 @@ def test_poisson_selection_with_no_trial_is_still_charged():
             assert res.score is None
             return
     pytest.fail("P[K = 0] = e^-1: 60 draws without a K = 0 has probability < 1e-11")
+
+
+def test_a_trial_may_be_a_composition_of_events():
+    score_event = ev.GaussianEvent(noise_multiplier=5.0)
+    sel = ev.RepeatAndSelectEvent((BASE, score_event), mean=10.0, shape=1.0)
+    orders = np.asarray(DEFAULT_RDP_ORDERS)
+    eps = orders / (2 * SIGMA**2) + orders / (2 * 5.0**2)
+    closed = eps + 2 * np.min((1 - 1 / orders) * eps + math.log(10.0) / orders)
+    closed = np.minimum.accumulate((closed + math.log(10.0) / (orders - 1))[::-1])[::-1]
+    np.testing.assert_allclose(repeat_and_select_rdp(sel)[1], closed, rtol=1e-6)
+    assert ev.event_from_dict(ev.event_to_dict(sel)) == sel
+    res = private_selection(
+        jax.random.key(2), [1, 2], lambda k, c: (c, [BASE, score_event]), mean=3.0
+    )
+    assert res.event == ev.RepeatAndSelectEvent((BASE, score_event), mean=3.0, shape=1.0)

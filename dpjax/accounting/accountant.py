@@ -173,7 +173,8 @@ def _extension_why_not(event: ev.PrivacyEvent, method: str) -> str | None:
         if method == "pld":
             return f"private selection {event!r} is accounted by RDP only (Papernot & Steinke)"
         try:
-            to_dp_event(event.base_event, method="rdp")
+            for part in event.base_parts:
+                to_dp_event(part, method="rdp")
         except ValueError as err:
             return f"the base event of a private selection: {err}"
     if isinstance(event, ev.WithReplacementGaussianEvent) and method == "rdp":

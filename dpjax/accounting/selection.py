@@ -41,9 +41,10 @@ SHAPES = {"poisson": math.inf, "geometric": 1.0, "logarithmic": 0.0}
 
 @functools.lru_cache(maxsize=64)
 def _curve(event: ev.RepeatAndSelectEvent, orders: tuple[float, ...]) -> np.ndarray:
-    base = event.base_event
-    inner, _ = to_dp_event(base, method="rdp")  # raises when RDP does not apply to the base
-    accountant = rdp.RdpAccountant(orders=list(orders), neighboring_relation=_rdp_relation([base]))
+    parts = list(event.base_parts)
+    inner = [to_dp_event(p, method="rdp")[0] for p in parts]  # raises where RDP does not apply
+    inner = inner[0] if len(inner) == 1 else dp_events.ComposedDpEvent(inner)
+    accountant = rdp.RdpAccountant(orders=list(orders), neighboring_relation=_rdp_relation(parts))
     with _quiet_absl():
         accountant.compose(dp_events.RepeatAndSelectDpEvent(inner, event.mean, event.shape))
     out = np.array(accountant.rdp, dtype=np.float64)
