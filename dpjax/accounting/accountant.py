@@ -234,6 +234,10 @@ class PrivacyAccountant:
     * ``"pld"`` / ``"rdp"``: dp-accounting (:mod:`dpjax.accounting.tight`); Gaussian, Laplace,
       Poisson-subsampled Gaussian (RDP: add/remove-one or q = 1) and fixed-batch Gaussian
       (replace-one; amplified by RDP only for independently drawn batches) events.
+    * Private selection (:class:`~dpjax.events.RepeatAndSelectEvent`, Papernot & Steinke 2022):
+      ``"rdp"`` only; sampling with replacement
+      (:class:`~dpjax.events.WithReplacementGaussianEvent`, Balle, Barthe, Gaboardi 2018):
+      ``"pld"`` only (:mod:`dpjax.accounting.selection`, :mod:`dpjax.accounting.with_replacement`).
     * ``"zcdp"``: Gaussian events, full-batch (q = 1) DP-GD events, fixed-batch events (no
       amplification) and pure-DP events (ε²/2-zCDP), converted by Canonne–Kamath–Steinke 2020.
     * ``"optimal"`` (Kairouz–Oh–Viswanath 2015), ``"advanced"`` (lecture on properties of DP,
