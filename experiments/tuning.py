@@ -395,11 +395,15 @@ def markdown(result: dict, samplers: list[dict], plot_name: str | None, size: st
     ]
     for s in samplers:
         lines.append(f"| {s['sampler']} | {s['relation']} | {s['epsilon']:.3f} | {s['note']} |")
+    has_lower = any("realisable" in s["sampler"] for s in samplers)
     lines += [
         "",
         "With replacement, a record drawn k times moves the sum by up to 2kC (per-draw "
-        "clipping); the BBG18 bound and the realisable worst case bracket its true ε. "
-        "Shuffling claims no amplification here.",
+        "clipping); the BBG18 bound is an upper bound on its true ε, and the realisable worst "
+        "case (every other record's clipped gradient equal to the replaced one's) a lower bound"
+        + ("" if has_lower else " (that row is computed at `--size full`: ~15 s)")
+        + ". Shuffling claims no amplification here; the without-replacement row is "
+        "dp-accounting's RDP (Wang, Balle, Kasiviswanathan 2019), far looser than Poisson's PLD.",
     ]
     return "\n".join(lines)
 
