@@ -6,6 +6,7 @@ Sub-packages:
     dpjax.dp_sgd       DP-SGD parts: samplers, per-example clipping, noise transforms, optimizers
     dpjax.erm         private convex ERM solvers (output/objective perturbation, DP-GD)
     dpjax.auditing    empirical lower bounds on ε
+    dpjax.tuning      private hyperparameter selection (Papernot & Steinke 2022)
 
 Ground floor: ``dpjax.relation`` (neighbouring relations), ``dpjax.events`` (the privacy events
 that mechanisms, samplers and solvers emit and accountants consume), ``dpjax.typing``.
@@ -14,7 +15,7 @@ Security note: JAX's threefry PRNG is fine for research and audits. Releases of 
 keys seeded from the OS (:func:`dpjax.os_key`) and non-porous noise; see README "Security".
 """
 
-from dpjax import accounting, auditing, dp_sgd, erm, events, mechanisms
+from dpjax import accounting, auditing, dp_sgd, erm, events, mechanisms, tuning
 from dpjax._random import os_key
 from dpjax._version import __version__
 from dpjax.dp_sgd import (
@@ -50,6 +51,7 @@ __all__ = [
     "events",
     "mechanisms",
     "os_key",
+    "tuning",
     # DP-SGD in one call, then the parts (see dpjax.dp_sgd)
     "make_private",
     "ClippedGrad",

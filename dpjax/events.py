@@ -35,6 +35,8 @@ __all__ = [
     "PoissonSampledGaussianEvent",
     "FixedBatchGaussianEvent",
     "LaplaceDPSGDEvent",
+    "RepeatAndSelectEvent",
+    "WithReplacementGaussianEvent",
     "EVENT_TYPES",
     "count_is_additive",
     "merge",
@@ -184,6 +186,86 @@ class LaplaceDPSGDEvent(PrivacyEvent):
             _validate.epsilon("epsilons[i]", e)
 
 
+@dataclasses.dataclass(frozen=True)
+class RepeatAndSelectEvent(PrivacyEvent):
+    """``count`` private selections: run ``base_event`` a random number K of times and release
+    only the best run (Papernot & Steinke 2022; :func:`dpjax.tuning.private_selection`).
+
+    K is drawn independently of the data with mean ``mean`` and is NOT released. ``shape``
+    names its distribution, as in dp-accounting's ``RepeatAndSelectDpEvent``: ``inf``
+    Poisson, ``1`` geometric (Liu & Talwar 2019), ``0`` logarithmic, ``0 < shape < inf``
+    truncated negative binomial. The relation is the base event's. Accounted by RDP only.
+    """
+
+    base_event: PrivacyEvent | tuple[PrivacyEvent, ...]
+    mean: float
+    shape: float
+    count: int = 1
+    relation: NeighbouringRelation | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.base_event, list | tuple):
+            object.__setattr__(self, "base_event", tuple(self.base_event))
+        parts = self.base_parts
+        if not parts or not all(
+            isinstance(p, PrivacyEvent) and not isinstance(p, RepeatAndSelectEvent) for p in parts
+        ):
+            _validate.fail(
+                "base_event",
+                self.base_event,
+                "a dpjax privacy event, or a non-empty tuple of them (their composition; no "
+                "nested selection)",
+            )
+        if len({p.relation for p in parts}) > 1:
+            _validate.fail("base_event", self.base_event, "events under one relation")
+        if self.relation is None:
+            object.__setattr__(self, "relation", parts[0].relation)
+        super().__post_init__()
+        if self.relation is not parts[0].relation:
+            _validate.fail("relation", self.relation, "the base event's relation")
+        self._coerce_float("mean", "shape")
+        _validate.in_range("mean", self.mean, 1.0, float("inf"), high_inclusive=False)
+        _validate.in_range("shape", self.shape, 0.0, float("inf"), high_inclusive=True)
+
+    @property
+    def base_parts(self) -> tuple[PrivacyEvent, ...]:
+        """The events one trial is the composition of."""
+        b = self.base_event
+        return b if isinstance(b, tuple) else (b,)
+
+
+@dataclasses.dataclass(frozen=True)
+class WithReplacementGaussianEvent(PrivacyEvent):
+    """``count`` DP-SGD steps on batches of ``batch_size`` independent uniform draws WITH
+    replacement from ``dataset_size`` records; every draw is clipped to C on its own (a record
+    drawn k times contributes up to k·C), clipped sum + N(0, (σ·C)²).
+
+    Replace-one only (n and b are public); accounted by PLD
+    (:mod:`dpjax.accounting.with_replacement`).
+    """
+
+    noise_multiplier: float
+    batch_size: int
+    dataset_size: int
+    count: int = 1
+    relation: NeighbouringRelation = REPLACE_ONE
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._coerce_float("noise_multiplier")
+        self._coerce_int("batch_size", "dataset_size")
+        _validate.positive("noise_multiplier", self.noise_multiplier)
+        _validate.positive_int("batch_size", self.batch_size)
+        _validate.positive_int("dataset_size", self.dataset_size)
+        if self.relation is not REPLACE_ONE:
+            _validate.fail(
+                "relation",
+                self.relation.value,
+                "'replace_one' (sampling with replacement from a public n; no add/remove-one "
+                "analysis is claimed)",
+            )
+
+
 #: The event classes by name (what :func:`event_to_dict` writes under ``"type"``).
 EVENT_TYPES: dict[str, type[PrivacyEvent]] = {
     cls.__name__: cls
@@ -194,6 +276,8 @@ EVENT_TYPES: dict[str, type[PrivacyEvent]] = {
         PoissonSampledGaussianEvent,
         FixedBatchGaussianEvent,
         LaplaceDPSGDEvent,
+        RepeatAndSelectEvent,
+        WithReplacementGaussianEvent,
     )
 }
 
@@ -251,6 +335,10 @@ def event_to_dict(event: PrivacyEvent) -> dict[str, Any]:
         value = getattr(event, field.name)
         if isinstance(value, NeighbouringRelation):
             value = value.value
+        elif isinstance(value, PrivacyEvent):
+            value = event_to_dict(value)
+        elif isinstance(value, tuple) and value and isinstance(value[0], PrivacyEvent):
+            value = [event_to_dict(v) for v in value]
         elif isinstance(value, tuple):
             value = list(value)
         out[field.name] = value
@@ -281,6 +369,13 @@ def event_from_dict(data: dict[str, Any]) -> PrivacyEvent:
         )
     if "epsilons" in kwargs:
         kwargs["epsilons"] = tuple(kwargs["epsilons"])
+    if "base_event" in kwargs:
+        base = kwargs["base_event"]
+        kwargs["base_event"] = (
+            tuple(event_from_dict(b) for b in base)
+            if isinstance(base, list)
+            else event_from_dict(base)
+        )
     try:
         return cls(**kwargs)
     except TypeError as err:  # a missing required field

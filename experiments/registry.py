@@ -20,6 +20,7 @@ EXPERIMENTS: dict[str, str] = {
     "audit": "experiments.audit",
     "composition": "experiments.composition",
     "utility": "experiments.utility",
+    "tuning": "experiments.tuning",
 }
 
 # The rate reproduction is the main job: it runs first and its table heads REPORT.md.

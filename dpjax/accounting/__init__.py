@@ -7,6 +7,11 @@ replace-one), :func:`amplification_by_subsampling`, zCDP (:func:`gaussian_zcdp_r
 :func:`zcdp_compose`, :func:`zcdp_epsilon`, :func:`zcdp_gaussian_sigma`), the DP-GD recipes of
 the lecture on ML under DP (:func:`dpgd_sigma_advanced`, :func:`dpgd_sigma_zcdp`).
 
+f-DP (:mod:`dpjax.accounting.fdp`): exact μ-GDP conversions :func:`gdp_epsilon` and
+:func:`gdp_delta`, the CLT approximation :func:`gdp_mu_clt_approximation` (alias
+:func:`gdp_mu`; an approximation, not a guarantee) and :func:`tradeoff_curve` from a PLD.
+Sampling with replacement: :func:`with_replacement_epsilon`.
+
 Tight accounting through dp-accounting (RDP and PLD): :func:`dp_sgd_epsilon`,
 :func:`calibrate_noise_multiplier`, :func:`max_steps`, :func:`to_dp_event`, and the
 :class:`PrivacyAccountant` over the events of :mod:`dpjax.events`.
@@ -23,6 +28,14 @@ from dpjax.accounting.composition import (
     parallel_composition,
 )
 from dpjax.accounting.dp_sgd import calibrate_noise_multiplier, dp_sgd_epsilon, max_steps
+from dpjax.accounting.fdp import (
+    gdp_delta,
+    gdp_epsilon,
+    gdp_mu,
+    gdp_mu_clt_approximation,
+    gdp_tradeoff,
+    tradeoff_curve,
+)
 from dpjax.accounting.optimal import optimal_composition_delta, optimal_composition_epsilon
 from dpjax.accounting.recipes import (
     advanced_composition_step_budget,
@@ -42,6 +55,7 @@ from dpjax.accounting.tight import (
     to_dp_event,
 )
 from dpjax.accounting.truncation import noise_truncation_delta
+from dpjax.accounting.with_replacement import with_replacement_delta, with_replacement_epsilon
 from dpjax.accounting.zcdp import (
     gaussian_zcdp_rho,
     zcdp_compose,
@@ -59,6 +73,8 @@ from dpjax.events import (
     LaplaceEvent,
     PoissonSampledGaussianEvent,
     PrivacyEvent,
+    RepeatAndSelectEvent,
+    WithReplacementGaussianEvent,
 )
 
 __all__ = [
@@ -76,6 +92,8 @@ __all__ = [
     "PoissonSampledGaussianEvent",
     "PrivacyAccountant",
     "PrivacyEvent",
+    "RepeatAndSelectEvent",
+    "WithReplacementGaussianEvent",
     "advanced_composition",
     "advanced_composition_heterogeneous",
     "advanced_composition_step_budget",
@@ -89,6 +107,11 @@ __all__ = [
     "dp_sgd_epsilon",
     "gaussian_epsilon_upper",
     "gaussian_zcdp_rho",
+    "gdp_delta",
+    "gdp_epsilon",
+    "gdp_mu",
+    "gdp_mu_clt_approximation",
+    "gdp_tradeoff",
     "group_privacy",
     "max_steps",
     "noise_truncation_delta",
@@ -99,6 +122,9 @@ __all__ = [
     "rdp_epsilon",
     "tight_epsilon",
     "to_dp_event",
+    "tradeoff_curve",
+    "with_replacement_delta",
+    "with_replacement_epsilon",
     "zcdp_compose",
     "zcdp_epsilon",
     "zcdp_epsilon_bun_steinke",

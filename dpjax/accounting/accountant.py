@@ -24,16 +24,20 @@ from dpjax import _validate
 from dpjax import events as ev
 from dpjax.accounting.composition import advanced_composition_heterogeneous, convert_relation
 from dpjax.accounting.optimal import optimal_composition_epsilon
+from dpjax.accounting.selection import repeat_and_select_rdp
 from dpjax.accounting.tight import (
+    _TAIL_MASS_TRUNCATION,
     DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
     PLDGridTooLargeError,
     fixed_batch_uses,
+    plan_pld,
     pld_epsilon,
     pld_epsilons_incremental,
     rdp_curve,
     rdp_epsilon,
     to_dp_event,
 )
+from dpjax.accounting.with_replacement import with_replacement_pld
 from dpjax.accounting.zcdp import gaussian_zcdp_rho, zcdp_epsilon_cks
 from dpjax.relation import (
     ADD_OR_REMOVE_ONE,
@@ -102,6 +106,11 @@ def _why_not(events: Sequence[ev.PrivacyEvent], method: str) -> str | None:
         return "no events recorded"
     if method in ("pld", "rdp"):
         for e in events:
+            why = _extension_why_not(e, method)
+            if why is not None:
+                return why
+            if isinstance(e, _EXTENSION_EVENTS):
+                continue
             try:
                 to_dp_event(e, method=method)
             except ValueError as err:
@@ -152,6 +161,60 @@ def _closed_form_epsilon(events: Sequence[ev.PrivacyEvent], delta: float, method
     )[0]
 
 
+#: Events accounted here rather than through :func:`dpjax.accounting.tight.to_dp_event`.
+_EXTENSION_EVENTS = (ev.RepeatAndSelectEvent, ev.WithReplacementGaussianEvent)
+
+
+def _extension_why_not(event: ev.PrivacyEvent, method: str) -> str | None:
+    """None unless ``event`` is an extension event that ``method`` ("pld"/"rdp") cannot
+    account: private selection has an RDP analysis only (Papernot & Steinke 2022), sampling
+    with replacement a PLD only (:mod:`dpjax.accounting.with_replacement`)."""
+    if isinstance(event, ev.RepeatAndSelectEvent):
+        if method == "pld":
+            return f"private selection {event!r} is accounted by RDP only (Papernot & Steinke)"
+        try:
+            for part in event.base_parts:
+                to_dp_event(part, method="rdp")
+        except ValueError as err:
+            return f"the base event of a private selection: {err}"
+    if isinstance(event, ev.WithReplacementGaussianEvent) and method == "rdp":
+        return f"sampling with replacement {event!r} is accounted by PLD only"
+    return None
+
+
+def composed_pld(events: Sequence[ev.PrivacyEvent], vdi: float):
+    """The PLD of the composition of ``events`` (dp-accounting object), including sampling
+    with replacement; raises ValueError for events PLD does not apply to."""
+    why = _why_not(events, "pld")
+    if why is not None:
+        raise ValueError(f"PLD does not apply: {why}")
+    standard = [e for e in events if not isinstance(e, _EXTENSION_EVENTS)]
+    plds = plan_pld(standard, vdi)[1] if standard else []
+    plds += [
+        with_replacement_pld(e, value_discretization_interval=vdi)
+        for e in events
+        if isinstance(e, ev.WithReplacementGaussianEvent)
+    ]
+    total = plds[0]
+    for p in plds[1:]:
+        total = total.compose(p, tail_mass_truncation=_TAIL_MASS_TRUNCATION)
+    return total
+
+
+def _rdp_with_selections(
+    events: Sequence[ev.PrivacyEvent], delta: float, orders: Sequence[float] | None
+) -> float:
+    standard = [e for e in events if not isinstance(e, ev.RepeatAndSelectEvent)]
+    selections = [e for e in events if isinstance(e, ev.RepeatAndSelectEvent)]
+    grid, curve = repeat_and_select_rdp(selections[0], orders=orders)
+    curve = curve.copy()
+    for e in selections[1:]:
+        curve += repeat_and_select_rdp(e, orders=orders)[1]
+    if standard:
+        curve += rdp_curve(standard, orders=tuple(grid))[1]
+    return float(dp_rdp.compute_epsilon(grid, curve, delta)[0])
+
+
 def _prefix(events: Sequence[ev.PrivacyEvent], steps: int) -> list[ev.PrivacyEvent]:
     """The first ``steps`` recorded steps (units of ``count``) of ``events``."""
     out, left = [], steps
@@ -171,6 +234,10 @@ class PrivacyAccountant:
     * ``"pld"`` / ``"rdp"``: dp-accounting (:mod:`dpjax.accounting.tight`); Gaussian, Laplace,
       Poisson-subsampled Gaussian (RDP: add/remove-one or q = 1) and fixed-batch Gaussian
       (replace-one; amplified by RDP only for independently drawn batches) events.
+    * Private selection (:class:`~dpjax.events.RepeatAndSelectEvent`, Papernot & Steinke 2022):
+      ``"rdp"`` only; sampling with replacement
+      (:class:`~dpjax.events.WithReplacementGaussianEvent`, Balle, Barthe, Gaboardi 2018):
+      ``"pld"`` only (:mod:`dpjax.accounting.selection`, :mod:`dpjax.accounting.with_replacement`).
     * ``"zcdp"``: Gaussian events, full-batch (q = 1) DP-GD events, fixed-batch events (no
       amplification) and pure-DP events (ε²/2-zCDP), converted by Canonne–Kamath–Steinke 2020.
     * ``"optimal"`` (Kairouz–Oh–Viswanath 2015), ``"advanced"`` (lecture on properties of DP,
@@ -397,6 +464,10 @@ class PrivacyAccountant:
         return {m: self._cached(delta, m) for m in self.applicable_methods()}
 
     def _epsilon_of(self, events: Sequence[ev.PrivacyEvent], delta: float, method: str) -> float:
+        if method == "pld" and any(isinstance(e, _EXTENSION_EVENTS) for e in events):
+            return float(composed_pld(events, self._vdi).get_epsilon_for_delta(delta))
+        if method == "rdp" and any(isinstance(e, _EXTENSION_EVENTS) for e in events):
+            return _rdp_with_selections(events, delta, self._orders)
         if method == "pld":
             return pld_epsilon(events, delta, value_discretization_interval=self._vdi)
         if method == "rdp":
@@ -457,6 +528,8 @@ class PrivacyAccountant:
     def _history_of(
         self, prefixes: list[list[ev.PrivacyEvent]], delta: float, method: str
     ) -> list[float]:
+        if any(isinstance(e, _EXTENSION_EVENTS) for e in prefixes[-1]):
+            return [self._epsilon_of(p, delta, method) for p in prefixes]
         if method == "pld":
             blocks = _blocks(prefixes)
             if blocks is not None:

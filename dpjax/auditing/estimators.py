@@ -36,12 +36,12 @@ All functions are pure functions of their arguments (arrays of scores, counts, p
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import numpy as np
 from scipy import optimize, special, stats
 
 from dpjax import _validate
+from dpjax.accounting import fdp as _fdp
 
 __all__ = [
     "EpsilonLowerBound",
@@ -182,41 +182,19 @@ def gdp_mu_from_rates(fpr, fnr):
 
 
 def gdp_delta(epsilon: float, mu: float) -> float:
-    r"""δ(ε) of μ-GDP: Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2) (Dong, Roth, Su 2022, Cor. 2.13).
-
-    Computed with the second term in log space (no overflow at large ε).
-    """
-    epsilon = _validate.non_negative("epsilon", epsilon)
-    mu = _validate.non_negative("mu", mu)
-    if mu == 0.0:
-        return 0.0
-    first = special.ndtr(-epsilon / mu + mu / 2.0)
-    second = math.exp(epsilon + special.log_ndtr(-epsilon / mu - mu / 2.0))
-    return max(float(first - second), 0.0)
+    r"""δ(ε) of μ-GDP (Dong, Roth, Su 2022, Cor. 2.13); positional form of
+    :func:`dpjax.accounting.gdp_delta`, its one home."""
+    return _fdp.gdp_delta(mu=mu, epsilon=epsilon)
 
 
 def gdp_epsilon(mu: float, delta: float) -> float:
-    """The smallest ε with ``gdp_delta(ε, μ) ≤ δ`` (ε of a μ-GDP mechanism at δ).
-
-    Args:
-        mu: μ ≥ 0.
-        delta: δ in (0, 1).
-
-    Returns:
-        ε ≥ 0 (0 when μ-GDP already gives δ at ε = 0).
+    """ε(δ) of a μ-GDP mechanism; positional form of :func:`dpjax.accounting.gdp_epsilon`.
 
     Example:
         >>> round(gdp_epsilon(1.0, 1e-5), 3)
         4.377
     """
-    mu = _validate.non_negative("mu", mu)
-    delta = _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
-    if gdp_delta(0.0, mu) <= delta:
-        return 0.0
-    hi = 1.0
-    while gdp_delta(hi, mu) > delta:
-        hi *= 2.0
-    return float(optimize.brentq(lambda e: gdp_delta(e, mu) - delta, 0.0, hi, xtol=1e-12))
+    return _fdp.gdp_epsilon(mu=mu, delta=delta)
 
 
 def gdp_mu_for(epsilon: float, delta: float) -> float:

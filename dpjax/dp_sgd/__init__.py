@@ -42,6 +42,7 @@ from dpjax.dp_sgd.samplers import (
     PoissonSampler,
     ShuffledBatchSampler,
     UniformBatchSampler,
+    WithReplacementSampler,
 )
 from dpjax.dp_sgd.transforms import (
     PublicNoiseState,
@@ -65,6 +66,7 @@ __all__ = [
     "PublicState",
     "ShuffledBatchSampler",
     "UniformBatchSampler",
+    "WithReplacementSampler",
     "accumulate_clipped_sums",
     "add_gaussian_noise",
     "add_laplace_dp_sgd_noise",

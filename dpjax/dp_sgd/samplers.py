@@ -31,7 +31,11 @@ from scipy import stats
 
 from dpjax import _validate
 from dpjax.dp_sgd._frozen import ReadOnlyAfterInit
-from dpjax.events import FixedBatchGaussianEvent, PoissonSampledGaussianEvent
+from dpjax.events import (
+    FixedBatchGaussianEvent,
+    PoissonSampledGaussianEvent,
+    WithReplacementGaussianEvent,
+)
 from dpjax.relation import ADD_OR_REMOVE_ONE, REPLACE_ONE, NeighbouringRelation, as_relation
 
 __all__ = [
@@ -39,6 +43,7 @@ __all__ = [
     "PoissonSampler",
     "ShuffledBatchSampler",
     "UniformBatchSampler",
+    "WithReplacementSampler",
     "inclusion_threshold",
     "realised_sampling_rate",
     "words_below_threshold",
@@ -416,3 +421,67 @@ class UniformBatchSampler(_FixedSizeBatches):
         """int32 (batch_size,) distinct indices, uniformly random (jit-able)."""
         idx = jax.random.choice(key, self.dataset_size, (self.batch_size,), replace=False)
         return idx.astype(jnp.int32)
+
+
+class WithReplacementSampler:
+    r"""b independent uniform draws WITH replacement from n records at every step.
+
+    A record can appear k times in one batch (k ~ Binomial(b, 1/n)). Its contribution is
+    bounded by *charging the multiplicity*: every draw is a row of the batch and is clipped to
+    C on its own (pass the gathered rows to the clipped-sum function as they are; do not
+    de-duplicate), so a record drawn k times moves the clipped sum by up to k·C, and the
+    accounting pays for every k. Normalise by the public ``batch_size``.
+
+    Formal guarantees:
+        Replace-one (n and b public). One step is bounded by Balle, Barthe, Gaboardi 2018
+        (sampling with replacement: advanced joint convexity with η = 1 − (1 − 1/n)^b and the
+        k-fold group profile of the Gaussian, a shift of 2kC); the T-step ε composes a
+        pessimistic PLD of that profile (:mod:`dpjax.accounting.with_replacement`). There is
+        no add/remove-one analysis here, and Poisson or without-replacement accountants do
+        NOT apply to these batches.
+
+    Args:
+        dataset_size: n ≥ 2.
+        batch_size: b ≥ 1 (may exceed n).
+
+    Example:
+        >>> import jax
+        >>> WithReplacementSampler(dataset_size=10, batch_size=4).sample(jax.random.key(0)).shape
+        (4,)
+    """
+
+    def __init__(self, dataset_size: int, batch_size: int):
+        self.dataset_size = _validate.positive_int("dataset_size", dataset_size)
+        self.batch_size = _validate.positive_int("batch_size", batch_size)
+        if self.dataset_size < 2:
+            _validate.fail("dataset_size", dataset_size, "at least 2")
+
+    @property
+    def expected_batch_size(self) -> float:
+        """b (deterministic): the normaliser for :func:`dpjax.normalize_by`."""
+        return float(self.batch_size)
+
+    def sample(self, key: jax.Array) -> jax.Array:
+        """int32 (batch_size,) indices, independent and uniform on [0, n) (jit-able)."""
+        return jax.random.randint(key, (self.batch_size,), 0, self.dataset_size, dtype=jnp.int32)
+
+    def event(
+        self,
+        *,
+        noise_multiplier: float,
+        steps: int,
+        relation: NeighbouringRelation | str = REPLACE_ONE,
+    ) -> WithReplacementGaussianEvent:
+        """The event of ``steps`` DP-SGD steps on these batches with noise σ·C on the sum
+        (replace-one only; another relation raises ``ValueError``)."""
+        return WithReplacementGaussianEvent(
+            noise_multiplier=noise_multiplier,
+            batch_size=self.batch_size,
+            dataset_size=self.dataset_size,
+            count=steps,
+            relation=as_relation(relation),
+        )
+
+    def __repr__(self) -> str:
+        n, b = self.dataset_size, self.batch_size
+        return f"WithReplacementSampler(dataset_size={n}, batch_size={b})"
