@@ -52,6 +52,9 @@ _Q_SATURATED = 2**31  # coins charged to a saturated proposal
 #: samples and N_ℤ(0, σ²): e^{−2^19} per proposal, times ≤ 2^10 expected proposals.
 GAUSSIAN_TAIL_LOG2_BOUND = -(2**19) / math.log(2.0) + 10.0
 
+_SHRINK = 8  # each level of the loop runs until ≤ 1/8 of its coordinates are left
+_MIN_WIDTH = 4096  # narrower levels would cost more compile time than they save
+
 _PHASE_U, _PHASE_D, _PHASE_V, _PHASE_COIN, _PHASE_FRAC, _PHASE_DONE = range(6)
 
 
@@ -221,10 +224,51 @@ def integer_noise(
     Returns:
         (noise, rounds): int32 noise with |noise| ≤ ``proposal.cap``, and the number of rounds
         the loop ran (random; independent of any data).
+
+    The rounds run in levels: the first on every coordinate until at most 1/8 are unfinished,
+    then those (gathered by ``jnp.nonzero``, a choice that depends on past random words only)
+    on an array 8× narrower, and so on while ≥ 4096 coordinates, the last to the end. Every
+    round draws fresh words, so each coordinate's steps use i.i.d. words whatever slot it
+    occupies: the law is unchanged, and the work is ≈ Σ_r (coordinates left at round r)
+    instead of (rounds of the slowest coordinate) × size.
     """
     size = math.prod(shape)
+    noise = jnp.zeros((size,), jnp.int32)
+    slots = jnp.arange(size, dtype=jnp.int32)  # slot → coordinate (size = padding)
+    state = _initial_state(size)
+    rounds = jnp.zeros((), jnp.int32)
+    width = size
+    while True:  # levels of a static schedule: widths size, size/8, size/64, … (≥ 4096)
+        target = width // _SHRINK if width >= _SHRINK * _MIN_WIDTH else 0
+
+        def cond(carry, target=target):
+            state, _ = carry
+            return jnp.sum(state[0] != _PHASE_DONE) > target
+
+        def body(carry, width=width):
+            state, rounds = carry
+            words = jax.random.bits(jax.random.fold_in(key, rounds), (2, width), _U32)
+            return _step(state, words, proposal, accept), rounds + 1
+
+        state, rounds = lax.while_loop(cond, body, (state, rounds))
+        done = state[0] == _PHASE_DONE
+        noise = noise.at[jnp.where(done, slots, size)].set(_signed(state), mode="drop")
+        if target == 0:
+            break
+        # carry the ≤ target unfinished coordinates into a narrower state (padding: done)
+        (keep,) = jnp.nonzero(~done, size=target, fill_value=width)
+        fills = (_PHASE_DONE, 1, 0, 0, 0, False, 0, 0)
+        state = tuple(
+            jnp.take(a, keep, mode="fill", fill_value=f) for a, f in zip(state, fills, strict=True)
+        )
+        slots = jnp.take(slots, keep, mode="fill", fill_value=size)
+        width = target
+    return noise.reshape(shape), rounds
+
+
+def _initial_state(size: int) -> tuple[jax.Array, ...]:
     zeros = jnp.zeros((size,), _U32)
-    init = (
+    return (
         jnp.full((size,), _PHASE_U, jnp.int32),
         jnp.ones((size,), _U32),
         zeros,
@@ -235,16 +279,7 @@ def integer_noise(
         zeros,
     )
 
-    def cond(carry):
-        state, _ = carry
-        return jnp.any(state[0] != _PHASE_DONE)
 
-    def body(carry):
-        state, rounds = carry
-        words = jax.random.bits(jax.random.fold_in(key, rounds), (2, size), _U32)
-        return _step(state, words, proposal, accept), rounds + 1
-
-    state, rounds = lax.while_loop(cond, body, (init, jnp.zeros((), jnp.int32)))
+def _signed(state: tuple[jax.Array, ...]) -> jax.Array:
     magnitude = state[3].astype(jnp.int32)
-    noise = jnp.where(state[5], -magnitude, magnitude)
-    return noise.reshape(shape), rounds
+    return jnp.where(state[5], -magnitude, magnitude)
