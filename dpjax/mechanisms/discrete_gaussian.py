@@ -46,6 +46,8 @@ VALUE_LIMIT = 2**30
 _NOISE_CAP = 2**30 - 1
 _MAX_TERMS = 2**28  # bound on σ²'s numerator and denominator
 _BISECTION_STEPS = 200
+_TINY = float(np.finfo(np.float64).tiny)  # δ below it is reported as it (an upper bound)
+_LOG_TINY = math.log(_TINY)
 
 
 def sigma_squared_fraction(sigma: Any) -> Fraction:
@@ -238,7 +240,8 @@ def discrete_gaussian_delta(*, sensitivity: int, sigma: Any, epsilon: float) -> 
         least this). Computed as Σ_{y > εσ²/Δ − Δ/2} p(y)(1 − e^{ε − (2yΔ + Δ²)/(2σ²)}) in log
         space (every term ≥ 0; the threshold is found with exact rational arithmetic), the
         sums truncated at 40σ beyond their start (remainder < e^{−800} relative), and rounded
-        up by a relative 1e-12 for the float64 summation. For vectors use ρ
+        up by a relative 1e-12 for the float64 summation (a δ below 2.2e-308 is reported as
+        2.2e-308, an upper bound). For vectors use ρ
         (:func:`discrete_gaussian_rho`): Theorem 7 is the one-dimensional curve.
 
     Example:
@@ -259,7 +262,9 @@ def discrete_gaussian_delta(*, sensitivity: int, sigma: Any, epsilon: float) -> 
     with np.errstate(divide="ignore"):
         log_terms = -(y * y) / (2.0 * s2) + np.log(keep)
     log_delta = special.logsumexp(log_terms) - _log_normaliser(s2)
-    return min(1.0, float(np.exp(log_delta)) * (1.0 + 1e-12))
+    if log_delta < _LOG_TINY:  # below the normal float64 range: report the smallest normal
+        return 0.0 if log_delta == -math.inf else _TINY
+    return min(1.0, math.exp(log_delta) * (1.0 + 1e-12))
 
 
 def discrete_gaussian_epsilon(*, sensitivity: int, sigma: Any, delta: float) -> float:
