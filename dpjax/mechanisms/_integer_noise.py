@@ -36,6 +36,7 @@ laws differ only on runs that make such a streak, an event of probability ≤ E[
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -207,6 +208,7 @@ def _step(state, words, proposal: LaplaceProposal, accept: GaussianAcceptance | 
     return tuple(new[n] for n in ("phase", "k", "u", "y", "rem", "sign", "q", "r"))
 
 
+@functools.partial(jax.jit, static_argnames=("shape", "proposal", "accept"))
 def integer_noise(
     key: jax.Array,
     shape: tuple[int, ...],
@@ -217,7 +219,8 @@ def integer_noise(
 
     Args:
         key: a JAX PRNG key (one 2-word draw per coordinate and round, from fold_in(key, round)).
-        shape: the noise shape.
+        shape: the noise shape (a tuple; static, like ``proposal`` and ``accept``: the
+            compiled loop is cached per configuration, so eager calls do not recompile).
         proposal: the discrete Laplace parameters (the proposal, for the Gaussian).
         accept: the discrete Gaussian acceptance, or None for discrete Laplace noise.
 
