@@ -204,11 +204,12 @@ def discrete_laplace_support(
 ) -> np.ndarray:
     """All outputs of ``discrete_laplace(f)`` (float32 values): the points of positive mass.
 
-    The integer noise is sampled exactly (CKS 2020 Algorithm 2 on random words), and every
-    magnitude n ≥ 0 has positive probability under that algorithm (U = n·S mod T… any U with
-    ⌊(U + T·V)/S⌋ = n is reachable with positive probability), so the support is the set of
-    grid points where the exact law (:func:`dpjax.auditing.exact.discrete_laplace_law`, in
-    log space) is > 0 — the whole grid gℤ ∩ [−B, B] for every f.
+    The integer noise is sampled exactly (CKS 2020 Algorithm 2 on random words), so its
+    realised law is the discrete Laplace law, under which every magnitude has positive
+    probability; the support is the set of grid points where the exact law
+    (:func:`dpjax.auditing.exact.discrete_laplace_law`, in log space) is > 0 — the whole grid
+    gℤ ∩ [−B, B] for every f (tests/exact/test_exact_integer_noise.py ties the law to the
+    code).
     """
     r = discrete.discrete_laplace_ratio(
         sensitivity=sensitivity, epsilon=epsilon, granularity=granularity

@@ -50,7 +50,8 @@ _ALL_ONES = 0xFFFFFFFF
 _Q_EXACT = 2**20  # float estimates of ⌊γ⌋ above this saturate (true ⌊γ⌋ ≥ 2^19 then)
 _Q_SATURATED = 2**31  # coins charged to a saturated proposal
 #: log2 of the bound on the total-variation distance between the discrete Gaussian the code
-#: samples and N_ℤ(0, σ²): e^{−2^19} per proposal, times ≤ 2^10 expected proposals.
+#: samples and N_ℤ(0, σ²): e^{−2^19} per proposal, times ≤ 2^10 expected proposals (at σ ≥ 1
+#: a proposal is accepted with probability ≥ 0.64, so fewer than 2 are made on average).
 GAUSSIAN_TAIL_LOG2_BOUND = -(2**19) / math.log(2.0) + 10.0
 
 _SHRINK = 8  # each level of the loop runs until ≤ 1/8 of its coordinates are left
