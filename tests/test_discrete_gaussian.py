@@ -181,6 +181,7 @@ def test_empty_cells_are_biased_upwards_by_clamping(key):
         (dict(sigma=0.5), "sigma must be a finite real number ≥ 1"),
         (dict(sigma=0), "sigma"),
         (dict(sigma=float("nan")), "sigma"),
+        (dict(sigma=float("inf")), "sigma must be a finite real"),
         (dict(sigma=3.7), "Fraction\\(37, 10\\)"),
         (dict(sigma=2.0**15), "2\\*\\*28"),
         (dict(sigma=True), "sigma"),

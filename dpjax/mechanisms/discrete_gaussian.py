@@ -70,7 +70,10 @@ def sigma_squared_fraction(sigma: Any) -> Fraction:
     if isinstance(sigma, Fraction):
         exact = sigma
     else:
-        exact = Fraction(_validate.real("sigma", sigma, "a finite real number ≥ 1"))
+        real = _validate.real("sigma", sigma, "a finite real number ≥ 1")
+        if not math.isfinite(real):
+            _validate.fail("sigma", sigma, "a finite real number ≥ 1")
+        exact = Fraction(real)
     if not exact >= 1 or isinstance(sigma, bool):
         _validate.fail("sigma", sigma, "a finite real number ≥ 1 (the exact sampler's range)")
     square = exact * exact
