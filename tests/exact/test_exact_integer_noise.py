@@ -90,20 +90,22 @@ def dl_cells(rate, top):
 
 
 def test_discrete_laplace_realised_pmf_and_a_5_percent_wrong_scale(key):
-    # g = 1, Δ₁ = 1, one release of N coordinates: Δ_g = N + 1, so ε = (N + 1)/4 gives the
-    # rate a = εg/Δ_g = 1/4 exactly (i.i.d. coordinates); far from the clamp B = 4096
-    eps = (N + 1) / 4
+    # g = 1, Δ₁ = 1, one release of N coordinates: Δ_g = N + 1, so ε = 0.3(N + 1) gives the
+    # rate a = ⌊0.3·2^30⌋/2^30 on i.i.d. coordinates (T mod S ≠ 0: the quotient/remainder
+    # carry of CKS Algorithm 2 is exercised); far from the clamp B = 4096
+    eps = 0.3 * (N + 1)
     kw = dict(sensitivity=1.0, epsilon=eps, bound=4096.0, granularity=1.0)
     rate = discrete.discrete_laplace_rate(
         sensitivity=1.0, epsilon=eps, granularity=1.0, num_coordinates=N
     )
-    assert rate == Fraction(1, 4)
+    assert abs(float(rate) - 0.3) < 2.0**-29 and (2**30 % (rate * 2**30).numerator) != 0
+    a = float(rate)
     y = np.asarray(jax.jit(lambda k: M.discrete_laplace(k, jnp.zeros(N, jnp.float32), **kw))(key))
     k = y.astype(np.int64)
     assert np.all(k == y)
     top = 80
     counts = np.bincount(np.clip(k, -top, top) + top, minlength=2 * top + 1)
-    pooled(counts, dl_cells(0.25, top), [dl_cells(0.25 / 1.05, top), dl_cells(0.25 / 0.95, top)])
+    pooled(counts, dl_cells(a, top), [dl_cells(a / 1.05, top), dl_cells(a / 0.95, top)])
 
 
 def test_bernoulli_rejection_zone_against_exact_integers():
