@@ -1,7 +1,8 @@
 r"""Exact integer noise from random 32-bit words (Canonne, Kamath, Steinke 2020, Algorithms 1–3).
 
-One vectorised ``lax.while_loop`` runs the CKS20 samplers as a state machine, one step per
-round for every coordinate, with unsigned 32-bit integer arithmetic only (no floats decide any
+Vectorised ``lax.while_loop`` rounds run the CKS20 samplers as a state machine, one step per
+round for every unfinished coordinate (in levels of shrinking width, see
+:func:`integer_noise`), with unsigned 32-bit integer arithmetic only (no floats decide any
 outcome; JAX's 64-bit mode is not needed):
 
 * **Bern(a/M)** for integers 0 ≤ a ≤ M ≤ 2³¹: a random word w is kept when
@@ -25,12 +26,14 @@ only (never on the data), and is the timing channel CKS §5 discusses (it reveal
 proposals were rejected, which is independent of the input).
 
 Every state variable stays below 2³² by construction (the bounds are checked on the host by the
-callers): |Y| saturates at ``cap``. For the discrete Laplace, only min(|Y|, cap) is ever used
+callers; the Alg. 1 counter K grows by one per round, so it cannot wrap within 2³² rounds):
+|Y| saturates at ``cap``. For the discrete Laplace, only min(|Y|, cap) is ever used
 (the release is clamped), so saturation is exact post-processing. For the discrete Gaussian a
-proposal with ⌊γ⌋ ≥ 2¹⁹ (certainly the case when |Y| saturates) is given 2³¹ coins instead of
-⌊γ⌋: its acceptance needs ≥ 2¹⁹ consecutive Bern(exp(−1)) successes either way, so the two
-laws differ only on runs that make such a streak, an event of probability ≤ E[proposals]·e^{−2¹⁹}
-(< 2^{−700 000}; see :data:`GAUSSIAN_TAIL_LOG2_BOUND`).
+proposal whose float32 estimate of γ exceeds 2²⁰ (then ⌊γ⌋ ≥ 2¹⁹; certainly the case when |Y|
+saturates) is given 2³¹ coins instead of ⌊γ⌋: its acceptance needs ≥ 2¹⁹ consecutive
+Bern(exp(−1)) successes either way, so the two laws differ only on runs that make such a
+streak, an event of probability ≤ E[proposals]·e^{−2¹⁹} (< 2^{−700 000}; see
+:data:`GAUSSIAN_TAIL_LOG2_BOUND`).
 """
 
 from __future__ import annotations
