@@ -15,6 +15,7 @@ and in the process's CPU time. Writes ``bench.json`` and ``bench.md`` with the i
 * compile time of the DP step ≤ 3 × the non-private step's.
 
 The full run (no ``--quick``) adds the vmap paths and a peak-memory process per method.
+Both end with the throughput of the exact integer samplers (:mod:`benchmarks.integer_noise`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import subprocess
 import sys
 import time
 
+from benchmarks import integer_noise
 from benchmarks.models import CONFIGS, load_plugins
 from benchmarks.steps import available_methods
 
@@ -222,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         "targets": rows,
         "records": records,
     }
+    payload["integer_noise"] = integer = integer_noise.run(args.quick)  # issue 26
     (args.out / "bench.json").write_text(json.dumps(payload, indent=2))
     md = ["# dpjax benchmarks", "", f"`{json.dumps(meta)}`", ""]
     md += _summary_table(records, opacus=no_opacus is None)
@@ -229,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         md += ["", f"Opacus columns omitted: {no_opacus}."]
     md += _target_lines(rows)
     md += ["", "## Every method", ""] + _method_table(records)
+    md += integer_noise.section(integer)
     (args.out / "bench.md").write_text("\n".join(md) + "\n")
     print("\n".join(md), flush=True)
     return 0

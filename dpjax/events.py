@@ -37,6 +37,7 @@ __all__ = [
     "LaplaceDPSGDEvent",
     "RepeatAndSelectEvent",
     "WithReplacementGaussianEvent",
+    "DiscreteGaussianEvent",
     "EVENT_TYPES",
     "count_is_additive",
     "merge",
@@ -266,6 +267,28 @@ class WithReplacementGaussianEvent(PrivacyEvent):
             )
 
 
+@dataclasses.dataclass(frozen=True)
+class DiscreteGaussianEvent(PrivacyEvent):
+    """``count`` releases of the discrete Gaussian mechanism N_ℤ(0, σ²) (integer queries).
+
+    ``sensitivity`` is Δ₂ ≥ ‖f(D) − f(D′)‖₂ for integer-valued f under ``relation`` (1 for a
+    histogram under add/remove-one, √2 under replace-one). Each release is ρ-zCDP with
+    ρ = Δ₂²/(2σ²) (Canonne, Kamath, Steinke 2020, Theorem 14), which is how the accountant
+    composes it (``accounting="zcdp"``); dp-accounting has no discrete Gaussian DpEvent.
+    """
+
+    sigma: float
+    sensitivity: float = 1.0
+    count: int = 1
+    relation: NeighbouringRelation = ADD_OR_REMOVE_ONE
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._coerce_float("sigma", "sensitivity")
+        _validate.positive("sigma", self.sigma)
+        _validate.positive("sensitivity", self.sensitivity)
+
+
 #: The event classes by name (what :func:`event_to_dict` writes under ``"type"``).
 EVENT_TYPES: dict[str, type[PrivacyEvent]] = {
     cls.__name__: cls
@@ -278,6 +301,7 @@ EVENT_TYPES: dict[str, type[PrivacyEvent]] = {
         LaplaceDPSGDEvent,
         RepeatAndSelectEvent,
         WithReplacementGaussianEvent,
+        DiscreteGaussianEvent,
     )
 }
 

@@ -84,6 +84,8 @@ def _zcdp_rho(event: ev.PrivacyEvent) -> float | None:
     """ρ of the event's releases, or None if zCDP does not apply."""
     if isinstance(event, ev.GaussianEvent):
         return event.count * gaussian_zcdp_rho(sigma=event.noise_multiplier, sensitivity=1.0)
+    if isinstance(event, ev.DiscreteGaussianEvent):  # CKS 2020 Theorem 14: same ρ as N(0, σ²)
+        return event.count * gaussian_zcdp_rho(sigma=event.sigma, sensitivity=event.sensitivity)
     if isinstance(event, ev.PoissonSampledGaussianEvent) and event.sampling_rate == 1.0:
         shift = sensitivity_factor(event.relation)  # replace-one moves the sum by 2C
         return event.count * gaussian_zcdp_rho(sigma=event.noise_multiplier, sensitivity=shift)

@@ -18,12 +18,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from dpjax import _validate
+from dpjax.auditing import exact
 from dpjax.mechanisms import discrete
 
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
     "attainable_float64",
     "discrete_laplace_support",
     "discrete_laplace_porosity",
+    "discrete_gaussian_porosity",
 ]
 
 
@@ -196,37 +199,24 @@ def attainable_float64(outputs, *, f: float, scale: float, noise: str = "laplace
     return _release_float64(jnp.asarray(lo), f, scale, noise) == y
 
 
-@functools.lru_cache(maxsize=8)
-def _attainable_geometric(r: float, cap: int, dtype) -> np.ndarray:
-    """Every value ⌊E/a⌋ < cap the float32 sampler of dpjax.mechanisms.discrete can draw."""
-    a = -math.log(r)
-    levels = discrete._levels_for(cap, r)
-    u = 1.0 - jnp.asarray(float32_uniform_values(), dtype)
-    upper = -jnp.log(u[u > discrete._THRESHOLD])  # level draws: U in (2^-8, 1]
-    last = -jnp.log(u)
-    found = set()
-    for j in range(levels + 1):
-        e = last if j == levels else upper
-        e = jnp.asarray(j, dtype) * jnp.asarray(discrete._LOG_THRESHOLD, dtype) + e
-        g = np.unique(np.asarray(jnp.floor(e / jnp.asarray(a, dtype))))
-        found.update(int(v) for v in g[g < cap])
-    return np.array(sorted(found), dtype=np.int64)
-
-
 def discrete_laplace_support(
     *, f: float, sensitivity: float, epsilon: float, bound: float, granularity: float
 ) -> np.ndarray:
-    """All outputs of float32 ``discrete_laplace(f)`` (exact enumeration of its sampler)."""
+    """All outputs of ``discrete_laplace(f)`` (float32 values): the points of positive mass.
+
+    The integer noise is sampled exactly (CKS 2020 Algorithm 2 on random words), so its
+    realised law is the discrete Laplace law, under which every magnitude has positive
+    probability; the support is the set of grid points where the exact law
+    (:func:`dpjax.auditing.exact.discrete_laplace_law`, in log space) is > 0 — the whole grid
+    gℤ ∩ [−B, B] for every f (tests/exact/test_exact_integer_noise.py ties the law to the
+    code).
+    """
     r = discrete.discrete_laplace_ratio(
         sensitivity=sensitivity, epsilon=epsilon, granularity=granularity
     )
     half = math.floor(bound / granularity)
-    cap = 2 * half + 1
-    g = _attainable_geometric(r, cap, np.dtype(np.float32))
-    magnitudes = np.unique(np.minimum(1 + g, cap))
-    k = np.concatenate([[0], magnitudes, -magnitudes])
-    k_f = int(np.clip(np.round(np.float32(f) / granularity), -half, half))
-    k_y = np.unique(np.clip(k_f + k, -half, half))
+    law = exact.discrete_laplace_law(np.float32(f), ratio=r, bound=bound, granularity=granularity)
+    k_y = np.arange(-half, half + 1)[law.log > -np.inf]
     return (k_y.astype(np.float32) * np.float32(granularity)).astype(np.float32)
 
 
@@ -239,10 +229,10 @@ def discrete_laplace_porosity(
     bound: float,
     granularity: float,
 ) -> PorosityResult:
-    """Exact porosity of float32 ``discrete_laplace``: P_D[y ∉ supp M(D′)].
+    """Exact porosity of ``discrete_laplace``: P_D[y ∉ supp M(D′)] (0: the supports agree).
 
-    The supports are enumerated from the sampler (every float32 uniform); the probabilities
-    of D's outputs are the ideal discrete-Laplace masses (clamped at ±B).
+    The probabilities of D's outputs are the exact discrete-Laplace masses (clamped at ±B),
+    which are the sampler's realised masses (exact integer sampler).
     """
     kw = dict(sensitivity=sensitivity, epsilon=epsilon, bound=bound, granularity=granularity)
     supp_d = discrete_laplace_support(f=f_d, **kw)
@@ -250,17 +240,36 @@ def discrete_laplace_porosity(
     r = discrete.discrete_laplace_ratio(
         sensitivity=sensitivity, epsilon=epsilon, granularity=granularity
     )
+    law = exact.discrete_laplace_law(np.float32(f_d), ratio=r, bound=bound, granularity=granularity)
     half = math.floor(bound / granularity)
-    k_f = int(np.clip(np.round(f_d / granularity), -half, half))
-    grid = np.arange(-half, half + 1)
-    mass = (1 - r) / (1 + r) * r ** np.abs(grid - k_f).astype(np.float64)
-    mass[0] += r ** (k_f + half + 1) / (1 + r)  # P[K <= -half - k_f - 1] folds onto -B
-    mass[-1] += r ** (half - k_f + 1) / (1 + r)
-    y_grid = (grid.astype(np.float32) * np.float32(granularity)).astype(np.float32)
+    y_grid = (np.arange(-half, half + 1).astype(np.float32) * np.float32(granularity)).astype(
+        np.float32
+    )
     attainable = np.isin(y_grid, supp_d)
-    fraction = impossible_fraction(y_grid[attainable], supp_dprime, mass[attainable])
+    fraction = impossible_fraction(y_grid[attainable], supp_dprime, np.asarray(law)[attainable])
     return PorosityResult(
         fraction=fraction,
         outputs=int(supp_d.size),
-        mechanism=f"discrete Laplace float32 (g = {granularity:g}, B = {bound:g})",
+        mechanism=f"discrete Laplace, exact integer sampler (g = {granularity:g}, B = {bound:g})",
+    )
+
+
+def discrete_gaussian_porosity(*, f_d: int, f_dprime: int, sigma: Any) -> PorosityResult:
+    """Exact porosity of ``discrete_gaussian`` on the window f ± (40σ + |f_d − f_dprime|).
+
+    Every integer has positive mass under N_ℤ(f, σ²) for every f (the law is computed in log
+    space, so no cell underflows to an impossible one): the result is 0.
+    """
+    lo = min(f_d, f_dprime) - math.ceil(40 * float(sigma)) - 1
+    hi = max(f_d, f_dprime) + math.ceil(40 * float(sigma)) + 1
+    law_d = exact.discrete_gaussian_law(f_d, sigma=sigma, low=lo, high=hi)
+    law_dprime = exact.discrete_gaussian_law(f_dprime, sigma=sigma, low=lo, high=hi)
+    outcomes = np.arange(lo - 1, hi + 2)  # the two end cells are the folded tails
+    possible = law_dprime.log > -np.inf
+    fraction = float(np.sum(np.asarray(law_d)[~possible]))
+    return PorosityResult(
+        fraction=fraction,
+        outputs=int(np.sum(law_d.log > -np.inf)),
+        mechanism=f"discrete Gaussian, exact integer sampler (sigma = {sigma}, "
+        f"{outcomes.size} outcomes)",
     )

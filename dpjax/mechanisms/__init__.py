@@ -6,7 +6,16 @@ from dpjax.mechanisms.bounded_laplace import (
     bounded_laplace_epsilon,
     bounded_laplace_scale,
 )
+from dpjax.mechanisms.counts import consistent_counts, noisy_counts, noisy_counts_event
 from dpjax.mechanisms.discrete import discrete_laplace as discrete_laplace
+from dpjax.mechanisms.discrete import discrete_laplace_rate
+from dpjax.mechanisms.discrete_gaussian import (
+    discrete_gaussian,
+    discrete_gaussian_delta,
+    discrete_gaussian_epsilon,
+    discrete_gaussian_pmf,
+    discrete_gaussian_rho,
+)
 from dpjax.mechanisms.exponential import (
     exponential_mechanism,
     exponential_mechanism_expected_gap_bound,
@@ -81,6 +90,13 @@ __all__ = [
     "clipped_mean",
     "clipped_mean_sensitivity",
     "coin_randomized_response",
+    "consistent_counts",
+    "discrete_gaussian",
+    "discrete_gaussian_delta",
+    "discrete_gaussian_epsilon",
+    "discrete_gaussian_pmf",
+    "discrete_gaussian_rho",
+    "discrete_laplace_rate",
     "exponential_mechanism",
     "exponential_mechanism_expected_gap_bound",
     "exponential_mechanism_probabilities",
@@ -103,6 +119,8 @@ __all__ = [
     "mixed_noise_lecture_delta",
     "mixed_noise_scale",
     "mixed_noise_threshold",
+    "noisy_counts",
+    "noisy_counts_event",
     "randomized_response",
     "randomized_response_epsilon",
     "randomized_response_frequencies",

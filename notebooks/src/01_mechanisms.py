@@ -10,7 +10,8 @@
 #   mechanism (Dwork & Roth 2014, Theorem A.1; analytic calibration: Balle & Wang 2018);
 # * lecture on advances in DP: mixed noise, smooth sensitivity of the median (Nissim,
 #   Raskhodnikova & Smith 2007), bounded Laplace (Holohan et al. 2020), the exponential mechanism
-#   (McSherry & Talwar 2007) and report-noisy-max.
+#   (McSherry & Talwar 2007) and report-noisy-max; DP in practice, the 2020 US Census: the
+#   discrete Gaussian (Canonne, Kamath & Steinke 2020) and integer counts.
 #
 # Each section draws the mechanism's output on two **neighbouring** data sets, and ends with a check
 # cell that compares a number measured with dpjax against the number the lecture predicts.
@@ -26,6 +27,7 @@ SEED = 0
 # %%
 # %matplotlib inline
 import math
+from fractions import Fraction
 
 import jax
 import jax.numpy as jnp
@@ -37,6 +39,7 @@ from dpjax import mechanisms as mech
 root = jax.random.key(SEED)
 (key_lap, key_lap_k, key_plrv, key_util, key_rr, key_exp, key_em_sweep, key_mix, key_ss,
  key_bl) = jax.random.split(root, 10)
+key_census = jax.random.fold_in(root, 10)
 
 
 def runs(mechanism, key, value, n=N_RUNS, **kwargs):
@@ -542,3 +545,73 @@ assert math.exp(-params.beta) <= ss1 / ss2 <= math.exp(params.beta) * (1 + 1e-12
 delta_prime = 2 * DELTA / (math.exp(EPSILON / 2) + 1)
 assert math.isclose(params.beta, EPSILON / (2 * math.log(2 / delta_prime)))
 assert math.isclose(mech.smooth_laplace_delta(epsilon=EPSILON, delta_prime=delta_prime), DELTA)
+
+# %% [markdown]
+# ## Counts as a census publishes them: "people born on Mars" (lecture on advances in DP, DP in practice: the 2020 US Census)
+#
+# The lecture's "unrealistic output": a noisy histogram of place of birth says that −2.3 people
+# were born on Mars. The 2020 US Census released its tables with **discrete Gaussian** noise
+# (integer noise, accounted in zCDP; Canonne, Kamath & Steinke 2020, Theorem 14:
+# $\rho = \Delta^2/(2\sigma^2)$) and then post-processed them into non-negative integers that
+# add up to invariant totals. Post-processing costs no privacy, but it is not free: it **biases**
+# the small cells. Below, a histogram whose Mars cell is 0, under add/remove-one (Δ = 1), four
+# ways at the same ρ = ε²/2 (pure ε-DP implies ε²/2-zCDP, Bun & Steinke 2016):
+#
+# * Laplace, b = 1/ε: unbiased, but negative and fractional counts;
+# * bounded Laplace on [0, total]: non-negative, but fractional and biased upwards near 0;
+# * discrete Gaussian, σ = 1/ε, clamped at 0 (`noisy_counts`): integers ≥ 0, biased upwards
+#   by E[max(Y, 0)] ≈ 0.4σ on empty cells;
+# * the same with a consistent public total (`noisy_counts(total=...)`, the nearest non-negative
+#   integer vector with that sum): the surplus the clamp creates is taken back from the cells.
+
+# %%
+places = ["Earth", "Moon", "Mars", "Jupiter"]
+truth = jnp.array([1_000, 3, 0, 0], jnp.int32)
+total = int(truth.sum())  # a public invariant (like a state's population in 2020)
+sigma_dg = Fraction(1) / Fraction(EPSILON).limit_denominator(1000)  # ρ = ε²/2 for Δ = 1
+n_census = 20_000
+k1, k2, k3, k4 = jax.random.split(key_census, 4)
+tiled = jnp.broadcast_to(truth, (n_census, truth.size))
+lap = np.asarray(tiled + jax.random.laplace(k1, tiled.shape) / EPSILON)
+bounded = runs(mech.bounded_laplace, k2, truth.astype(jnp.float32), n=n_census,
+               sensitivity=1.0, epsilon=EPSILON, lower=0.0, upper=float(total))
+clamped = np.asarray(mech.noisy_counts(k3, tiled, sigma=sigma_dg))  # n_census independent runs
+consistent = np.stack([mech.noisy_counts(k, truth, sigma=sigma_dg, total=total)
+                       for k in jax.random.split(k4, 2_000)])
+rows = {"Laplace": lap, "bounded Laplace": bounded, "discrete Gaussian + clamp": clamped,
+        "discrete Gaussian + clamp + total": consistent}
+print(f"{'release':34s} {'P[Mars < 0]':>12s} {'integer':>8s} " +
+      " ".join(f"{'bias ' + p:>12s}" for p in places))
+for name, r in rows.items():
+    bias = r.mean(axis=0) - np.asarray(truth)
+    print(f"{name:34s} {np.mean(r[:, 2] < 0):12.3f} {str(bool(np.all(r == np.round(r)))):>8s} " +
+          " ".join(f"{b:12.3f}" for b in bias))
+fig, ax = plt.subplots(figsize=(7, 3.5))
+edges_m = np.arange(-6.5, 7.5, 0.25)
+ax.hist(lap[:, 2], edges_m, density=True, alpha=0.4, label="Laplace")
+ax.hist(bounded[:, 2], edges_m, density=True, alpha=0.4, label="bounded Laplace")
+ax.hist(clamped[:, 2], edges_m, density=True, alpha=0.6, label="discrete Gaussian, clamped")
+ax.set_title(f"released number of people born on Mars (truth 0), ρ = {EPSILON ** 2 / 2:g}")
+ax.set_xlabel("released count")
+ax.legend(fontsize=8)
+plt.show()
+
+# %% [markdown]
+# **Check (post-processing and its bias).** The discrete Gaussian releases are non-negative
+# integers; the consistent ones add up to the public total exactly; the Laplace release of the
+# Mars cell is negative about half the time; and the clamped Mars cell's mean matches the bias
+# computed from the discrete Gaussian pmf, $E[\max(Y, 0)] = \sum_{y>0} y\,P[Y = y]$ (within 5
+# standard errors). Both noises have the same ρ.
+
+# %%
+assert np.all(clamped >= 0) and np.all(consistent >= 0) and clamped.dtype == np.int32
+assert np.all(consistent.sum(axis=1) == total)
+assert 0.45 < np.mean(lap[:, 2] < 0) < 0.55
+ys = np.arange(1, 60 * int(math.ceil(sigma_dg)) + 60)
+pmf = mech.discrete_gaussian_pmf(ys, sigma=sigma_dg)
+expected_bias, second = float(np.sum(ys * pmf)), float(np.sum(ys**2 * pmf))
+se = math.sqrt((second - expected_bias**2) / n_census)
+print(f"Mars bias: measured {clamped[:, 2].mean():.4f}, pmf says {expected_bias:.4f} ± {5 * se:.4f}")
+assert abs(clamped[:, 2].mean() - expected_bias) < 5 * se
+rho_dg = mech.discrete_gaussian_rho(sensitivity=1, sigma=sigma_dg)
+assert math.isclose(rho_dg, EPSILON**2 / 2, rel_tol=1e-3)

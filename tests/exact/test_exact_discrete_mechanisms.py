@@ -12,6 +12,7 @@ import math
 import os
 import subprocess
 import sys
+from fractions import Fraction
 
 import jax
 import jax.numpy as jnp
@@ -454,7 +455,7 @@ def test_selection_exact_profile_over_adversarial_pairs(d):
 @pytest.mark.slow  # a fresh interpreter compiling six mechanisms: ~10 s on 2 shared cores
 def test_non_finite_rules_hold_with_x64_off():
     # float32 defaults (x64 off): every mechanism maps non-finite / out-of-range input under
-    # jit and never releases it (discrete_laplace refuses to run with x64 off).
+    # jit and never releases it (discrete_laplace runs with x64 off since issue 26).
     code = """
 import jax, jax.numpy as jnp, numpy as np
 from dpjax import mechanisms as M
@@ -463,13 +464,12 @@ v = jnp.array([5, -1, 1, 0], jnp.int32)
 rr = jax.jit(lambda k, v: M.randomized_response(k, v, epsilon=17.0, num_categories=2))(key, v)
 assert rr.dtype == jnp.int32 and set(np.asarray(rr).tolist()) <= {0, 1}, rr
 x = jnp.array([jnp.nan, jnp.inf, -jnp.inf, 0.3])
-try:  # float32 uniforms cannot realise the discrete Laplace law: refused with x64 off
-    jax.jit(lambda k, v: M.discrete_laplace(k, v, sensitivity=1.0, epsilon=1.0, bound=4.0,
-                                            granularity=2.0**-4))(key, x)
-except ValueError as err:
-    assert "jax_enable_x64" in str(err), err
-else:
-    raise AssertionError("discrete_laplace released with x64 off")
+# issue 26: the exact integer sampler runs with x64 off; NaN -> 0, +-inf -> +-B (same key)
+dl = jax.jit(lambda k, v: M.discrete_laplace(k, v, sensitivity=1.0, epsilon=1.0, bound=4.0,
+                                             granularity=2.0**-4))
+y, ref = dl(key, x), dl(key, jnp.array([0.0, 4.0, -4.0, 0.3]))
+assert y.dtype == jnp.float32 and np.array_equal(np.asarray(y), np.asarray(ref)), (y, ref)
+assert np.all(np.asarray(y) * 16 == np.round(np.asarray(y) * 16)) and np.all(np.abs(y) <= 4)
 s = jnp.array([0.0, jnp.nan, 100.0])
 for fn in (M.exponential_mechanism, M.report_noisy_max):
     many = jax.vmap(lambda k, s: fn(k, s, sensitivity=1.0, epsilon=1.0), in_axes=(0, None))
@@ -485,13 +485,15 @@ print("ok")
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
 
 
-def test_discrete_laplace_noise_is_drawn_in_float64_when_available(key):
-    # float32 uniforms realise the geometric cells with a relative error ~2^-15/a (eps = 0.1,
-    # g = 2^-10 realised eps >= 0.51); with x64 on, the noise of a float32 value is drawn in
-    # float64, so a resolution float32 refuses (a = 0.1/4097 < 2^-14) is accepted.
+def test_discrete_laplace_small_rates_are_accepted_and_exact(key):
+    # issue 26: the float64 sampler refused a = 0.1/4097 (float32 could not resolve it) and
+    # rates below ~2e-5; the integer sampler takes any rate ≥ 2^-30, rounded DOWN to S/2^30
     kw = dict(sensitivity=1.0, epsilon=0.1, bound=1.0, granularity=2.0**-12)
-    assert discrete._noise_dtype() == jnp.float64
     y = M.discrete_laplace(key, jnp.zeros(1, jnp.float32), **kw)
     assert y.dtype == jnp.float32 and float(y[0] * 2**12) == round(float(y[0] * 2**12))
-    with pytest.raises(ValueError, match="granularity"):
-        discrete._check_resolution(0.1 / 4097, jnp.float32)
+    rate = discrete.discrete_laplace_rate(sensitivity=1.0, epsilon=0.1, granularity=2.0**-12)
+    ideal = Fraction(0.1) / 4097
+    assert rate <= ideal and ideal - rate < Fraction(1, 2**30) and (rate * 2**30).denominator == 1
+    tiny = dict(sensitivity=1.0, epsilon=1.2e-13, granularity=2.0, bound=2000.0)  # a < 2^-30
+    with pytest.raises(ValueError, match="epsilon must be at least"):
+        M.discrete_laplace(key, jnp.zeros(1), **tiny)
