@@ -16,6 +16,7 @@ keys seeded from the OS (``os.urandom``) and non-porous noise; see README "Secur
 
 from dpjax import accounting, auditing, dp_sgd, erm, events, mechanisms
 from dpjax._version import __version__
+from dpjax._warnings import PrivacyLeakWarning
 from dpjax.dp_sgd import (
     ClippedGrad,
     ClippingInfo,
@@ -41,6 +42,7 @@ __all__ = [
     "ADD_OR_REMOVE_ONE",
     "REPLACE_ONE",
     "NeighbouringRelation",
+    "PrivacyLeakWarning",
     "accounting",
     "auditing",
     "dp_sgd",
