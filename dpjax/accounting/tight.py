@@ -26,6 +26,13 @@ Which method is tight where:
   integration at q = 0.1 and large ε (still a valid bound), and skips orders whose series does
   not converge.
 
+Padded samplers (``PoissonSampledGaussianEvent`` with ``dataset_size``/``max_batch_size``, as
+:meth:`dpjax.dp_sgd.PoissonSampler.event` builds them): every evaluator here accounts the exact
+Poisson event at δ·(1 − f) and requires the truncation slack (1 + e^ε)·Σ T·p̄
+(:func:`truncation_slack`) to fit in f·δ, for the first share f of
+:data:`TRUNCATION_DELTA_SHARES` that fits (10⁻³ first: ``make_private``'s), else raises
+:class:`TruncationSlackError`.
+
 Neighbouring relations, handled honestly:
 
 * Gaussian and Laplace events carry σ/Δ (b/Δ) with Δ the sensitivity *under the event's own
@@ -376,7 +383,8 @@ def rdp_epsilon(
         by Canonne, Kamath and Steinke (2020), Proposition 12, minimised over ``orders``. An
         upper bound; never tighter than :func:`pld_epsilon` up to PLD's discretisation.
         Fractional orders whose series does not converge are skipped by dp-accounting (its
-        warnings are silenced here); skipping an order only loosens the bound.
+        warnings are silenced here); skipping an order only loosens the bound. A padded
+        sampler's truncation slack is paid from δ (module docstring; :func:`truncation_slack`).
 
     Args:
         events: dpjax events, all under one relation.
@@ -813,8 +821,9 @@ def pld_epsilon(
         ε.
 
     Raises:
-        ValueError: invalid arguments, an event PLD does not apply to, or a grid too large
-            (:class:`PLDGridTooLargeError`).
+        ValueError: invalid arguments, an event PLD does not apply to, a grid too large
+            (:class:`PLDGridTooLargeError`), or a padded sampler's truncation slack that fits
+            in no share of δ (:class:`TruncationSlackError`; see the module docstring).
     """
     delta = _validate.real("delta", delta)
     _validate.delta("delta", delta)
