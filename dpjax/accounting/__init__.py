@@ -35,11 +35,13 @@ from dpjax.accounting.tight import (
     DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
     PLDGridCoarsenedWarning,
     PLDGridTooLargeError,
+    TruncationSlackError,
     gaussian_epsilon_upper,
     pld_epsilon,
     rdp_epsilon,
     tight_epsilon,
     to_dp_event,
+    truncation_slack,
 )
 from dpjax.accounting.truncation import noise_truncation_delta
 from dpjax.accounting.zcdp import (
@@ -68,6 +70,7 @@ __all__ = [
     "PLDGridCoarsenedWarning",
     "PLDGridTooLargeError",
     "SAMPLING_RELATIONS",
+    "TruncationSlackError",
     "EpsilonDeltaEvent",
     "FixedBatchGaussianEvent",
     "GaussianEvent",
@@ -99,6 +102,7 @@ __all__ = [
     "rdp_epsilon",
     "tight_epsilon",
     "to_dp_event",
+    "truncation_slack",
     "zcdp_compose",
     "zcdp_epsilon",
     "zcdp_epsilon_bun_steinke",

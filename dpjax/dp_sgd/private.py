@@ -429,7 +429,7 @@ class PrivateTraining(ReadOnlyAfterInit):
             return math.inf
         accounted = delta * (1.0 - SLACK_FRACTION)
         within_plan = t <= self.steps and delta == self.delta
-        if within_plan and self._planned_bound_is_void(accounted):
+        if within_plan and _plan_is_not_private(self, accounted):
             return math.inf  # not private (warned at construction): claim nothing
         try:
             eps = cached_dp_sgd_epsilon(
@@ -457,15 +457,6 @@ class PrivateTraining(ReadOnlyAfterInit):
                 f"large enough to hold the sampler's truncation slack at "
                 f"max_batch_size={self.max_batch_size} after {t} steps",
             )
-
-    def _planned_bound_is_void(self, accounted: float) -> bool:
-        """Whether make_private's bound for the whole plan was ε ≥ 700 (cached, silent)."""
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            bound = _epsilon_bound(
-                self.noise_multiplier, self.sampling_rate, self.steps, accounted, self.accounting
-            )
-        return bound >= NOT_PRIVATE_EPSILON
 
     def epsilon_history(self, state: PrivateState | int, num_points: int = 10) -> list:
         """``[(t, ε_t)]`` at ``num_points`` step counts evenly spaced in [1, state.step], at δ.
@@ -671,6 +662,20 @@ def _rdp_fallback(sigma: float, q: float, steps: int, delta: float) -> float:
         noise_multiplier=sigma, sampling_rate=q, steps=steps, delta=delta, accounting="rdp"
     )
     return eps if math.isfinite(eps) else math.inf
+
+
+def _plan_is_not_private(private: PrivateTraining, accounted: float) -> bool:
+    """Whether make_private's ε bound for the whole plan reached 700 (cached, silent)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        bound = _epsilon_bound(
+            private.noise_multiplier,
+            private.sampling_rate,
+            private.steps,
+            accounted,
+            private.accounting,
+        )
+    return bound >= NOT_PRIVATE_EPSILON
 
 
 def _sampler_for_slack(
