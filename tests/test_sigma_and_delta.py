@@ -166,6 +166,17 @@ def test_pieces_path_reports_the_same_epsilon_delta_as_make_private(plan):
     assert event.max_batch_size == private.max_batch_size
 
 
+def test_accountant_history_of_a_padded_run_pays_the_slack_at_every_point():
+    private = _private(**PLANS[3])
+    event = private.sampler.event(noise_multiplier=private.noise_multiplier, steps=1)
+    accountant = PrivacyAccountant([event] * private.steps)  # one record per step
+    assert accountant.applicable_methods() == ("pld",)  # RDP/zCDP have no truncated analysis
+    history = accountant.epsilon_history(private.delta, every=10)
+    assert [t for t, _ in history] == [10, 20, 30, 40]
+    for t, eps in history:
+        assert eps == pytest.approx(private.epsilon(t), rel=1e-6)
+
+
 @pytest.mark.parametrize("epochs", [3, 30])
 def test_pieces_path_with_the_default_cap_counts_the_truncation_slack(epochs):
     # The run by the pieces path: n = 60 000, batch 256, the PoissonSampler's default
