@@ -181,9 +181,7 @@ def test_sampler_events_are_accepted_by_the_accountant():
         for f in TRUNCATION_DELTA_SHARES
         if poisson.delta_slack(100, eps) <= f * 1e-5
         and eps
-        == dp_sgd_epsilon(
-            noise_multiplier=1.2, sampling_rate=0.02, steps=100, delta=1e-5 * (1 - f)
-        )
+        == dp_sgd_epsilon(noise_multiplier=1.2, sampling_rate=0.02, steps=100, delta=1e-5 * (1 - f))
     ]
     assert fits
     ref = dp_sgd_epsilon(noise_multiplier=1.2, sampling_rate=0.02, steps=100, delta=1e-5)

@@ -445,16 +445,17 @@ def _calibrate(
         x, slope = hi[0], _slope(lo, hi)
     if not grids:
         return hi[1]
-    # The value at full precision: one evaluation at the requested grid (stepped up if needed).
+    # The value at full precision: one evaluation at the requested grid. Where it is above the
+    # target (rare; e.g. the requested grid had to be coarsened for size), solve on that grid.
     final = _log_excess(target, at(vdi), quiet=False)
-    for _ in range(100):
-        sigma, fx = final(x)
-        if fx <= 0.0:
-            return sigma
-        x += width
-    _validate.fail(
-        "target_epsilon", target, "reachable at the requested PLD grid"
-    )  # pragma: no cover
+    sigma, fx = final(x)
+    if fx <= 0.0:
+        return sigma
+    try:
+        lo, hi = _bracket(final, x, slope, width)
+    except OverflowError:
+        _validate.fail("target_epsilon", target, f"reachable with σ/C ≤ {_SIGMA_MAX:g}")
+    return _illinois(final, lo, hi, width)[1][1]
 
 
 def max_steps(
