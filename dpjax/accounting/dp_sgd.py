@@ -160,7 +160,8 @@ def calibrate_noise_multiplier(
     decreases in σ. With ``accounting="pld"`` the bracket is found on coarser PLD grids
     (:data:`BRACKET_GRIDS`: 10⁻², then 10⁻³, each a valid pessimistic upper bound, 10–100×
     cheaper) and the returned σ is then evaluated ONCE at ``value_discretization_interval``
-    (stepped up by ``rtol`` until it is ≤ target, which is rare). A σ whose PLD grid cannot be
+    (if that evaluation is above the target — rare; e.g. a grid coarsened for size — the root
+    is solved on that grid). A σ whose PLD grid cannot be
     built (:class:`~dpjax.accounting.tight.PLDGridTooLargeError`, only at tiny σ) counts as
     "ε above target", which can only make the returned σ larger (never invalid). Results are
     cached per argument set, so building the same plan twice calibrates once.
