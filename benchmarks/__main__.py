@@ -1,5 +1,8 @@
 """``python -m benchmarks [--quick] --out results``: dpjax's DP-SGD step, its breakdown, Opacus.
 
+``python -m benchmarks --construction`` times ``make_private``'s construction instead
+(:mod:`benchmarks.construction`).
+
 Every (model, batch) of :data:`benchmarks.models.CONFIGS` runs in one fresh process that
 compiles every method (compile time: ``lower().compile()`` seconds), draws two bare noise
 vectors of the model's size (dpjax's sound sampler, ``jax.random.normal``), builds Opacus's
@@ -183,8 +186,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default=None, help="comma-separated model names")
     parser.add_argument("--repeats", type=int, default=None, help="rounds per (model, batch)")
     parser.add_argument("--no-opacus", action="store_true", help="skip Opacus even if installed")
+    parser.add_argument(
+        "--construction",
+        action="store_true",
+        help="only time make_private's construction (benchmarks/construction.py)",
+    )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.construction:
+        from benchmarks.construction import run
+
+        return run(args.out)
     repeats = args.repeats or (5 if args.quick else 11)
     plugins = load_plugins()
     only = None if args.only is None else set(args.only.split(","))

@@ -18,6 +18,7 @@ keys seeded from the OS (:func:`dpjax.os_key`) and non-porous noise; see README 
 from dpjax import accounting, auditing, dp_sgd, erm, events, mechanisms, tuning
 from dpjax._random import os_key
 from dpjax._version import __version__
+from dpjax._warnings import PrivacyLeakWarning
 from dpjax.dp_sgd import (
     ClippedGrad,
     ClippingInfo,
@@ -43,6 +44,7 @@ __all__ = [
     "ADD_OR_REMOVE_ONE",
     "REPLACE_ONE",
     "NeighbouringRelation",
+    "PrivacyLeakWarning",
     "accounting",
     "auditing",
     "dp_sgd",

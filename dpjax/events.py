@@ -24,6 +24,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from scipy import stats
+
 from dpjax import _validate
 from dpjax.relation import ADD_OR_REMOVE_ONE, REPLACE_ONE, NeighbouringRelation, as_relation
 
@@ -113,18 +115,58 @@ class PoissonSampledGaussianEvent(PrivacyEvent):
     """``count`` DP-SGD steps: Poisson sampling at rate q, clipped sum + N(0, (σ·C)²).
 
     ``sampling_rate = 1`` is full-batch DP-GD.
+
+    ``dataset_size`` n and ``max_batch_size`` m (both or neither) record a PADDED sampler that
+    keeps at most m of the selected records (a uniformly random subset of them; see
+    :class:`dpjax.dp_sgd.PoissonSampler`). The accountants of :mod:`dpjax.accounting.tight`
+    then charge its truncation: with p̄ = :attr:`overflow_probability` per step, the run is
+    (ε, δ′ + (1 + e^ε)·count·p̄)-DP where (ε, δ′) is the guarantee of the untruncated
+    sampling. Without them the event is exact Poisson sampling (no cap).
     """
 
     noise_multiplier: float
     sampling_rate: float
     count: int = 1
     relation: NeighbouringRelation = ADD_OR_REMOVE_ONE
+    dataset_size: int | None = None
+    max_batch_size: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self._coerce_float("noise_multiplier", "sampling_rate")
         _validate.positive("noise_multiplier", self.noise_multiplier)
         _validate.probability("sampling_rate", self.sampling_rate)
+        if (self.dataset_size is None) != (self.max_batch_size is None):
+            _validate.fail(
+                "max_batch_size",
+                self.max_batch_size,
+                "given together with dataset_size (a padded sampler) or both None",
+            )
+        if self.dataset_size is not None:
+            self._coerce_int("dataset_size", "max_batch_size")
+            _validate.positive_int("dataset_size", self.dataset_size)
+            _validate.positive_int("max_batch_size", self.max_batch_size)
+            if self.max_batch_size > self.dataset_size:
+                n = self.dataset_size
+                _validate.fail("max_batch_size", self.max_batch_size, f"at most dataset_size={n}")
+
+    @property
+    def truncated(self) -> bool:
+        """Whether the event records a padded (capped) sampler."""
+        return self.dataset_size is not None
+
+    @property
+    def overflow_probability(self) -> float:
+        """p̄ = P[Binomial(n + 1, q) > m]: the chance per step that the padded sampler drops a
+        record on the data set or any neighbour of it (n + 1 covers an add-one neighbour);
+        0 without a cap."""
+        if self.dataset_size is None:
+            return 0.0
+        return float(stats.binom.sf(self.max_batch_size, self.dataset_size + 1, self.sampling_rate))
+
+    def untruncated(self) -> PoissonSampledGaussianEvent:
+        """The same event without the cap (exact Poisson sampling)."""
+        return dataclasses.replace(self, dataset_size=None, max_batch_size=None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -369,6 +411,10 @@ def event_to_dict(event: PrivacyEvent) -> dict[str, Any]:
     return out
 
 
+#: Fields that records written before they existed lack (read as None: no padded sampler).
+_OPTIONAL_FIELDS = {"PoissonSampledGaussianEvent": {"dataset_size", "max_batch_size"}}
+
+
 def event_from_dict(data: dict[str, Any]) -> PrivacyEvent:
     """Rebuild an event written by :func:`event_to_dict` (every field re-validated).
 
@@ -385,7 +431,7 @@ def event_from_dict(data: dict[str, Any]) -> PrivacyEvent:
     unknown = set(kwargs) - fields
     if unknown:
         _validate.fail("data", sorted(unknown), f"fields of {cls.__name__}: {sorted(fields)}")
-    missing = fields - set(kwargs)
+    missing = fields - set(kwargs) - _OPTIONAL_FIELDS.get(cls.__name__, set())
     if missing:  # no defaults here: a dropped "count" would read as 1 release, "relation" as
         # the class default (event_to_dict writes every field)
         _validate.fail(

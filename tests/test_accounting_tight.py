@@ -205,7 +205,7 @@ def test_to_dp_event_round_trips_through_dp_accounting():
 @pytest.mark.parametrize(
     ("kwargs", "name"),
     [
-        (dict(noise_multiplier=0.0), "noise_multiplier"),
+        (dict(noise_multiplier=-1e-300), "noise_multiplier"),  # σ = 0 is allowed: ε = inf
         (dict(noise_multiplier=-1.0), "noise_multiplier"),
         (dict(sampling_rate=0.0), "sampling_rate"),
         (dict(sampling_rate=1.5), "sampling_rate"),

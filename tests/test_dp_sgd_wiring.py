@@ -110,7 +110,13 @@ def test_event_reads_sigma_from_the_optimizer_and_steps_from_the_state(key):
     update = jax.jit(tx.update)
     for _ in range(3):
         _, state = update(jnp.ones(2), state, params)
-    expected = PoissonSampledGaussianEvent(noise_multiplier=1.3, sampling_rate=0.05, count=3)
+    expected = PoissonSampledGaussianEvent(
+        noise_multiplier=1.3,
+        sampling_rate=0.05,
+        count=3,
+        dataset_size=200,  # the padded sampler's cap travels with the event (truncation slack)
+        max_batch_size=sampler.max_batch_size,
+    )
     assert event_for(tx, sampler=sampler, state=state) == expected
     assert event_for(tx, sampler=sampler, steps=3) == expected
     assert noise_releases(state) == 3

@@ -48,11 +48,13 @@ from dpjax.accounting.tight import (
     DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
     PLDGridCoarsenedWarning,
     PLDGridTooLargeError,
+    TruncationSlackError,
     gaussian_epsilon_upper,
     pld_epsilon,
     rdp_epsilon,
     tight_epsilon,
     to_dp_event,
+    truncation_slack,
 )
 from dpjax.accounting.truncation import noise_truncation_delta
 from dpjax.accounting.with_replacement import with_replacement_delta, with_replacement_epsilon
@@ -84,6 +86,7 @@ __all__ = [
     "PLDGridCoarsenedWarning",
     "PLDGridTooLargeError",
     "SAMPLING_RELATIONS",
+    "TruncationSlackError",
     "EpsilonDeltaEvent",
     "FixedBatchGaussianEvent",
     "GaussianEvent",
@@ -125,6 +128,7 @@ __all__ = [
     "tradeoff_curve",
     "with_replacement_delta",
     "with_replacement_epsilon",
+    "truncation_slack",
     "zcdp_compose",
     "zcdp_epsilon",
     "zcdp_epsilon_bun_steinke",

@@ -26,6 +26,13 @@ Which method is tight where:
   integration at q = 0.1 and large ε (still a valid bound), and skips orders whose series does
   not converge.
 
+Padded samplers (``PoissonSampledGaussianEvent`` with ``dataset_size``/``max_batch_size``, as
+:meth:`dpjax.dp_sgd.PoissonSampler.event` builds them): every evaluator here accounts the exact
+Poisson event at δ·(1 − f) and requires the truncation slack (1 + e^ε)·Σ T·p̄
+(:func:`truncation_slack`) to fit in f·δ, for the first share f of
+:data:`TRUNCATION_DELTA_SHARES` that fits (10⁻³ first: ``make_private``'s), else raises
+:class:`TruncationSlackError`.
+
 Neighbouring relations, handled honestly:
 
 * Gaussian and Laplace events carry σ/Δ (b/Δ) with Δ the sensitivity *under the event's own
@@ -60,6 +67,7 @@ import dp_accounting
 import numpy as np
 from dp_accounting import rdp
 from dp_accounting.pld import common as pld_common
+from dp_accounting.pld import pld_pmf
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from scipy import special
 
@@ -76,6 +84,9 @@ __all__ = [
     "MAX_VALUE_DISCRETIZATION_INTERVAL",
     "PLDGridCoarsenedWarning",
     "PLDGridTooLargeError",
+    "TRUNCATION_DELTA_SHARES",
+    "TruncationSlackError",
+    "truncation_slack",
     "gaussian_epsilon_upper",
     "pld_grid_points",
     "plan_pld",
@@ -169,6 +180,8 @@ def to_dp_event(
         inner, rel = dp_accounting.GaussianDpEvent(event.noise_multiplier), unit
     elif isinstance(event, ev.LaplaceEvent):
         inner, rel = dp_accounting.LaplaceDpEvent(event.noise_multiplier), unit
+    elif isinstance(event, ev.PoissonSampledGaussianEvent) and event.truncated:
+        inner, rel = _truncated_poisson_dp_event(event, method)
     elif isinstance(event, ev.PoissonSampledGaussianEvent):
         inner, rel = _poisson_dp_event(event, method)
     elif isinstance(event, ev.FixedBatchGaussianEvent):
@@ -201,6 +214,35 @@ def to_dp_event(
             "and Laplace DP-SGD events",
         )
     return dp_accounting.SelfComposedDpEvent(inner, event.count), rel
+
+
+def _truncated_poisson_dp_event(
+    event: ev.PoissonSampledGaussianEvent, method: str
+) -> tuple[dp_accounting.DpEvent, dp_accounting.NeighboringRelation]:
+    """A padded Poisson sampler as dp-accounting's ``TruncatedSubsampledGaussianDpEvent``.
+
+    Its analysis (Poisson sampling, then a uniformly random subset of at most m of the
+    selected, Gaussian on the sum; PLD only, add/remove-one) matches
+    :class:`~dpjax.dp_sgd.PoissonSampler`'s truncation rule. ``dataset_size`` is given as
+    n + 1, the larger data set of an add-one pair (as in ``overflow_probability``).
+    dpjax's own evaluators instead add the truncation slack to δ (see
+    :func:`truncation_slack`), so they agree with ``make_private``.
+    """
+    if method != "pld" or event.relation is not ADD_OR_REMOVE_ONE:
+        raise _unsupported(
+            event,
+            method,
+            "dp-accounting analyses a truncated (padded) Poisson sampler only by PLD under "
+            "add/remove-one; dpjax.accounting.tight_epsilon accounts it by any method (the "
+            "truncation slack is added to δ)",
+        )
+    inner = dp_accounting.TruncatedSubsampledGaussianDpEvent(
+        dataset_size=event.dataset_size + 1,
+        sampling_probability=event.sampling_rate,
+        truncated_batch_size=event.max_batch_size,
+        noise_multiplier=event.noise_multiplier,
+    )
+    return inner, dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
 
 
 def _poisson_dp_event(
@@ -253,6 +295,79 @@ def _quiet_absl() -> Iterator[None]:
         logger.setLevel(level)
 
 
+#: Shares of δ tried, in order, for a padded sampler's truncation slack: ε is evaluated at
+#: δ·(1 − f) and the slack (1 + e^ε)·Σ count·p̄ must be ≤ f·δ. The first share is
+#: ``make_private``'s, so an event of its sampler reports its (ε, δ) exactly.
+TRUNCATION_DELTA_SHARES = (1e-3, 1e-2, 1e-1, 0.5)
+
+
+class TruncationSlackError(ValueError):
+    """δ is too small to hold a padded sampler's truncation slack (1 + e^ε)·T·p̄ (raise the
+    sampler's ``max_batch_size``, or δ)."""
+
+
+def truncation_slack(epsilon: float, overflow_mass: float) -> float:
+    """(1 + e^ε)·Σ countᵢ·p̄ᵢ: the δ a padded sampler adds to an (ε, δ) guarantee.
+
+    Formal guarantees:
+        Couple the truncated run M with the untruncated run M* on the same randomness: they
+        differ only if some step overflows, with probability ≤ m̄ = Σ countᵢ·p̄ᵢ on D and on
+        any neighbour D′. If M* is (ε, δ)-DP then for every set S,
+        P[M(D) ∈ S] ≤ P[M*(D) ∈ S] + m̄ ≤ e^ε (P[M(D′) ∈ S] + m̄) + δ + m̄, so M is
+        (ε, δ + (1 + e^ε)·m̄)-DP (the standard coupling argument; lecture on ML under DP,
+        amplification by subsampling). Other releases composed with M do not change the
+        argument (the coupling is on the whole run).
+
+    Args:
+        epsilon: ε ≥ 0 of the untruncated run.
+        overflow_mass: m̄ ≥ 0.
+
+    Returns:
+        The slack (``inf`` when e^ε overflows and m̄ > 0).
+    """
+    if overflow_mass == 0.0:
+        return 0.0
+    factor = 1.0 + math.exp(epsilon) if epsilon < 709.0 else math.inf
+    return factor * overflow_mass
+
+
+def _overflow_mass(events: Sequence[ev.PrivacyEvent]) -> float:
+    """Σ count·p̄ over the padded-sampler events (0 if there are none)."""
+    return math.fsum(
+        e.count * e.overflow_probability
+        for e in events
+        if isinstance(e, ev.PoissonSampledGaussianEvent) and e.truncated
+    )
+
+
+def _untruncated(events: Sequence[ev.PrivacyEvent]) -> list[ev.PrivacyEvent]:
+    return [
+        e.untruncated() if isinstance(e, ev.PoissonSampledGaussianEvent) and e.truncated else e
+        for e in events
+    ]
+
+
+def _with_truncation_slack(events, delta: float, evaluate) -> float:
+    """``evaluate(untruncated events, δ′)`` with the truncation slack paid from δ: the first
+    share f of :data:`TRUNCATION_DELTA_SHARES` with slack(ε(δ(1 − f))) ≤ f·δ."""
+    plain = _untruncated(events)
+    mass = _overflow_mass(events)
+    if mass == 0.0:
+        return evaluate(plain, delta)
+    if delta == 0.0:
+        return math.inf
+    for share in TRUNCATION_DELTA_SHARES:
+        eps = evaluate(plain, delta * (1.0 - share))
+        if truncation_slack(eps, mass) <= share * delta:
+            return eps
+    raise TruncationSlackError(
+        f"delta must be large enough to hold the padded sampler's truncation slack "
+        f"(1 + e^ε)·T·p̄ (T·p̄ = {mass:.3g}, ε = {eps:.4g} at δ·{1 - share:g}); got {delta!r}. "
+        "Use a larger max_batch_size in PoissonSampler (its overflow probability per step is "
+        "p̄) or a larger δ"
+    )
+
+
 def rdp_epsilon(
     events: Sequence[ev.PrivacyEvent],
     delta: float,
@@ -268,7 +383,8 @@ def rdp_epsilon(
         by Canonne, Kamath and Steinke (2020), Proposition 12, minimised over ``orders``. An
         upper bound; never tighter than :func:`pld_epsilon` up to PLD's discretisation.
         Fractional orders whose series does not converge are skipped by dp-accounting (its
-        warnings are silenced here); skipping an order only loosens the bound.
+        warnings are silenced here); skipping an order only loosens the bound. A padded
+        sampler's truncation slack is paid from δ (module docstring; :func:`truncation_slack`).
 
     Args:
         events: dpjax events, all under one relation.
@@ -280,8 +396,12 @@ def rdp_epsilon(
     """
     delta = _validate.real("delta", delta)
     _validate.delta("delta", delta)
-    grid, curve = rdp_curve(events, orders=orders)
-    return float(rdp.compute_epsilon(grid, curve, delta)[0])
+
+    def evaluate(plain: Sequence[ev.PrivacyEvent], d: float) -> float:
+        grid, curve = rdp_curve(plain, orders=orders)
+        return float(rdp.compute_epsilon(grid, curve, d)[0])
+
+    return _with_truncation_slack(events, delta, evaluate)
 
 
 def _group(events: Sequence[ev.PrivacyEvent]) -> list[ev.PrivacyEvent]:
@@ -540,7 +660,33 @@ def _self_composed(event: ev.PrivacyEvent, count: int, vdi: float):
     step = _step_pld(event, vdi)
     if count == 1:
         return step
-    return step.self_compose(count, tail_mass_truncation=_TAIL_MASS_TRUNCATION)
+    return _dense_if_huge(step, count).self_compose(
+        count, tail_mass_truncation=_TAIL_MASS_TRUNCATION
+    )
+
+
+def _dense_if_huge(
+    step: pld_lib.PrivacyLossDistribution, count: int
+) -> pld_lib.PrivacyLossDistribution:
+    """``step`` with dense PMFs where dp-accounting would compute ``size ** count`` exactly.
+
+    A small (sparse, ≤ 1000 points) PMF decides sparse-or-dense by the Python integer
+    ``size ** count``: at count = 10⁹ that integer has billions of digits and the call ran for
+    minutes. Where that number exceeds 1000, dp-accounting converts to dense anyway; doing it
+    first gives the same result without the big integer.
+    """
+    pmfs = (step._pmf_remove, step._pmf_add)  # noqa: SLF001 (no public accessor)
+    huge = any(
+        isinstance(p, pld_pmf.SparsePLDPmf)
+        and p.size > 1
+        and count * math.log(p.size) > math.log(1e3)
+        for p in pmfs
+    )
+    if not huge:
+        return step
+    symmetric = step._symmetric  # noqa: SLF001
+    remove = pmfs[0].to_dense_pmf()
+    return pld_lib.PrivacyLossDistribution(remove, None if symmetric else pmfs[1].to_dense_pmf())
 
 
 def _compose_plds(
@@ -675,18 +821,23 @@ def pld_epsilon(
         ε.
 
     Raises:
-        ValueError: invalid arguments, an event PLD does not apply to, or a grid too large
-            (:class:`PLDGridTooLargeError`).
+        ValueError: invalid arguments, an event PLD does not apply to, a grid too large
+            (:class:`PLDGridTooLargeError`), or a padded sampler's truncation slack that fits
+            in no share of δ (:class:`TruncationSlackError`; see the module docstring).
     """
     delta = _validate.real("delta", delta)
     _validate.delta("delta", delta)
     vdi = _check_vdi(value_discretization_interval)
     _common_relation(events)
-    mu_sq = [_unit_gaussian_mu_squared(e) for e in events]
-    if all(m is not None for m in mu_sq):
-        return gaussian_epsilon_upper(math.sqrt(math.fsum(mu_sq)), delta)
-    _, plds = plan_pld(events, vdi)
-    return _epsilon_of(plds, delta)
+
+    def evaluate(plain: Sequence[ev.PrivacyEvent], d: float) -> float:
+        mu_sq = [_unit_gaussian_mu_squared(e) for e in plain]
+        if all(m is not None for m in mu_sq):
+            return gaussian_epsilon_upper(math.sqrt(math.fsum(mu_sq)), d)
+        _, plds = plan_pld(plain, vdi)
+        return _epsilon_of(plds, d)
+
+    return _with_truncation_slack(events, delta, evaluate)
 
 
 def pld_epsilons_incremental(
@@ -723,6 +874,27 @@ def pld_epsilons_incremental(
     _common_relation(everything)
     if any(not block for block in blocks):
         _validate.fail("blocks", blocks, "non-empty sequences of privacy events")
+    if _overflow_mass(everything) == 0.0:
+        return _pld_incremental_plain(blocks, delta, vdi)
+    # Padded samplers: the first share of δ for the slack, prefix by prefix; a prefix whose
+    # slack does not fit in it is evaluated alone (pld_epsilon tries the larger shares).
+    share = TRUNCATION_DELTA_SHARES[0]
+    plain = [_untruncated(block) for block in blocks]
+    values = _pld_incremental_plain(plain, delta * (1.0 - share), vdi)
+    out, prefix = [], []
+    for block, eps in zip(blocks, values, strict=True):
+        prefix.extend(block)
+        if truncation_slack(eps, _overflow_mass(prefix)) > share * delta:
+            eps = pld_epsilon(prefix, delta, value_discretization_interval=vdi)
+        out.append(eps)
+    return out
+
+
+def _pld_incremental_plain(
+    blocks: Sequence[Sequence[ev.PrivacyEvent]], delta: float, vdi: float
+) -> list[float]:
+    """:func:`pld_epsilons_incremental` of blocks without padded samplers (validated)."""
+    everything = [e for block in blocks for e in block]
     if all(_unit_gaussian_mu_squared(e) is not None for e in everything):
         used = vdi
     else:

@@ -36,6 +36,7 @@ import numpy as np
 import optax
 
 from dpjax import _noise, _validate
+from dpjax._warnings import PrivacyLeakWarning
 from dpjax.dp_sgd.transforms import (
     NoiseState,
     PublicNoiseState,
@@ -242,7 +243,13 @@ def dp_sgd_optimizer(
         >>> updates.shape, tx.l2_clip_norm
         ((3,), 1.0)
     """
-    _validate.non_negative("noise_multiplier", noise_multiplier)
+    if _validate.non_negative("noise_multiplier", noise_multiplier) == 0.0:
+        warnings.warn(
+            "dp_sgd_optimizer: noise_multiplier=0 is NOT PRIVATE (clip-only baseline: the "
+            "clipped sums are released without noise; ε = inf, event_for refuses it)",
+            PrivacyLeakWarning,
+            stacklevel=2,
+        )
     _validate.positive("normalizer", normalizer)
     clip = _clip_norm_of(clipped_grad, l2_clip_norm)
     if not isinstance(optimizer, optax.GradientTransformation):
@@ -304,16 +311,23 @@ def event_for(
             Poisson, replace-one for fixed-size batches).
 
     Returns:
-        ``sampler.event(noise_multiplier=optimizer.noise_multiplier, steps=T, ...)``.
+        ``sampler.event(noise_multiplier=optimizer.noise_multiplier, steps=T, ...)``. For a
+        :class:`~dpjax.dp_sgd.PoissonSampler` the event carries its cap
+        (``dataset_size``, ``max_batch_size``), and every accountant of
+        :mod:`dpjax.accounting` adds the truncation slack (1 + e^ε)·T·p̄ to δ: the (ε, δ) is
+        the one ``make_private`` reports for the same run.
 
     Raises:
         ValueError: an optimizer not built by :func:`dp_sgd_optimizer`, both or neither of
-            ``steps``/``state``, or a state with no release yet.
+            ``steps``/``state``, a state with no release yet, or σ = 0 (not private: no
+            event; ε = inf).
 
     Formal guarantees:
         The event describes exactly the noise the optimizer adds (σ·C on a sum of add/remove-one
         sensitivity C) composed over T releases under the sampler's subsampling (lecture on ML
-        under DP, amplification by subsampling; Abadi et al. 2016).
+        under DP, amplification by subsampling; Abadi et al. 2016), including the padded
+        sampler's truncation, paid by the coupling slack of
+        :func:`dpjax.accounting.tight.truncation_slack`.
 
     Example:
         >>> import jax, jax.numpy as jnp, optax, dpjax

@@ -19,6 +19,7 @@ plan with ε composed over both phases.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import warnings
@@ -29,11 +30,22 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
-from scipy import stats
 
 from dpjax import _validate
-from dpjax.accounting.dp_sgd import calibrate_noise_multiplier, dp_sgd_epsilon
-from dpjax.accounting.tight import tight_epsilon
+from dpjax._warnings import PrivacyLeakWarning
+from dpjax.accounting.dp_sgd import (
+    cached_dp_sgd_epsilon,
+    calibrate_noise_multiplier,
+    warn_if_delta_reveals_records,
+)
+from dpjax.accounting.tight import (
+    TRUNCATION_DELTA_SHARES,
+    PLDGridCoarsenedWarning,
+    PLDGridTooLargeError,
+    TruncationSlackError,
+    tight_epsilon,
+    truncation_slack,
+)
 from dpjax.dp_sgd import _plan
 from dpjax.dp_sgd._frozen import ReadOnlyAfterInit
 from dpjax.dp_sgd.clipping import BACKENDS as CLIPPING_BACKENDS
@@ -60,7 +72,7 @@ __all__ = [
 #: Share of δ set aside for the padded sampler's truncation slack: ε is accounted at
 #: δ·(1 − SLACK_FRACTION) and the cap ``max_batch_size`` is chosen so the slack of the planned
 #: run is ≤ SLACK_FRACTION·δ.
-SLACK_FRACTION = 1e-3
+SLACK_FRACTION = TRUNCATION_DELTA_SHARES[0]
 ACCOUNTING_METHODS = ("pld", "rdp")
 
 
@@ -662,23 +674,42 @@ class PrivateTraining(ReadOnlyAfterInit):
         return min(bounds)
 
     def _epsilon_uncached(self, t: int, delta: float) -> float:
+        """ε of t steps at δ, the truncation slack included: what ``tight_epsilon`` gives for
+        ``sampler.event(σ, t)`` (first share δ·10⁻³ for the slack, larger shares if it does
+        not fit), through the cache the calibration filled. σ = 0, ε ≥ 700, or a slack that
+        fits in no share within the planned steps and δ: inf (no finite ε is claimed)."""
+        if self.noise_multiplier == 0.0:
+            return math.inf
         accounted = delta * (1.0 - SLACK_FRACTION)
-        eps = dp_sgd_epsilon(
-            noise_multiplier=self.noise_multiplier,
-            sampling_rate=self.sampling_rate,
-            steps=t,
-            delta=accounted,
-            accounting=self.accounting,
-        )
-        slack = self.sampler.delta_slack(t, eps)
-        if accounted + slack > delta:
+        within_plan = t <= self.steps and delta == self.delta
+        if within_plan and _plan_is_not_private(self, accounted):
+            return math.inf  # not private (warned at construction): claim nothing
+        try:
+            eps = cached_dp_sgd_epsilon(
+                noise_multiplier=self.noise_multiplier,
+                sampling_rate=self.sampling_rate,
+                steps=t,
+                delta=accounted,
+                accounting=self.accounting,
+            )
+            method = self.accounting
+        except PLDGridTooLargeError:
+            eps = _rdp_fallback(self.noise_multiplier, self.sampling_rate, t, accounted)
+            method = "rdp"
+        if self.sampler.delta_slack(t, min(eps, 1e300)) <= SLACK_FRACTION * delta:
+            return eps
+        event = self.sampler.event(noise_multiplier=self.noise_multiplier, steps=t)
+        try:
+            return tight_epsilon([event], delta, method=method)
+        except TruncationSlackError:
+            if within_plan:
+                return math.inf
             _validate.fail(
                 "delta",
                 delta,
-                f"large enough to hold the sampler's truncation slack {slack:.3g} at "
+                f"large enough to hold the sampler's truncation slack at "
                 f"max_batch_size={self.max_batch_size} after {t} steps",
             )
-        return eps
 
     def epsilon_history(self, state: PrivateState | int, num_points: int = 10) -> list:
         """``[(t, ε_t)]`` at ``num_points`` step counts evenly spaced in [1, state.step], at δ.
@@ -821,14 +852,15 @@ def _event_of(plan: _plan.Plan, steps: int) -> PoissonSampledGaussianEvent:
 
 def _overflow(plan: _plan.Plan) -> float:
     """p̄ = P[Binomial(n + 1, q) > cap]: overflow chance per step of ``plan``'s sampler."""
-    return float(stats.binom.sf(plan.max_batch_size, plan.dataset_size + 1, plan.sampling_rate))
+    capped = dataclasses.replace(
+        _event_of(plan, 1), dataset_size=plan.dataset_size, max_batch_size=plan.max_batch_size
+    )
+    return capped.overflow_probability
 
 
 def _slack(epsilon: float, overflow: float) -> float:
     """(1 + e^ε)·(Σ t·p̄): the truncation slack (0 when nothing can overflow)."""
-    if overflow == 0.0:
-        return 0.0
-    return (1.0 + math.exp(epsilon)) * overflow if epsilon < 709.0 else math.inf
+    return truncation_slack(epsilon, overflow)
 
 
 def _first_steps(phases: list[tuple[Any, int]], t: int) -> list[tuple[Any, int]]:
@@ -877,10 +909,31 @@ def _progress_bar(total: int, enabled: bool) -> Any:
 
 def _resolve_steps(n: int, batch_size: int, epochs: Any, steps: Any) -> int:
     if (epochs is None) == (steps is None):
-        _validate.fail("epochs", epochs, "given, or steps given instead (exactly one of them)")
+        _validate.fail(
+            "epochs",
+            epochs,
+            f"given, with steps=None (exactly one of epochs and steps; got steps={steps!r})",
+        )
     if steps is not None:
         return _validate.positive_int("steps", steps)
     return poisson_schedule(n, batch_size, epochs)[1]
+
+
+#: ε at or above this is reported as inf: e^ε overflows, so no truncation slack can be bounded.
+NOT_PRIVATE_EPSILON = 700.0
+#: PLD grid of the ε that sizes the sampler's cap when σ is given: a valid (pessimistic) upper
+#: bound at 1–5 % of the cost of the default grid (the cap depends on ε only through
+#: e^ε·tail, so a looser ε adds a row or two at most); ``epsilon(state)`` is full precision.
+_CAP_GRID = 1e-2
+
+
+def _not_private(reason: str) -> None:
+    warnings.warn(
+        f"make_private: NOT PRIVATE — {reason}; epsilon(state) reports inf (a clip-only "
+        "baseline for comparison, not a private run)",
+        PrivacyLeakWarning,
+        stacklevel=3,
+    )
 
 
 def _resolve_noise(
@@ -892,14 +945,24 @@ def _resolve_noise(
     steps: int,
     accounting: str,
 ) -> tuple[float, float]:
-    """(σ, an upper bound on ε after ``steps`` at δ·(1 − SLACK_FRACTION))."""
+    """(σ, an upper bound on ε after ``steps`` at δ·(1 − SLACK_FRACTION); inf: not private).
+
+    σ = 0 (clipping only) and σ so small that ε ≥ :data:`NOT_PRIVATE_EPSILON` are allowed and
+    warned about (:class:`dpjax.PrivacyLeakWarning`, "NOT PRIVATE"); their bound is inf. A PLD
+    grid too large to build falls back to RDP (a warning says so).
+    """
     if (noise_multiplier is None) == (target_epsilon is None):
         _validate.fail(
-            "noise_multiplier", noise_multiplier, "given, or target_epsilon given instead"
+            "noise_multiplier",
+            noise_multiplier,
+            "given, with target_epsilon=None (exactly one of noise_multiplier and "
+            f"target_epsilon; got target_epsilon={target_epsilon!r})",
         )
     accounted = delta * (1.0 - SLACK_FRACTION)
     if target_epsilon is not None:
         target = _validate.epsilon("target_epsilon", target_epsilon)
+        if target >= NOT_PRIVATE_EPSILON:
+            _validate.fail("target_epsilon", target, f"< {NOT_PRIVATE_EPSILON:g} (e^ε finite)")
         sigma = calibrate_noise_multiplier(
             target_epsilon=target,
             delta=accounted,
@@ -908,26 +971,76 @@ def _resolve_noise(
             accounting=accounting,
         )
         return sigma, target
-    sigma = _validate.positive("noise_multiplier", noise_multiplier)
-    eps = dp_sgd_epsilon(
-        noise_multiplier=sigma, sampling_rate=q, steps=steps, delta=accounted, accounting=accounting
-    )
+    sigma = _validate.non_negative("noise_multiplier", noise_multiplier)
+    if sigma == 0.0:
+        _not_private("noise_multiplier=0: the clipped sums are released without noise")
+        return sigma, math.inf
+    eps = _epsilon_bound(sigma, q, steps, accounted, accounting)
+    if eps >= NOT_PRIVATE_EPSILON:
+        _not_private(f"noise_multiplier={sigma:g} gives ε = {eps:g} ≥ {NOT_PRIVATE_EPSILON:g}")
+        return sigma, math.inf
     return sigma, eps
+
+
+def _epsilon_bound(sigma: float, q: float, steps: int, delta: float, accounting: str) -> float:
+    """An upper bound on ε(δ) of ``steps`` steps (PLD on a coarser grid, or RDP)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", PLDGridCoarsenedWarning)
+            return cached_dp_sgd_epsilon(
+                noise_multiplier=sigma,
+                sampling_rate=q,
+                steps=steps,
+                delta=delta,
+                accounting=accounting,
+                value_discretization_interval=_CAP_GRID,
+            )
+    except PLDGridTooLargeError:
+        return _rdp_fallback(sigma, q, steps, delta)
+
+
+def _rdp_fallback(sigma: float, q: float, steps: int, delta: float) -> float:
+    warnings.warn(
+        f"make_private: the PLD grid of noise_multiplier={sigma:g} cannot be built; ε is "
+        "accounted by RDP instead (an upper bound, looser)",
+        UserWarning,
+        stacklevel=4,
+    )
+    eps = cached_dp_sgd_epsilon(
+        noise_multiplier=sigma, sampling_rate=q, steps=steps, delta=delta, accounting="rdp"
+    )
+    return eps if math.isfinite(eps) else math.inf
+
+
+def _plan_is_not_private(private: PrivateTraining, accounted: float) -> bool:
+    """Whether make_private's ε bound for the whole plan reached 700 (cached, silent)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        bound = _epsilon_bound(
+            private.noise_multiplier,
+            private.sampling_rate,
+            private.steps,
+            accounted,
+            private.accounting,
+        )
+    return bound >= NOT_PRIVATE_EPSILON
 
 
 def _sampler_for_slack(
     n: int, requested_q: float, *, steps: int, epsilon: float, delta: float, calibrated: bool
 ) -> PoissonSampler:
-    """A PoissonSampler whose cap keeps the truncation slack of ``steps`` steps ≤ SLACK·δ."""
+    """A PoissonSampler whose cap keeps the truncation slack of ``steps`` steps ≤ SLACK·δ.
+
+    ``epsilon = inf`` (a run that is not private): the cap is sized as for ε = 0, which keeps
+    drops rare (at most SLACK·δ/2 over the run); no slack can be bounded, none is claimed.
+    """
     budget = SLACK_FRACTION * delta
     q = realised_sampling_rate(requested_q)
-    if epsilon >= 700.0:
-        name = "target_epsilon" if calibrated else "noise_multiplier"
-        _validate.fail(name, f"one giving ε = {epsilon:g}", "one giving ε < 700 (e^ε finite)")
-    tail = budget / (steps * (1.0 + math.exp(epsilon)))
+    private = math.isfinite(epsilon)
+    tail = budget / (steps * (1.0 + (math.exp(epsilon) if private else 1.0)))
     cap = min(n, _binomial_cap(n + 1, q, tail))
     sampler = PoissonSampler(dataset_size=n, sampling_rate=requested_q, max_batch_size=cap)
-    if sampler.delta_slack(steps, epsilon) > budget:
+    if private and sampler.delta_slack(steps, epsilon) > budget:
         _validate.fail(
             "batch_size",
             f"{requested_q * n:g} (q = {q:.4g})",
@@ -974,7 +1087,8 @@ def make_private(
         dataset_size: n ≥ 1, the number of records (the leading axis of ``data``).
         batch_size: b in [1, n], the EXPECTED logical batch: q = b/n.
         delta: δ in (0, 1) of the reported guarantee (the truncation slack of the padded
-            sampler is paid from it; see "Formal guarantees").
+            sampler is paid from it; see "Formal guarantees"). δ ≥ 1/n warns
+            (:class:`dpjax.PrivacyLeakWarning`): it permits releasing a whole record.
         key: a JAX PRNG key; split into the noise key and the sampling/dropout key (each split
             again at every step, never reused; one run per object: ``init`` and ``fit``
             without ``state`` refuse a second). The whole run is a function of it: use a NEW
@@ -987,7 +1101,9 @@ def make_private(
             the composition of two private runs the accountant would assume.
         epochs: expected passes over the data (> 0); or give ``steps``.
         steps: T ≥ 1 noisy updates; or give ``epochs``.
-        noise_multiplier: σ > 0; or give ``target_epsilon``.
+        noise_multiplier: σ ≥ 0; or give ``target_epsilon`` (never a default). σ = 0 is the
+            clip-only baseline: allowed, NOT private — a :class:`dpjax.PrivacyLeakWarning` at
+            construction and ``epsilon(state) = inf``; so is a σ whose ε reaches 700.
         target_epsilon: ε > 0 to reach after T steps at ``delta``; or give ``noise_multiplier``.
         physical_batch_size: rows processed at once (memory). When smaller than the padded
             batch, each Poisson batch is split into micro-batches
@@ -1074,6 +1190,7 @@ def make_private(
     if batch_size > n:
         _validate.fail("batch_size", batch_size, f"in [1, dataset_size={n}]")
     delta = _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
+    warn_if_delta_reveals_records(delta, n, "make_private")
     _validate.one_of("clipping", clipping, CLIPPING_BACKENDS)
     _validate.one_of("accounting", accounting, ACCOUNTING_METHODS)
     if physical_batch_size is not None:

@@ -103,13 +103,22 @@ class PaddedBatch(NamedTuple):
 
 
 def _binomial_cap(n: int, q: float, tail: float) -> int:
-    """Smallest m with P[Binomial(n, q) > m] ≤ tail."""
-    m = int(stats.binom.isf(tail, n, q))
-    while m < n and stats.binom.sf(m, n, q) > tail:  # guard isf's floating-point edge
-        m += 1
-    while m > 0 and stats.binom.sf(m - 1, n, q) <= tail:
-        m -= 1
-    return max(1, min(n, m))
+    """Smallest m in [1, n] with P[Binomial(n, q) > m] ≤ tail.
+
+    Bisection on m (the tail decreases in m; P[Bin > n] = 0): ⌈log₂ n⌉ evaluations. (Walking
+    from ``binom.isf``, inexact at tails ~1e-26, took 6·10⁴ evaluations — seconds — at
+    n = 60 000, ε = 34.)
+    """
+    lo, hi = 0, n  # invariant: sf(hi) ≤ tail; sf(lo) > tail once lo > 0 is set
+    if stats.binom.sf(0, n, q) <= tail:
+        return 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if stats.binom.sf(mid, n, q) <= tail:
+            hi = mid
+        else:
+            lo = mid
+    return max(1, min(n, hi))
 
 
 #: Resolution of the inclusion decision: two 32-bit words, i.e. a 64-bit uniform integer.
@@ -173,7 +182,8 @@ class PoissonSampler(ReadOnlyAfterInit):
     ``overflow_probability`` per step), the ``max_batch_size`` of highest priority are kept — a
     uniformly random subset (priorities are drawn independently of the selection) — and the
     rest dropped. The default cap makes this ≤ 1e-9 per step. (Order and truncation rule do
-    not enter the privacy analysis; truncation is paid for by :meth:`delta_slack`.)
+    not enter the privacy analysis; truncation is paid for by :meth:`delta_slack`, which the
+    accountants add to δ for the events of :meth:`event`.)
 
     Formal guarantees:
         Without overflow this is exactly the Poisson subsampling at rate ``sampling_rate``
@@ -304,12 +314,28 @@ class PoissonSampler(ReadOnlyAfterInit):
         relation: NeighbouringRelation | str = ADD_OR_REMOVE_ONE,
     ) -> PoissonSampledGaussianEvent:
         """The event of ``steps`` DP-SGD steps with this sampler (at its realised rate) and
-        noise σ·C on the sum."""
+        noise σ·C on the sum, its cap included (``dataset_size``, ``max_batch_size``): the
+        accountants of :mod:`dpjax.accounting` add the truncation slack
+        (1 + e^ε)·T·p̄ to δ themselves, so ε(δ) of this event is what ``make_private``
+        reports for the same run.
+
+        Raises:
+            ValueError: ``noise_multiplier = 0`` (the clip-only baseline is not private: it has
+                no event; :func:`dpjax.accounting.dp_sgd_epsilon` reports ε = inf for it).
+        """
+        if _validate.non_negative("noise_multiplier", noise_multiplier) == 0.0:
+            _validate.fail(
+                "noise_multiplier",
+                noise_multiplier,
+                "> 0 for a privacy event (σ = 0 is the clip-only baseline: NOT private, ε = inf)",
+            )
         return PoissonSampledGaussianEvent(
             noise_multiplier=noise_multiplier,
             sampling_rate=self.sampling_rate,
             count=steps,
             relation=as_relation(relation),
+            dataset_size=self.dataset_size,
+            max_batch_size=self.max_batch_size,
         )
 
     def __repr__(self) -> str:

@@ -34,6 +34,7 @@ import numpy as np
 from scipy import special
 
 from dpjax import _validate
+from dpjax._warnings import PrivacyLeakWarning
 
 __all__ = [
     "PrivacyLeakWarning",
@@ -259,10 +260,6 @@ def _check_key(random_state):
 
 def _key_fingerprint(key) -> bytes:
     return np.asarray(jax.random.key_data(key)).tobytes()
-
-
-class PrivacyLeakWarning(UserWarning):
-    """Something data-dependent is released outside the privacy guarantee (e.g. the labels)."""
 
 
 class PrivateLogisticRegression(_Mixin, _Base):
