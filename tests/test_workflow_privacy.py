@@ -13,6 +13,7 @@ secret object, which is why that object must stay secret):
 8. ``tx.update`` of per-example gradients with ``params`` omitted is refused.
 """
 
+import math
 import warnings
 
 import jax
@@ -350,8 +351,9 @@ def test_second_fit_or_init_without_the_state_is_refused(key):
 
 
 def test_fit_past_what_delta_holds_is_refused_before_any_step(key, monkeypatch):
-    # this plan's cap holds the truncation slack of 7 steps at δ, not of 8 (the cap is sized
-    # for the planned 6: running past the plan soon leaves δ)
+    # this plan's cap (sized for the planned 6 steps) holds the truncation slack of 28 steps at
+    # δ, paid from at most half of δ (accounting.tight.TRUNCATION_DELTA_SHARES), not of 29:
+    # running past the plan soon leaves δ
     private = private_for(jax.random.key(14), steps=6)
     data = make_data(key)
     calls = []
@@ -372,8 +374,11 @@ def test_fit_past_what_delta_holds_is_refused_before_any_step(key, monkeypatch):
     past = [w for w in caught if "beyond the planned" in str(w.message)]
     assert len(past) == 1 and len(calls) == 7 and len(history["epsilon"]) == 7
     assert int(state.step) == 7
-    with pytest.raises(ValueError, match="before any step ran"):  # the 8th would leave δ
-        private.fit(jnp.zeros(DIM), data, state=state, steps=1, progress=False)
+    with pytest.raises(ValueError, match="before any step ran"):  # the 29th would leave δ
+        private.fit(jnp.zeros(DIM), data, state=state, steps=22, progress=False)
+    assert private.epsilon(28) < math.inf
+    with pytest.raises(ValueError, match="truncation slack"):
+        private.epsilon(29)
     assert len(calls) == 7
 
 
