@@ -490,10 +490,15 @@ class PrivateTraining(ReadOnlyAfterInit):
         return params, PrivateState(count, key, opt_state, state.plan), metrics
 
     def _check_plan(self, state: Any) -> None:
-        """Refuse a state whose current phase is not this object's plan (host-side)."""
+        """Refuse a state whose current phase is not this object's plan (host-side).
+
+        An object that steps a state counts as having run (see :meth:`init`): rebuilt with
+        the key of the run it resumes (a restart of the same script), a fresh ``init`` /
+        ``fit`` without ``state`` would replay that run's batches and noise."""
         state = _as_private_state(state)
         ledger = state.plan
         if ledger is self._host["verified"] or not _validate.is_concrete(ledger):
+            self._host["started"] = True
             return
         current = _plan.current_plan(ledger)
         if current != self._plan:
@@ -505,6 +510,7 @@ class PrivateTraining(ReadOnlyAfterInit):
                 "phases), or step it with the PrivateTraining that made it",
             )
         self._host["verified"] = ledger
+        self._host["started"] = True
 
     def _step_impl(self, params: Any, count: jax.Array, key_data: jax.Array, opt: Any, data: Any):
         key = jax.random.wrap_key_data(key_data, impl=self._impl)

@@ -1,0 +1,130 @@
+"""Adversarial review of the workflow-privacy rewrite (issue 20): attacks on documented paths.
+
+1. ``public_opt_state`` of a state restored as a plain dict (``flax.serialization``'s
+   ``msgpack_restore`` / ``to_state_dict``) published the noise key: the next noise draw is
+   then regenerated exactly.
+2. ``public_opt_state`` of an ``optax.MultiSteps`` / ``optax.apply_every`` state holding a
+   noise transform published the NOT yet noised running sum (``acc_grads`` / ``grad_acc``).
+3. ``public_opt_state`` passed through objects the tree does not enter (a key inside).
+4. A ``PrivateTraining`` that resumed a state (``fit(state=...)``) then accepted a ``fit``
+   without state: with the key the run was built with (the documented resume after a
+   restart rebuilds the object with the same key) that replays the first run's noise.
+"""
+
+import warnings
+
+import flax.serialization
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+
+import dpjax
+from dpjax.dp_sgd.transforms import add_gaussian_noise, public_opt_state
+
+DIM = 3
+
+
+@pytest.fixture
+def key():
+    return jax.random.key(20)
+
+
+def dp_adam(key):
+    return dpjax.dp_sgd_optimizer(
+        optimizer=optax.adam(0.1),
+        noise_multiplier=1.0,
+        l2_clip_norm=1.0,
+        normalizer=10.0,
+        key=key,
+    )
+
+
+@pytest.mark.parametrize("restore", ["to_state_dict", "msgpack_restore"])
+def test_a_noise_state_restored_as_a_dict_is_never_published(key, restore):
+    params = jnp.zeros(DIM)
+    tx = dp_adam(key)
+    state = tx.init(params)
+    if restore == "to_state_dict":
+        restored = flax.serialization.to_state_dict(state)
+    else:
+        restored = flax.serialization.msgpack_restore(flax.serialization.to_bytes(state))
+    # the dict holds the noise key data, which fixes every later noise draw
+    assert jnp.array_equal(jnp.asarray(restored["0"]["key"]), state[0].key)
+    with pytest.raises(ValueError, match="opt_state"):
+        public_opt_state(restored)
+
+
+def multisteps_with_noise(key):
+    inner = optax.chain(add_gaussian_noise(1.0, key=key), optax.sgd(0.1))
+    return optax.MultiSteps(inner, every_k_schedule=2)
+
+
+def apply_every_before_noise(key):
+    return optax.chain(optax.apply_every(2), add_gaussian_noise(1.0, key=key), optax.sgd(0.1))
+
+
+@pytest.mark.parametrize("build", [multisteps_with_noise, apply_every_before_noise])
+def test_an_un_noised_running_sum_is_never_published(key, build):
+    params = jnp.zeros(DIM, jnp.float32)
+    tx = build(key)
+    secret_sum = jnp.array([0.25, -0.5, 0.75], jnp.float32)  # a clipped sum, before its noise
+    with jax.numpy_dtype_promotion("standard"):  # optax's accumulators are not strict-clean
+        _, state = tx.update(secret_sum, tx.init(params), params)  # mid-accumulation
+    published = public_opt_state(state)
+    for leaf in jax.tree.leaves(published):
+        if jnp.shape(leaf) == (DIM,):
+            assert not jnp.allclose(jnp.asarray(leaf, jnp.float32), secret_sum), published
+
+
+def test_an_object_the_tree_does_not_enter_is_never_published(key):
+    class Box:  # not a registered pytree: a leaf whose content is not inspected
+        def __init__(self, inner):
+            self.inner = inner
+
+    with pytest.raises(ValueError, match="opt_state"):
+        public_opt_state({"wrapped": Box(dp_adam(key).init(jnp.zeros(DIM)))})
+
+
+def test_a_model_layer_named_key_still_publishes(key):
+    params = {"attention": {"key": {"kernel": jnp.zeros((2, 2))}, "value": jnp.zeros(2)}}
+    published = public_opt_state(dp_adam(key).init(params))
+    mu = published[2][0].mu
+    assert mu["attention"]["key"]["kernel"].shape == (2, 2)
+
+
+# ----------------------------------------------------------------------------- 4. replay
+
+
+def linear_loss(w, ex):
+    return ex @ w
+
+
+def private_for(seed):
+    return dpjax.make_private(
+        linear_loss,
+        optimizer=optax.sgd(1.0),
+        l2_clip_norm=1.0,
+        dataset_size=100,
+        batch_size=20,
+        steps=10,
+        noise_multiplier=1.0,
+        delta=1e-5,
+        key=jax.random.key(seed),
+        clipping="vmap",
+        accounting="rdp",
+    )
+
+
+def test_an_object_that_resumed_a_state_refuses_a_fresh_run(key):
+    data = 3.0 * jax.random.normal(key, (100, DIM))
+    first = private_for(7)
+    _, state, _ = first.fit(jnp.zeros(DIM), data, steps=2, progress=False)
+    rebuilt = private_for(7)  # the same script after a restart: same key, resumes the state
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rebuilt.fit(jnp.zeros(DIM), data, state=state, steps=2, progress=False)
+    with pytest.raises(ValueError, match="state"):  # a fresh run here would replay `first`
+        rebuilt.fit(jnp.zeros(DIM), data, steps=2, progress=False)
+    with pytest.raises(ValueError, match="init"):
+        rebuilt.init(jnp.zeros(DIM))
