@@ -128,3 +128,44 @@ def test_an_object_that_resumed_a_state_refuses_a_fresh_run(key):
         rebuilt.fit(jnp.zeros(DIM), data, steps=2, progress=False)
     with pytest.raises(ValueError, match="init"):
         rebuilt.init(jnp.zeros(DIM))
+
+
+# ----------------------------------------------------------------------------- 5. traced step
+
+
+@pytest.mark.parametrize("which", ["template", "another_plan"])
+def test_a_traced_step_never_releases_a_template_or_another_plans_update(key, which):
+    """Under the user's own jit the host-side plan check cannot run. A template's key data
+    are zeros (public), so its noise is known and the update is a noise-free clipped sum; a
+    state of another plan would be charged at its ledger's (weaker) plan."""
+    data = 3.0 * jax.random.normal(key, (100, DIM))
+    private = private_for(8)
+    if which == "template":
+        state = private.state_template(jnp.zeros(DIM))
+    else:
+        other = dpjax.make_private(
+            linear_loss,
+            optimizer=optax.sgd(1.0),
+            l2_clip_norm=1.0,
+            dataset_size=100,
+            batch_size=20,
+            steps=10,
+            noise_multiplier=8.0,
+            delta=1e-5,
+            key=jax.random.key(9),
+            clipping="vmap",
+            accounting="rdp",
+        )
+        state = other.init(jnp.zeros(DIM))
+    params, state, _ = jax.jit(private.step)(jnp.zeros(DIM), state, data)
+    assert int(state.step) == 1
+    assert bool(jnp.all(jnp.isnan(params)))
+
+
+def test_a_traced_step_of_this_plan_is_unchanged(key):
+    data = 3.0 * jax.random.normal(key, (100, DIM))
+    private = private_for(10)
+    state = private.init(jnp.zeros(DIM))
+    eager = private.step(jnp.zeros(DIM), state, data)[0]
+    traced = jax.jit(private.step)(jnp.zeros(DIM), state, data)[0]
+    assert bool(jnp.all(jnp.isfinite(traced))) and jnp.array_equal(eager, traced)

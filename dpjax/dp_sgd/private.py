@@ -479,15 +479,34 @@ class PrivateTraining(ReadOnlyAfterInit):
             ValueError: ``state``'s current phase is another plan (σ, q, C, normaliser, n,
                 cap or relation; use :meth:`continue_from`), or a template/invalid ledger.
                 Checked on the host once per plan array (the ledger is passed through
-                unchanged, so a run syncs once); not checked when ``state`` is traced by
-                your own ``jax.jit``.
+                unchanged, so a run syncs once). When ``state`` is traced by your own
+                ``jax.jit`` / ``lax.scan`` it cannot raise: a state whose current phase is
+                not this plan (a template's zero key data, whose noise is public; another
+                plan, which ``epsilon`` would charge at the wrong σ, q) returns NaN
+                parameters and optimizer state instead, so nothing computed from it is
+                released.
         """
         self._check_plan(state)
         self._check_data(data)
         params, (count, key, opt_state), metrics = self._jitted_step(
             params, state.step, state.key, state.opt_state, data
         )
+        if not _validate.is_concrete(state.plan):
+            params, opt_state = self._void_unless_this_plan(state.plan, (params, opt_state))
         return params, PrivateState(count, key, opt_state, state.plan), metrics
+
+    def _void_unless_this_plan(self, ledger: jax.Array, released: Any) -> Any:
+        """``released`` with every float leaf NaN unless the traced ``ledger``'s current row
+        is this plan (every word but the phase's start step, which varies)."""
+        row = jnp.asarray(_plan.ledger_row(self._plan, 0)[: _plan.WORDS - 2])
+        ok = jnp.all(ledger[-1, : _plan.WORDS - 2] == row)
+
+        def void(x: Any) -> Any:
+            if not jnp.issubdtype(jnp.result_type(x), jnp.inexact):
+                return x
+            return jnp.where(ok, x, jnp.full(jnp.shape(x), jnp.nan, jnp.result_type(x)))
+
+        return jax.tree.map(void, released)
 
     def _check_plan(self, state: Any) -> None:
         """Refuse a state whose current phase is not this object's plan (host-side).
