@@ -497,9 +497,12 @@ class PrivateTraining(ReadOnlyAfterInit):
 
     def _void_unless_this_plan(self, ledger: jax.Array, released: Any) -> Any:
         """``released`` with every float leaf NaN unless the traced ``ledger``'s current row
-        is this plan (every word but the phase's start step, which varies)."""
-        row = jnp.asarray(_plan.ledger_row(self._plan, 0)[: _plan.WORDS - 2])
-        ok = jnp.all(ledger[-1, : _plan.WORDS - 2] == row)
+        is this plan (every word but the row count and the phase's start step, which vary)."""
+        word = _plan.RELATION_WORD  # relation (low 8 bits) and row count (varies)
+        row = _plan.ledger_row(self._plan, 0)
+        ok = jnp.all(ledger[-1, :word] == jnp.asarray(row[:word])) & (
+            (ledger[-1, word] & 0xFF) == int(row[word] & 0xFF)
+        )
 
         def void(x: Any) -> Any:
             if not jnp.issubdtype(jnp.result_type(x), jnp.inexact):
