@@ -209,3 +209,26 @@ def test_a_ledger_cut_by_a_template_restore_is_refused(key, tmp_path):
         weak.continue_from(restored)
     with pytest.raises(ValueError, match="state.plan"):
         weak.public_state(restored)
+
+
+def test_a_traced_step_of_a_continued_state_is_unchanged(key):
+    """The void check of a traced step ignores the ledger's row count and phase start."""
+    data = 3.0 * jax.random.normal(key, (100, DIM))
+    w, state, _ = private_for(11).fit(jnp.zeros(DIM), data, steps=2, progress=False)
+    weak = dpjax.make_private(
+        linear_loss,
+        optimizer=optax.sgd(1.0),
+        l2_clip_norm=1.0,
+        dataset_size=100,
+        batch_size=20,
+        steps=10,
+        noise_multiplier=0.6,
+        delta=1e-5,
+        key=jax.random.key(12),
+        clipping="vmap",
+        accounting="rdp",
+    )
+    state = weak.continue_from(state)
+    eager = weak.step(w, state, data)[0]
+    traced = jax.jit(weak.step)(w, state, data)[0]
+    assert bool(jnp.all(jnp.isfinite(traced))) and jnp.array_equal(eager, traced)
