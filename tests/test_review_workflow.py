@@ -232,3 +232,24 @@ def test_a_traced_step_of_a_continued_state_is_unchanged(key):
     eager = weak.step(w, state, data)[0]
     traced = jax.jit(weak.step)(w, state, data)[0]
     assert bool(jnp.all(jnp.isfinite(traced))) and jnp.array_equal(eager, traced)
+
+
+# ----------------------------------------------------------------------------- 7. open
+
+
+@pytest.mark.xfail(strict=True, reason="open (review): vmap hides the per-example axis")
+def test_a_vmapped_update_never_noises_per_example_rows(key):
+    """``jax.vmap(tx.update, in_axes=(0, None, None))`` over per-example gradients passes the
+    shape check (inside vmap each row is shaped like params) and adds ONE noise draw (the
+    state is not batched) to every unclipped row: the rows' differences are noise-free."""
+    params = jnp.zeros(DIM, jnp.float32)
+    rows = jnp.array([[5.0, 0.0, 0.0], [0.0, 7.0, 0.0]], jnp.float32)  # unclipped
+    noise_only = dpjax.dp_sgd_optimizer(
+        optimizer=optax.sgd(1.0),
+        noise_multiplier=1.0,
+        l2_clip_norm=1.0,
+        normalizer=1.0,
+        key=key,
+    )
+    with pytest.raises(ValueError, match="updates"):
+        jax.vmap(noise_only.update, in_axes=(0, None, None))(rows, noise_only.init(params), params)
