@@ -29,8 +29,14 @@ __all__ = ["Plan", "WORDS", "ledger_row", "current_plan", "read_ledger", "append
 #: First word of every row ("DPJ1"): a row of zeros (or garbage) is not a plan.
 MAGIC = 0x44504A31
 _RELATIONS = tuple(NeighbouringRelation)
-#: Words per row: magic, 4 float64 (2 words each), 2 int64 (2 each), relation, start (2).
+#: Words per row: magic, 4 float64 (2 words each), 2 int64 (2 each), relation and phase
+#: count, start (2).
 WORDS = 1 + 4 * 2 + 2 * 2 + 1 + 2
+#: The word holding the relation (low 8 bits) and the number k of rows of the ledger (bits
+#: 8 and up, rewritten in every row when a phase is appended): a ledger cut to fewer rows
+#: (e.g. an orbax restore into a one-row template with ``strict=False``) is refused instead
+#: of charging the dropped phases' steps at the kept plan.
+RELATION_WORD = 13
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,13 +77,14 @@ def _int_words(i: int) -> list[int]:
     return [(i >> 32) & 0xFFFFFFFF, i & 0xFFFFFFFF]
 
 
-def ledger_row(plan: Plan, start: int) -> np.ndarray:
-    """The ``uint32[WORDS]`` row recording ``plan`` from step ``start`` on (exact bits)."""
+def ledger_row(plan: Plan, start: int, rows: int = 1) -> np.ndarray:
+    """The ``uint32[WORDS]`` row recording ``plan`` from step ``start`` on (exact bits), in a
+    ledger of ``rows`` rows."""
     words = [MAGIC]
     for x in (plan.noise_multiplier, plan.sampling_rate, plan.l2_clip_norm, plan.normalizer):
         words += _float_words(float(x))
     words += _int_words(plan.dataset_size) + _int_words(plan.max_batch_size)
-    words.append(_RELATIONS.index(as_relation(plan.relation)))
+    words.append(_RELATIONS.index(as_relation(plan.relation)) | (rows << 8))
     words += _int_words(start)
     return np.asarray(words, np.uint32)
 
@@ -86,7 +93,7 @@ def _decode_row(row: np.ndarray) -> tuple[Plan, int]:
     w = [int(x) for x in row]
     floats = [float(np.array(w[i : i + 2], "<u4").view("<f8")[0]) for i in (1, 3, 5, 7)]
     ints = [(w[i] << 32) | w[i + 1] for i in (9, 11, 14)]
-    plan = Plan(*floats, ints[0], ints[1], _RELATIONS[w[13]])
+    plan = Plan(*floats, ints[0], ints[1], _RELATIONS[w[RELATION_WORD] & 0xFF])
     return plan, ints[2]
 
 
@@ -100,8 +107,17 @@ def _checked(ledger: Any) -> np.ndarray:
     arr = np.asarray(ledger)
     if arr.dtype != np.uint32 or arr.ndim != 2 or arr.shape[0] < 1 or arr.shape[1] != WORDS:
         _validate.fail("state.plan", f"an array of {arr.dtype}{arr.shape}", _VALID)
-    if np.any(arr[:, 0] != MAGIC) or np.any(arr[:, 13] >= len(_RELATIONS)):
+    if np.any(arr[:, 0] != MAGIC) or np.any(arr[:, RELATION_WORD] & 0xFF >= len(_RELATIONS)):
         _validate.fail("state.plan", "rows without the ledger's magic word", _VALID)
+    recorded = arr[:, RELATION_WORD] >> 8
+    if np.any(recorded != arr.shape[0]):
+        _validate.fail(
+            "state.plan",
+            f"{arr.shape[0]} rows of a ledger written with {sorted(set(recorded.tolist()))}",
+            _VALID + "; all of its rows (a checkpoint restored into a template with fewer "
+            "rows, e.g. orbax with strict=False, drops phases that ε must count: restore "
+            "with a template of as many rows, or without one)",
+        )
     return arr
 
 
@@ -131,4 +147,7 @@ def read_ledger(ledger: Any, step: int) -> list[tuple[Plan, int]]:
 
 def append_phase(ledger: Any, plan: Plan, start: int) -> np.ndarray:
     """``ledger`` with a new phase ``plan`` from step ``start`` (the current phase closed)."""
-    return np.concatenate([np.asarray(ledger), ledger_row(plan, start)[None, :]], axis=0)
+    old = np.array(ledger, np.uint32)
+    rows = old.shape[0] + 1
+    old[:, RELATION_WORD] = (old[:, RELATION_WORD] & 0xFF) | (rows << 8)
+    return np.concatenate([old, ledger_row(plan, start, rows)[None, :]], axis=0)

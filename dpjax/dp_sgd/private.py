@@ -491,21 +491,48 @@ class PrivateTraining(ReadOnlyAfterInit):
             ValueError: ``state``'s current phase is another plan (σ, q, C, normaliser, n,
                 cap or relation; use :meth:`continue_from`), or a template/invalid ledger.
                 Checked on the host once per plan array (the ledger is passed through
-                unchanged, so a run syncs once); not checked when ``state`` is traced by
-                your own ``jax.jit``.
+                unchanged, so a run syncs once). When ``state`` is traced by your own
+                ``jax.jit`` / ``lax.scan`` it cannot raise: a state whose current phase is
+                not this plan (a template's zero key data, whose noise is public; another
+                plan, which ``epsilon`` would charge at the wrong σ, q) returns NaN
+                parameters and optimizer state instead, so nothing computed from it is
+                released.
         """
         self._check_plan(state)
         self._check_data(data)
         params, (count, key, opt_state), metrics = self._jitted_step(
             params, state.step, state.key, state.opt_state, data
         )
+        if not _validate.is_concrete(state.plan):
+            params, opt_state = self._void_unless_this_plan(state.plan, (params, opt_state))
         return params, PrivateState(count, key, opt_state, state.plan), metrics
 
+    def _void_unless_this_plan(self, ledger: jax.Array, released: Any) -> Any:
+        """``released`` with every float leaf NaN unless the traced ``ledger``'s current row
+        is this plan (every word but the row count and the phase's start step, which vary)."""
+        word = _plan.RELATION_WORD  # relation (low 8 bits) and row count (varies)
+        row = _plan.ledger_row(self._plan, 0)
+        ok = jnp.all(ledger[-1, :word] == jnp.asarray(row[:word])) & (
+            (ledger[-1, word] & 0xFF) == int(row[word] & 0xFF)
+        )
+
+        def void(x: Any) -> Any:
+            if not jnp.issubdtype(jnp.result_type(x), jnp.inexact):
+                return x
+            return jnp.where(ok, x, jnp.full(jnp.shape(x), jnp.nan, jnp.result_type(x)))
+
+        return jax.tree.map(void, released)
+
     def _check_plan(self, state: Any) -> None:
-        """Refuse a state whose current phase is not this object's plan (host-side)."""
+        """Refuse a state whose current phase is not this object's plan (host-side).
+
+        An object that steps a state counts as having run (see :meth:`init`): rebuilt with
+        the key of the run it resumes (a restart of the same script), a fresh ``init`` /
+        ``fit`` without ``state`` would replay that run's batches and noise."""
         state = _as_private_state(state)
         ledger = state.plan
         if ledger is self._host["verified"] or not _validate.is_concrete(ledger):
+            self._host["started"] = True
             return
         current = _plan.current_plan(ledger)
         if current != self._plan:
@@ -517,6 +544,7 @@ class PrivateTraining(ReadOnlyAfterInit):
                 "phases), or step it with the PrivateTraining that made it",
             )
         self._host["verified"] = ledger
+        self._host["started"] = True
 
     def _step_impl(self, params: Any, count: jax.Array, key_data: jax.Array, opt: Any, data: Any):
         key = jax.random.wrap_key_data(key_data, impl=self._impl)

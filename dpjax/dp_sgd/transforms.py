@@ -73,30 +73,79 @@ class PublicNoiseState(NamedTuple):
 
 
 _KEY_FIELD_HINTS = ("key", "rng", "seed")
+#: State fields that hold a running sum of updates between releases: ``accumulate_clipped_sums``'
+#: ``clipped_sum``, ``optax.MultiSteps``' ``acc_grads``, ``optax.apply_every``'s ``grad_acc``.
+#: Placed before a noise transform they hold the NOT yet noised sum; after it, only noisy
+#: updates (dropping those is harmless), so they are never published.
+_RUNNING_SUM_FIELDS = ("clipped_sum", "acc_grads", "grad_acc")
 
 
 def _is_noise_state(x: Any) -> bool:
     return isinstance(x, NoiseState)
 
 
+def _field_names(path: Any) -> list[str]:
+    """The NamedTuple/dataclass field names along a pytree path (``GetAttrKey.name``)."""
+    return [str(k.name).lower() for k in path if isinstance(k, jax.tree_util.GetAttrKey)]
+
+
+#: Dict keys of a state restored as a plain dict (``flax.serialization.msgpack_restore`` /
+#: ``to_state_dict``): a running sum, ``optax.add_noise``'s key, or a noise state's ``key``
+#: (recognised by its sibling ``count``, so a model's attention ``key`` layer is not).
+_SECRET_DICT_KEYS = ("rng_key",) + _RUNNING_SUM_FIELDS
+
+
+def _secret_dict_entry(path: Any, children: dict) -> bool:
+    for i, k in enumerate(path):
+        if not isinstance(k, jax.tree_util.DictKey):
+            continue
+        name = str(k.key).lower()
+        if name in _SECRET_DICT_KEYS or (name == "key" and "count" in children[path[:i]]):
+            return True
+    return False
+
+
+def _is_checkable_leaf(leaf: Any) -> bool:
+    """An array or a number: a leaf whose content is what it shows (an unregistered object
+    may hold a key inside, out of the tree's reach)."""
+    return hasattr(leaf, "dtype") or isinstance(leaf, (bool, int, float, complex))
+
+
 def _refuse_other_keys(tree: Any) -> None:
-    """Refuse PRNG key leaves and key-named state fields (e.g. ``optax.add_noise``'s
-    ``rng_key``) left in a tree meant for publication."""
-    for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
-        named = [getattr(k, "name", "") for k in path]
+    """Refuse, in a tree meant for publication: PRNG key leaves, key-named state fields (e.g.
+    ``optax.add_noise``'s ``rng_key``), a noise state or a running sum restored as a plain
+    dict, and leaves that are not arrays or numbers."""
+    leaves = jax.tree_util.tree_leaves_with_path(tree)
+    children: dict = {}
+    for path, _ in leaves:
+        for i, k in enumerate(path):
+            if isinstance(k, jax.tree_util.DictKey):
+                children.setdefault(path[:i], set()).add(str(k.key).lower())
+    for path, leaf in leaves:
+        named = _field_names(path)
         is_key = hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key)
-        if is_key or any(h in str(n).lower() for n in named for h in _KEY_FIELD_HINTS):
+        if is_key or any(h in n for n in named for h in _KEY_FIELD_HINTS):
             _validate.fail(
                 "opt_state",
                 f"a state holding key data at {jax.tree_util.keystr(path)}",
                 "an optimizer state whose only randomness is dpjax's noise state (another "
                 "transform's key, e.g. optax.add_noise, would be published with it)",
             )
+        if _secret_dict_entry(path, children) or not _is_checkable_leaf(leaf):
+            _validate.fail(
+                "opt_state",
+                f"a state holding {type(leaf).__name__} at {jax.tree_util.keystr(path)}",
+                "an optimizer state as tx.init builds it (restore a checkpoint into "
+                "tx.init(params) first: a noise key or a running sum restored as a plain dict, "
+                "or an object the tree does not enter, cannot be published safely)",
+            )
 
 
 def _holds_a_running_sum(x: Any) -> bool:
-    """A state carrying a not-yet-noised running clipped sum (gradient accumulation)."""
-    return isinstance(x, tuple) and "clipped_sum" in getattr(x, "_fields", ())
+    """A state carrying a running sum of updates (gradient accumulation; see
+    ``_RUNNING_SUM_FIELDS``)."""
+    fields = getattr(x, "_fields", ()) if isinstance(x, tuple) else ()
+    return any(f in fields for f in _RUNNING_SUM_FIELDS)
 
 
 def _is_secret_node(x: Any) -> bool:
@@ -107,9 +156,10 @@ def _publishable(x: Any) -> Any:
     if _is_noise_state(x):
         return PublicNoiseState(count=x.count)
     if _holds_a_running_sum(x):  # drop the partial sum, publish what is inside
-        rest = {f: getattr(x, f) for f in x._fields if f != "clipped_sum"}
+        sums = {f: None for f in x._fields if f in _RUNNING_SUM_FIELDS}
+        rest = {f: getattr(x, f) for f in x._fields if f not in sums}
         rest = {f: jax.tree.map(_publishable, v, is_leaf=_is_secret_node) for f, v in rest.items()}
-        return x._replace(clipped_sum=None, **rest)
+        return x._replace(**sums, **rest)
     return x
 
 
@@ -121,7 +171,9 @@ def public_opt_state(opt_state: Any) -> Any:
     is removed (:class:`PublicNoiseState` keeps the count, so
     :func:`dpjax.dp_sgd.noise_releases` still reads T), and so is the running clipped sum of
     :func:`dpjax.dp_sgd.accumulate_clipped_sums` (``clipped_sum=None``: between releases it
-    is the NOT yet noised sum of the micro-batches seen).
+    is the NOT yet noised sum of the micro-batches seen), and likewise ``optax.MultiSteps``'
+    ``acc_grads`` and ``optax.apply_every``'s ``grad_acc`` (un-noised when they accumulate
+    before a noise transform).
 
     Args:
         opt_state: the state of a :func:`dpjax.dp_sgd_optimizer` (or of any chain holding
@@ -132,7 +184,9 @@ def public_opt_state(opt_state: Any) -> Any:
 
     Raises:
         ValueError: the state holds other PRNG key data (a typed key leaf, or a state field
-            named like a key, e.g. ``optax.add_noise``'s ``rng_key``).
+            named like a key, e.g. ``optax.add_noise``'s ``rng_key``, or a noise state
+            restored as a plain dict by ``flax.serialization.msgpack_restore``), a running
+            sum outside its NamedTuple state, or a leaf that is not an array or a number.
 
     Formal guarantees:
         The result is a function of the released noisy sums and public constants only (the
