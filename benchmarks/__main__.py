@@ -174,14 +174,50 @@ def _opacus_available() -> str | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="fewer rounds, no vmap / memory")
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("results"))
-    parser.add_argument("--only", default=None, help="comma-separated model names")
-    parser.add_argument("--repeats", type=int, default=None, help="rounds per (model, batch)")
-    parser.add_argument("--no-opacus", action="store_true", help="skip Opacus even if installed")
-    args = parser.parse_args(argv)
+PROG = "python -m benchmarks"  # the console script `dpjax-bench` passes its own name
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """The command line; ``--help`` keeps the module docstring's paragraphs and lists."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=__doc__.replace(":data:", "").replace("``", "`"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="the `make bench` scale: 5 rounds, the quick (model, batch) rows, no vmap paths "
+        "and no peak-memory processes",
+    )
+    parser.add_argument(
+        "--out",
+        type=pathlib.Path,
+        default=pathlib.Path("results"),
+        help="output folder for bench.json and bench.md (created; default: results)",
+    )
+    parser.add_argument(
+        "--only",
+        default=None,
+        metavar="MODELS",
+        help="comma-separated model names of benchmarks.models.CONFIGS to run (default: all)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="timing rounds per (model, batch) (default: 5 with --quick, else 11)",
+    )
+    parser.add_argument(
+        "--no-opacus",
+        action="store_true",
+        help="skip the Opacus columns even if torch and opacus are installed",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    args = build_parser(prog).parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     repeats = args.repeats or (5 if args.quick else 11)
     plugins = load_plugins()
