@@ -14,7 +14,7 @@ the nnx model (``dpjax.dp_sgd.nnx_loss``: dropout gets its own key per example a
 size, the epochs and the target (ε, δ) — it calibrates σ, sizes the padded Poisson sampler and
 accounts — and ``fit``: a tqdm progress bar shows the loss and the ε spent. What happens in each
 step (Poisson sample → clip per example with the mask → noise σC once → ÷ q·n → optimizer) is
-spelled out in README "DP-SGD" and notebook 04.
+spelled out in docs/guides/dp_sgd.md and notebook 04.
 
 Inputs are scaled to [0, 1]; the test split is never touched by training (ε is about the
 training set only). The reported δ includes the padded sampler's truncation slack.
