@@ -97,3 +97,35 @@ def test_plain_text_math_is_not_taken_for_rest_markup(built):
     """``|x|`` (absolute values) and ``coef_`` stay text: no substitution or link errors."""
     html = (built / "api" / "erm.html").read_text()
     assert "coef_" in html and "|1 − z|" in html
+
+
+def test_escaping_leaves_markup_doctests_and_math_alone():
+    sys.path.insert(0, str(DOCS / "_ext"))
+    try:
+        from dpjax_docstrings import escape_plain_math
+    finally:
+        sys.path.remove(str(DOCS / "_ext"))
+    lines = [
+        "|x| ≤ 1 and coef_, ``a|b_`` and :math:`\\|w\\|`",
+        "Example::",
+        "",
+        "    |literal| x_",
+        ">>> abs(-1)  # |x|",
+        "1_ |out|",
+        "",
+        ".. math:: \\|w\\|_2",
+        "   a|b",
+        "text |t|",
+    ]
+    assert escape_plain_math(lines) == [
+        "\\|x\\| ≤ 1 and coef\\_, ``a|b_`` and :math:`\\|w\\|`",
+        "Example::",
+        "",
+        "    |literal| x_",
+        ">>> abs(-1)  # |x|",
+        "1_ |out|",
+        "",
+        ".. math:: \\|w\\|_2",
+        "   a|b",
+        "text \\|t\\|",
+    ]

@@ -34,6 +34,7 @@ def escape_plain_math(lines: list[str]) -> list[str]:
     """The docstring's lines with plain-text ``|`` and ``_`` escaped (markup left as is)."""
     out = []
     block_indent = None  # indentation of the line that opened a literal/directive block
+    in_doctest = False  # a doctest block runs from a ">>>" line to the next blank line
     for line in lines:
         stripped = line.strip()
         if block_indent is not None:
@@ -41,7 +42,8 @@ def escape_plain_math(lines: list[str]) -> list[str]:
                 out.append(line)
                 continue
             block_indent = None
-        if stripped.startswith((">>>", "... ")) or stripped == "...":
+        in_doctest = bool(stripped) and (in_doctest or stripped.startswith(">>>"))
+        if in_doctest:
             out.append(line)
             continue
         if stripped.startswith(".. ") or stripped.endswith("::"):
