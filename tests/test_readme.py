@@ -5,7 +5,9 @@ an empty temporary folder and whose ``sys.path`` holds this checkout's dpjax (as
 dpjax would be), so a block cannot lean on names defined elsewhere, on files of the repository
 or on another block. A block whose first line is a ``# not run`` comment is only shown (it needs
 several processes or a cluster; the command that launches it is fenced as shell next to it).
-Identical blocks (the README's examples repeated in a guide) run once.
+Identical blocks (the README's examples repeated in a guide) run once. The README's blocks run
+in ``make test`` (about 25 s of CPU); the guides' blocks (about 30 s more) are marked ``slow``
+and run in ``make test-slow``.
 """
 
 from __future__ import annotations
@@ -30,14 +32,16 @@ def fenced_blocks(path: pathlib.Path, language: str) -> list[str]:
     return [body for lang, body in FENCE.findall(path.read_text()) if lang == language]
 
 
-def _runnable_blocks() -> list[tuple[str, str]]:
+def _runnable_blocks() -> list:
     seen, blocks = set(), []
     for path in [README, *GUIDES]:
+        marks = [] if path == README else [pytest.mark.slow]
         for i, code in enumerate(fenced_blocks(path, "python")):
             if code.lstrip().startswith(NOT_RUN) or code in seen:
                 continue
             seen.add(code)
-            blocks.append((f"{path.relative_to(ROOT)}[{i}]", code))
+            where = f"{path.relative_to(ROOT)}[{i}]"
+            blocks.append(pytest.param(where, code, id=where, marks=marks))
     return blocks
 
 
@@ -61,7 +65,7 @@ def test_readme_links_resolve():
     assert missing == []
 
 
-@pytest.mark.parametrize("where,code", BLOCKS, ids=[where for where, _ in BLOCKS])
+@pytest.mark.parametrize("where,code", BLOCKS)
 def test_python_block_runs_as_written(where, code, tmp_path):
     script = tmp_path / "block.py"
     script.write_text(code)
