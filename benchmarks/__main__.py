@@ -14,7 +14,8 @@ and in the process's CPU time. Writes ``bench.json`` and ``bench.md`` with the i
 * ``dpjax_over_opacus`` = dpjax's DP step / Opacus's best mode ≤ 0.5;
 * compile time of the DP step ≤ 3 × the non-private step's.
 
-The full run (no ``--quick``) adds the vmap paths and a peak-memory process per method.
+The full run (no ``--quick``) adds the vmap paths and a peak-memory process per method. The
+same program is the console script ``dpjax-bench`` (from any directory once dpjax is installed).
 """
 
 from __future__ import annotations

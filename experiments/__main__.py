@@ -1,5 +1,8 @@
 """Command line: ``python -m experiments {all,<name>} [--size S] [--full] [--seed N] [--out DIR]``.
 
+The same program is the console script ``dpjax-experiments`` (from any directory once dpjax is
+installed; see ``dpjax/_cli.py``).
+
 ``--size tiny|quick|full`` picks a scale for experiments whose ``run`` accepts ``size`` (the
 rates: ``quick`` is the default of ``make reproduce``, ``--full`` equals ``--size full``).
 
