@@ -81,3 +81,17 @@ def test_python_block_runs_as_written(where, code, tmp_path):
     )
     assert run.returncode == 0, f"{where} failed:\n{code}\n--- stderr ---\n{run.stderr[-4000:]}"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["block.py"]  # writes no files
+
+
+def test_shell_blocks_name_real_commands():
+    """Every ``dpjax-*`` command in a shell block is a console script of pyproject.toml, and every
+    ``python -m`` module it runs exists in the checkout."""
+    import tomllib
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    shell = "\n".join(b for path in [README, *GUIDES] for b in fenced_blocks(path, "sh"))
+    commands = set(re.findall(r"\b(dpjax-[a-z-]+)", shell))
+    assert commands and commands <= set(scripts), commands - set(scripts)
+    for module in re.findall(r"python -m ([\w.]+)", shell):
+        path = ROOT.joinpath(*module.split("."))
+        assert path.with_suffix(".py").is_file() or (path / "__main__.py").is_file(), module
