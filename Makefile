@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: reproduce notebooks test test-slow test-torch test-all lint bench bench-full bench-torch venv clean
+.PHONY: reproduce notebooks docs test test-slow test-torch test-all lint bench bench-full bench-torch venv clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,10 @@ $(VENV)/.installed-experiments: pyproject.toml | $(PY)
 
 $(VENV)/.installed-notebooks: pyproject.toml | $(PY)
 	$(PIP) install -e ".[notebooks]"
+	touch $@
+
+$(VENV)/.installed-docs: pyproject.toml | $(PY)
+	$(PIP) install -e ".[docs]"
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml | $(PY)
@@ -33,6 +37,12 @@ reproduce: $(VENV)/.installed-experiments
 ## stored notebooks stay output-free.
 notebooks: $(VENV)/.installed-notebooks
 	$(PY) notebooks/build_notebooks.py --execute results/notebooks
+
+## The documentation: guides (docs/guides/*.md) and the API reference from the docstrings,
+## built by Sphinx with warnings as errors into docs/_build/html (tests/test_docs.py builds it too).
+docs: $(VENV)/.installed-docs
+	$(PY) -m sphinx -b html -W --keep-going -E docs docs/_build/html
+	@echo "[docs] open docs/_build/html/index.html"
 
 ## Run the default test suite (statistical heavy suites are marked `slow` and excluded).
 test: $(VENV)/.installed-dev
@@ -69,4 +79,4 @@ test-torch: $(VENV)/.installed-bench-torch
 	$(PY) -m pytest -m torch -q
 
 clean:
-	rm -rf $(VENV) results .pytest_cache
+	rm -rf $(VENV) results .pytest_cache docs/_build

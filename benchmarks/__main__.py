@@ -19,6 +19,8 @@ and in the process's CPU time. Writes ``bench.json`` and ``bench.md`` with the i
 
 The full run (no ``--quick``) adds the vmap paths and a peak-memory process per method.
 Both end with the throughput of the exact integer samplers (:mod:`benchmarks.integer_noise`).
+The same program is the console script ``dpjax-bench`` (from any directory once dpjax is
+installed).
 """
 
 from __future__ import annotations
@@ -179,19 +181,56 @@ def _opacus_available() -> str | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="fewer rounds, no vmap / memory")
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("results"))
-    parser.add_argument("--only", default=None, help="comma-separated model names")
-    parser.add_argument("--repeats", type=int, default=None, help="rounds per (model, batch)")
-    parser.add_argument("--no-opacus", action="store_true", help="skip Opacus even if installed")
+PROG = "python -m benchmarks"  # the console script `dpjax-bench` passes its own name
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """The command line; ``--help`` keeps the module docstring's paragraphs and lists."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=__doc__.replace(":data:", "").replace("``", "`"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="the `make bench` scale: 5 rounds, the quick (model, batch) rows, no vmap paths "
+        "and no peak-memory processes",
+    )
+    parser.add_argument(
+        "--out",
+        type=pathlib.Path,
+        default=pathlib.Path("results"),
+        help="output folder for bench.json and bench.md (created; default: results)",
+    )
+    parser.add_argument(
+        "--only",
+        default=None,
+        metavar="MODELS",
+        help="comma-separated model names of benchmarks.models.CONFIGS to run (default: all)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="timing rounds per (model, batch) (default: 5 with --quick, else 11)",
+    )
+    parser.add_argument(
+        "--no-opacus",
+        action="store_true",
+        help="skip the Opacus columns even if torch and opacus are installed",
+    )
     parser.add_argument(
         "--construction",
         action="store_true",
-        help="only time make_private's construction (benchmarks/construction.py)",
+        help="only time make_private's construction (calibration, sampler cap) in fresh "
+        "processes: construction.json and construction.md (benchmarks/construction.py)",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    args = build_parser(prog).parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.construction:
         from benchmarks.construction import run

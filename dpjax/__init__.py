@@ -12,7 +12,8 @@ Ground floor: ``dpjax.relation`` (neighbouring relations), ``dpjax.events`` (the
 that mechanisms, samplers and solvers emit and accountants consume), ``dpjax.typing``.
 
 Security note: JAX's threefry PRNG is fine for research and audits. Releases of real data need
-keys seeded from the OS (:func:`dpjax.os_key`) and non-porous noise; see README "Security".
+keys seeded from the OS (:func:`dpjax.os_key`) and non-porous noise; see the soundness guide
+(docs/guides/soundness.md, "Releasing real data").
 """
 
 from dpjax import accounting, auditing, dp_sgd, erm, events, mechanisms, tuning

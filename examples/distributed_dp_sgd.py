@@ -7,16 +7,16 @@ and runs a jitted DP-SGD step: per-device clipped sums, ``psum`` over the whole 
 Gaussian draw from the noise key that is identical on every process (``distributed.replicate``
 checks it). Every process ends with the same parameters, equal to a single-process run.
 
-One machine, 2 processes x 2 CPU devices each (CPU collectives: gloo)::
+One machine, 2 processes x 2 CPU devices each (CPU collectives: gloo); from any directory once
+dpjax is installed, or ``python -m examples.distributed_dp_sgd`` at the repository root::
 
-    python -m examples.distributed_dp_sgd --spawn 2 --cpu-devices 2
+    dpjax-example-distributed --spawn 2 --cpu-devices 2
 
 A SLURM cluster (``jax.distributed.initialize()`` reads the SLURM variables) or a TPU pod (the
 same command on every host; ``initialize()`` finds the pod)::
 
-    srun --nodes=2 --ntasks-per-node=1 python -m examples.distributed_dp_sgd
-    gcloud compute tpus tpu-vm ssh NAME --worker=all \\
-        --command="python -m examples.distributed_dp_sgd"
+    srun --nodes=2 --ntasks-per-node=1 dpjax-example-distributed
+    gcloud compute tpus tpu-vm ssh NAME --worker=all --command="dpjax-example-distributed"
 """
 
 from __future__ import annotations
@@ -223,19 +223,34 @@ def _read(file) -> str:
     return file.read()
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    """The command line; ``--help`` shows the module docstring with its paragraphs."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=__doc__.replace("``", "`"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--coordinator", help="host:port of process 0 (default: auto-detect)")
-    parser.add_argument("--num-processes", type=int)
-    parser.add_argument("--process-id", type=int)
+    parser.add_argument(
+        "--num-processes", type=int, help="processes in the job (with --coordinator)"
+    )
+    parser.add_argument(
+        "--process-id", type=int, help="this process's index, 0 .. num-processes - 1"
+    )
     parser.add_argument("--cpu-devices", type=int, help="CPU devices per process (CPU only)")
-    parser.add_argument("--noise-multiplier", type=float, default=1.0)
+    parser.add_argument(
+        "--noise-multiplier", type=float, default=1.0, help="σ of the DP-SGD noise (default 1)"
+    )
     parser.add_argument("--x64", action="store_true", help="float64 (to compare to a reference)")
     parser.add_argument(
         "--check-key-mismatch", action="store_true", help="also check a per-process key is refused"
     )
     parser.add_argument("--spawn", type=int, help="launch this many processes on this machine")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> None:
+    args = build_parser(prog).parse_args(argv)
     if args.spawn:
         extra = ["--noise-multiplier", str(args.noise_multiplier)] + ["--x64"] * args.x64
         for run in spawn(args.spawn, args.cpu_devices or 2, extra, timeout=300):

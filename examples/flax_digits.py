@@ -1,9 +1,12 @@
 """DP-SGD on scikit-learn's digits: a flax nnx MLP with dropout at a target ε, via make_private.
 
-Run from the repository root::
+Run it from anywhere once dpjax is installed (needs scikit-learn: the ``experiments`` extra)::
 
-    python -m examples.flax_digits                       # or: python examples/flax_digits.py
-    python -m examples.flax_digits --target-epsilon 1.0 --epochs 10
+    dpjax-example-digits                                  # test accuracy 0.939 at ε = 3.00
+    dpjax-example-digits --target-epsilon 1.0 --epochs 10
+
+or from the repository root ``python -m examples.flax_digits`` (or
+``python examples/flax_digits.py``).
 
 The user-facing part is ``train``'s middle block (under 15 lines): build the per-example loss of
 the nnx model (``dpjax.dp_sgd.nnx_loss``: dropout gets its own key per example and step), call
@@ -11,7 +14,7 @@ the nnx model (``dpjax.dp_sgd.nnx_loss``: dropout gets its own key per example a
 size, the epochs and the target (ε, δ) — it calibrates σ, sizes the padded Poisson sampler and
 accounts — and ``fit``: a tqdm progress bar shows the loss and the ε spent. What happens in each
 step (Poisson sample → clip per example with the mask → noise σC once → ÷ q·n → optimizer) is
-spelled out in README "DP-SGD" and notebook 04.
+spelled out in docs/guides/dp_sgd.md and notebook 04.
 
 Inputs are scaled to [0, 1]; the test split is never touched by training (ε is about the
 training set only). The reported δ includes the padded sampler's truncation slack.
@@ -146,18 +149,39 @@ def train(
     }
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--target-epsilon", type=float, default=3.0)
-    parser.add_argument("--delta", type=float, default=1e-5)
-    parser.add_argument("--epochs", type=float, default=20.0)
-    parser.add_argument("--batch", type=int, default=64, help="expected batch size q·n")
-    parser.add_argument("--clip", type=float, default=1.0)
-    parser.add_argument("--lr", type=float, default=0.1)
-    parser.add_argument("--dropout", type=float, default=0.1)
-    parser.add_argument("--seed", type=int, default=0)
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    """The command line; ``--help`` shows the module docstring with its paragraphs."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=__doc__.replace("``", "`"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--target-epsilon", type=float, default=3.0, help="ε of the whole run (default 3)"
+    )
+    parser.add_argument(
+        "--delta", type=float, default=1e-5, help="δ of the whole run, add/remove-one (1e-5)"
+    )
+    parser.add_argument(
+        "--epochs", type=float, default=20.0, help="passes over the training set (default 20)"
+    )
+    parser.add_argument("--batch", type=int, default=64, help="expected batch size q·n (64)")
+    parser.add_argument(
+        "--clip", type=float, default=1.0, help="per-example L2 clip norm C (default 1)"
+    )
+    parser.add_argument("--lr", type=float, default=0.1, help="SGD learning rate (default 0.1)")
+    parser.add_argument(
+        "--dropout", type=float, default=0.1, help="dropout rate of the hidden layer (0.1)"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the split, the model and the noise (0)"
+    )
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
+    args = build_parser(prog).parse_args(argv)
     result = train(
         target_epsilon=args.target_epsilon,
         delta=args.delta,

@@ -1,5 +1,8 @@
 """Command line: ``python -m experiments {all,<name>} [--size S] [--full] [--seed N] [--out DIR]``.
 
+The same program is the console script ``dpjax-experiments`` (from any directory once dpjax is
+installed; see ``dpjax/_cli.py``).
+
 ``--size tiny|quick|full`` picks a scale for experiments whose ``run`` accepts ``size`` (the
 rates: ``quick`` is the default of ``make reproduce``, ``--full`` equals ``--size full``).
 
@@ -29,13 +32,19 @@ REPORT_NAME = "REPORT.md"
 REPORT_TITLE = "# dpjax reproduction report"
 
 
-def build_parser() -> argparse.ArgumentParser:
+PROG = "python -m experiments"  # the console script `dpjax-experiments` passes its own name
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     lines = [f"  {name}: {registry.load(name).DESCRIPTION}" for name in registry.EXPERIMENTS]
     parser = argparse.ArgumentParser(
-        prog="python -m experiments",
+        prog=prog,
         description=(
-            "Reproduce the lectures' results with dpjax. Writes JSON, PNG plots and a section "
-            f"of {REPORT_NAME} per experiment under --out, and prints where they are."
+            "Reproduce the lectures' results with dpjax. Writes JSON, PNG plots and a section\n"
+            f"of {REPORT_NAME} per experiment under --out, and prints where they are.\n\n"
+            f"`{prog} all` rewrites {REPORT_NAME}; one experiment replaces only its own\n"
+            "section and keeps the others, so running them one by one into the same --out\n"
+            "gives the same report."
         ),
         epilog="experiments:\n" + ("\n".join(lines) or "  (none yet)"),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -115,8 +124,8 @@ def _listing(names: list[str], limit: int = 8) -> str:
     return shown + (f", … ({len(names)} files)" if len(names) > limit else "")
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    args = build_parser(prog).parse_args(argv)
     names = list(registry.ORDER) if args.name == "all" else [args.name]
     for name in names:
         registry.load(name)  # an unknown name fails before anything runs
