@@ -306,9 +306,9 @@ class PrivateLogisticRegression(_Mixin, _Base):
 
     Attributes:
         coef_: (1, d) weights; intercept_: (1,); classes_: the two labels (sorted);
-        n_features_in_: d; mu_: the μ used; event_: the privacy event of the release;
-        result_: the underlying :class:`dpjax.erm.ERMResult`; scale_: the
-        :class:`PublicScale` used.
+            n_features_in_: d; mu_: the μ used; event_: the privacy event of the release;
+            result_: the underlying :class:`dpjax.erm.ERMResult`; scale_: the
+            :class:`PublicScale` used.
         clipped_fraction_: the fraction of training rows the public scale moved (box or norm
             clipping). NOT private: a statistic of the data for the data holder, to check the
             stated scale — do not publish it. Near 0: the scale fits; near 1: the stated scale
