@@ -48,8 +48,10 @@ __all__ = [
     "add_gradient_canaries",
     "canary_optimizer",
     "canary_updates",
+    "canary_updates_many",
     "gradient_canary_llr",
     "states_for_keys",
+    "with_noise_key",
 ]
 
 #: pre-clip size of a canary gradient, in units of C (clipped to exactly C by the clip factor)
@@ -147,8 +149,8 @@ def add_gradient_canaries(
     m_x = jnp.shape(jax.tree.leaves(input_examples)[0])[0]
     if x_inc.size != m_x:
         _validate.fail("input_included", x_inc.shape, f"a bool array of shape ({m_x},)")
-    dtype = jnp.result_type(*jax.tree.leaves(params), jnp.float32)
-    dtype = dtype if jnp.issubdtype(dtype, jnp.floating) else jnp.float32
+    floats = [x.dtype for x in jax.tree.leaves(params) if jnp.issubdtype(x.dtype, jnp.floating)]
+    dtype = floats[0] if floats else jnp.dtype(jnp.float32)
     first = jax.tree.map(lambda x: jnp.repeat(jnp.asarray(x)[:1], m, axis=0), data)
     gradient = np.diag(inc.astype(np.float64) * CANARY_GRADIENT_SCALE * clip)
     rows = lambda a, b, c: jnp.concatenate([a, jnp.asarray(b, a.dtype), c])  # noqa: E731
@@ -189,6 +191,17 @@ def canary_optimizer(optimizer: optax.GradientTransformation) -> optax.GradientT
     return optax.multi_transform({"model": optimizer, "canary": optax.sgd(1.0)}, labels)
 
 
+def with_noise_key(opt_state: Any, key_data: jax.Array) -> Any:
+    """``opt_state`` with the key data of every :class:`~dpjax.dp_sgd.NoiseState` replaced."""
+
+    def rekey(leaf):
+        if isinstance(leaf, NoiseState):
+            return leaf._replace(key=jnp.asarray(key_data, leaf.key.dtype))
+        return leaf
+
+    return jax.tree.map(rekey, opt_state, is_leaf=lambda x: isinstance(x, NoiseState))
+
+
 def states_for_keys(state: Any, keys: jax.Array) -> Any:
     """Stack of :class:`~dpjax.dp_sgd.PrivateState` s, one per key, as ``make_private(key=k)``
     would initialise them (``noise_key, train_key = split(k)``), from one ``init`` state.
@@ -203,14 +216,7 @@ def states_for_keys(state: Any, keys: jax.Array) -> Any:
 
     def one(k):
         noise_key, train_key = jax.random.split(k)
-        noise_data = jax.random.key_data(noise_key)
-
-        def rekey(leaf):
-            if isinstance(leaf, NoiseState):
-                return leaf._replace(key=noise_data.astype(leaf.key.dtype))
-            return leaf
-
-        opt = jax.tree.map(rekey, state.opt_state, is_leaf=lambda x: isinstance(x, NoiseState))
+        opt = with_noise_key(state.opt_state, jax.random.key_data(noise_key))
         return state._replace(key=jax.random.key_data(train_key), opt_state=opt)
 
     return jax.vmap(one)(keys)
@@ -228,7 +234,7 @@ class CanaryRun:
 
 def canary_updates(
     private: Any, params: Any, data: Any, keys: jax.Array, *, steps: int | None = None,
-    chunk: int = 1024,
+    chunk: int = 8192,
 ) -> CanaryRun:  # fmt: skip
     """Run ``private.step`` (the real DP-SGD step) R times, vmapped over keys; read the canaries.
 
@@ -245,29 +251,44 @@ def canary_updates(
     Returns:
         A :class:`CanaryRun`: x_t = −Δθ_canary·(q·n)/C per step and canary, and θ_T.
     """
+    return canary_updates_many(private, params, [data], [keys], steps=steps, chunk=chunk)[0]
+
+
+def canary_updates_many(
+    private: Any, params: Any, datasets: list, keys: list, *, steps: int | None = None,
+    chunk: int = 8192,
+) -> list[CanaryRun]:  # fmt: skip
+    """:func:`canary_updates` on several neighbouring data sets (same shapes), ONE compiled step.
+
+    ``private.init`` is called once; the runs on ``datasets[i]`` start from states built from
+    ``keys[i]`` (all keys distinct, so the runs are independent).
+    """
     steps = private.steps if steps is None else _validate.positive_int("steps", steps)
     scale = private.expected_batch_size / private.l2_clip_norm
-    states = states_for_keys(private.init(params), keys)
+    state = private.init(params)
 
-    def one_run(state, data):
+    def one_run(s, data):
         def body(carry, _):
-            p, s = carry
-            p_next, s_next, _ = private.step(p, s, data)
+            p, st = carry
+            p_next, st_next, _ = private.step(p, st, data)
             x = -(p_next["canary"] - p["canary"]) * scale
-            return (p_next, s_next), x
+            return (p_next, st_next), x
 
-        (p_final, _), xs = jax.lax.scan(body, (params, state), None, length=steps)
+        (p_final, _), xs = jax.lax.scan(body, (params, s), None, length=steps)
         return xs, p_final
 
     run = jax.jit(jax.vmap(one_run, in_axes=(0, None)))
-    r = keys.shape[0]
-    outs = []
-    for start in range(0, r, chunk):
-        sl = jax.tree.map(lambda x, s=start: x[s : s + chunk], states)
-        outs.append(jax.device_get(run(sl, data)))
-    xs = np.concatenate([np.asarray(o[0], np.float64) for o in outs])
-    final = jax.tree.map(lambda *a: np.concatenate(a), *[o[1] for o in outs])
-    return CanaryRun(xs, final)
+    results = []
+    for data, run_keys in zip(datasets, keys, strict=True):
+        states = states_for_keys(state, run_keys)
+        outs = []
+        for start in range(0, run_keys.shape[0], chunk):
+            sl = jax.tree.map(lambda x, s=start: x[s : s + chunk], states)
+            outs.append(jax.device_get(run(sl, data)))
+        xs = np.concatenate([np.asarray(o[0], np.float64) for o in outs])
+        final = jax.tree.map(lambda *a: np.concatenate(a), *[o[1] for o in outs])
+        results.append(CanaryRun(xs, final))
+    return results
 
 
 # ----------------------------------------------------------------------------- one-run audit
