@@ -389,7 +389,8 @@ def audit_run(
         >>> loss_fn = lambda w, ex: 0.5 * (ex["x"] @ w - ex["y"]) ** 2
         >>> result = audit_run(loss_fn, jnp.zeros(3), {"x": x, "y": x[:, 0]},
         ...     key=jax.random.key(0), optimizer=optax.sgd(0.1), l2_clip_norm=1.0,
-        ...     batch_size=150, delta=1e-5, num_canaries=100, steps=20, noise_multiplier=1.0)
+        ...     batch_size=150, delta=1e-5, num_canaries=100, steps=10, noise_multiplier=1.0,
+        ...     accounting="rdp")
         >>> result.white_box.epsilon <= result.claimed_epsilon
         True
     """
