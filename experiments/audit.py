@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dpjax import auditing, mechanisms
+from experiments import audit_dpsgd
 
 DESCRIPTION = "privacy audit: empirical ε lower bounds vs claims, mutants caught, FP porosity"
 
@@ -657,7 +658,8 @@ def _markdown(rows: list[dict], extra: list[str]) -> str:
 
 
 def run(out_dir: pathlib.Path, *, full: bool, seed: int) -> dict:
-    """Run every audit case; write ``audit.json`` and ``audit.md`` under ``out_dir``."""
+    """Run every audit case; write ``audit.json``, ``audit.md`` and (the DP-SGD runs,
+    :mod:`experiments.audit_dpsgd`) ``audit_dpsgd.json`` / ``audit_dpsgd.png`` under ``out_dir``."""
     jax.config.update("jax_enable_x64", True)  # the ERM solvers need float64
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -669,8 +671,14 @@ def run(out_dir: pathlib.Path, *, full: bool, seed: int) -> dict:
         rows.append(_row(case, result, time.perf_counter() - start))
     one_run_rows = one_run_table(jax.random.fold_in(root, 10_000))
     porosity_rows = porosity_table()
-    extra = _one_run_markdown(one_run_rows) + _porosity_markdown(porosity_rows)
-    summary = {"cases": rows, "one_run": one_run_rows, "porosity": porosity_rows}
+    dp_sgd = audit_dpsgd.run(out_dir, full=full, seed=seed, confidence=CONFIDENCE)
+    extra = dp_sgd["markdown"] + _one_run_markdown(one_run_rows) + _porosity_markdown(porosity_rows)
+    summary = {
+        "cases": rows,
+        "one_run": one_run_rows,
+        "porosity": porosity_rows,
+        "dp_sgd": dp_sgd["records"],
+    }
     report_md = _markdown(rows, extra)
     (out_dir / "audit.json").write_text(json.dumps(summary, indent=2, default=str))
     (out_dir / "audit.md").write_text(report_md)

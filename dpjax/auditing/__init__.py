@@ -4,6 +4,8 @@
   Gaussian-DP, one-run);
 * :mod:`dpjax.auditing.harness` – runs a mechanism on D and D′ with independent keys (vmapped);
 * :mod:`dpjax.auditing.porosity` – Mironov's floating-point test: outputs on D impossible on D′;
+* :mod:`dpjax.auditing.dp_sgd_audit` – whole ``make_private`` runs: Dirac gradient canaries,
+  the white-box likelihood-ratio statistic, :func:`audit_run` (one-run audit of a training run);
 * :mod:`dpjax.auditing.exact` – exact privacy profiles (pure ε, δ(ε)) of mechanisms whose
   output law is finite and computable, over adversarial neighbour pairs.
 
@@ -11,7 +13,8 @@ Audits are evidence, not proofs: a correct mechanism must give ε_LB ≤ claimed
 is caught when ε_LB > claimed ε (literature.md §3).
 """
 
-from dpjax.auditing import exact, porosity
+from dpjax.auditing import dp_sgd_audit, exact, porosity
+from dpjax.auditing.dp_sgd_audit import RunAudit, audit_run
 from dpjax.auditing.estimators import (
     EpsilonLowerBound,
     clopper_pearson_lower,
@@ -32,11 +35,14 @@ from dpjax.auditing.harness import AuditResult, audit, audit_repeated, run_trial
 __all__ = [
     "AuditResult",
     "EpsilonLowerBound",
+    "RunAudit",
     "audit",
+    "audit_run",
     "audit_repeated",
     "clopper_pearson_lower",
     "clopper_pearson_upper",
     "direct_epsilon_lower_bound",
+    "dp_sgd_audit",
     "epsilon_from_rates",
     "exact",
     "gdp_delta",
