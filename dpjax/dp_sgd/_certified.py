@@ -414,7 +414,7 @@ def accumulation_scale(call_shrink: float, call_rows: int, calls: int, dtype: An
     mass = rows + k * r_m
     abs_rel = math.sqrt(_SIZE_BOUND) * 66.0 * (rows + 64) * tiny(dtype) / (clip / 4.0)
     factor = 1.0 + 2.0 * k * r_m + 2.0 * (s + u * (1.0 + s)) * mass + abs_rel
-    rho = 1.0 / (call_shrink * factor * (1.0 + 1e-9))
+    rho = 1.0 / (call_shrink * factor * (1.0 + 1e-14))  # covers this float64 arithmetic
     if rho >= 1.0:
         return 1.0
     return math.nextafter(rho, 0.0) * (1.0 - 8.0 * u)
