@@ -72,8 +72,11 @@ def test_add_remove_moves_released_sum_at_most_c(backend, b):
     w = jnp.zeros(3, jnp.float32)
     moved = _move(lambda x, m: grad_fn(w, x, mask=m)[0], b, [_rows(b, t) for t in range(TRIALS)])
     assert moved <= C * SLACK, moved
-    # not vacuous: the neighbour's contribution is there, shrunk by at most the stated factor
-    assert moved >= C * grad_fn.summation_shrink(b) * 0.99 if backend == "vmap" else moved > 0.9
+    # not vacuous: the neighbour's contribution is there, shrunk by the public factor only
+    f = grad_fn.recorded_shrink(grad_fn.release_for(b))
+    assert moved >= 0.99 * f * C, (moved, f)
+    if backend == "vmap":
+        assert f == grad_fn.summation_shrink(b)
 
 
 def test_sequence_model_ghost_and_vmap_at_4096():
@@ -141,7 +144,8 @@ def test_accumulate_clipped_sums_with_rows_per_release():
 
     xs = [_rows(b, t) for t in range(6)]
     moved = _move(released, b, xs)
-    assert 0.9 < moved <= C * SLACK, moved
+    f = grad_fn.recorded_shrink(grad_fn.release_for(b))  # ghost, 2 roundings of k·b rows
+    assert 0.99 * f * C < moved <= C * SLACK, (moved, f)
 
 
 def test_make_private_micro_batches_scale_covers_the_total():
@@ -205,4 +209,4 @@ def test_ghost_pairs_report_the_factor_used():
     norms = np.linalg.norm(x64, axis=1)
     expected = (np.minimum(1.0, f * C / norms)[:, None] * x64).sum(0)
     np.testing.assert_allclose(np.asarray(hi, np.float64) + np.asarray(lo), expected, rtol=1e-5)
-    assert 0.999 < f < 1.0
+    assert 0.998 < f < 1.0

@@ -88,7 +88,7 @@ def test_clipped_grad_dispatch_ghost_equals_vmap(linen_mlp):
         fn = dpjax.clipped_grad(loss_fn, l2_clip_norm=0.5, backend=method)
         outs[method] = jax.jit(lambda p, x, y, f=fn: f(p, x, y, mask=mask))(params, *batch)
         shrink[method] = fn.recorded_shrink(fn.release_for(24))  # the factor C was shrunk by
-    # the two paths certify the batch sum with different factors (ghost: groups of 16 rows in
+    # the two paths certify the batch sum with different factors (ghost: groups of 32 rows in
     # one matrix product); each equals the reference clipped at its own f·C
     assert shrink["auto"] == shrink["ghost"] < shrink["vmap"] < 1.0
     for method in ("ghost", "vmap", "auto"):
