@@ -436,8 +436,7 @@ def _dense_clipped_sum(a: jax.Array, g_scaled: jax.Array, keep: jax.Array, sanit
     if sanitize:
         a = _row_where(keep, a)
     if t > 1:
-        per_example = jnp.einsum("btk,btn->bkn", a, g_scaled, precision=HIGHEST)
-        return _certified.tree_sum(per_example)
+        return _per_example_stream(a, g_scaled)
     c = _group_size(b)
     pad = -b % c
     a2, g2 = a.reshape(b, k), g_scaled.reshape(b, -1)
@@ -453,6 +452,52 @@ def _dense_clipped_sum(a: jax.Array, g_scaled: jax.Array, keep: jax.Array, sanit
     )
     total = _certified.pairwise_sum(parts)  # error γ_{⌈log2 groups⌉}, counted in _pre_rel
     return total, jnp.zeros((), total.dtype)
+
+
+# T > 1: examples whose (K, N) matrices are formed at once (≤ this many entries in memory); the
+# chunks' double-float sums are added sequentially in a scan (extra depth, see _stream_steps)
+_STREAM_BUDGET = 2**24
+
+
+def _stream_rows(b: int, k: int, n: int) -> int:
+    return max(1, min(b, _STREAM_BUDGET // max(k * n, 1)))
+
+
+def _stream_steps(taps: Sequence, b: int) -> int:
+    """Sequential chunk merges of the T > 1 dense taps (added to the summation depth)."""
+    steps = [
+        -(-b // _stream_rows(b, t.k, t.n))
+        for t in taps
+        if isinstance(t, DenseTap) and t.t > 1 and not _materialise(t)
+    ]
+    return max(steps, default=0)
+
+
+def _per_example_stream(a: jax.Array, g_scaled: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Σ_i a_iᵀ(s_i g_i) for T > 1: each example's matrix formed alone, fixed-order sums.
+
+    Chunks of :func:`_stream_rows` examples are formed and added by the double-float tree,
+    the chunks' sums then added in a scan (double-float), so memory stays ≤ the budget.
+    """
+    b, t, k = a.shape
+    n = g_scaled.shape[2]
+    per = _stream_rows(b, k, n)
+    if per >= b:
+        return _certified.tree_sum(jnp.einsum("btk,btn->bkn", a, g_scaled, precision=HIGHEST))
+    steps = -(-b // per)
+    pad = steps * per - b
+    if pad:
+        a = jnp.pad(a, ((0, pad), (0, 0), (0, 0)))
+        g_scaled = jnp.pad(g_scaled, ((0, pad), (0, 0), (0, 0)))
+    xs = (a.reshape(steps, per, t, k), g_scaled.reshape(steps, per, t, n))
+
+    def body(carry, chunk):
+        part = jnp.einsum("btk,btn->bkn", *chunk, precision=HIGHEST)
+        return _certified.df_add(carry, _certified.tree_sum(part)), None
+
+    dt = jnp.result_type(a.dtype, g_scaled.dtype)
+    out, _ = jax.lax.scan(body, _certified.df_zeros((k, n), dt), xs)
+    return out
 
 
 def _pre_rel(taps: Sequence[DenseTap | EmbeddingTap], b: int, dtype: Any) -> float:
@@ -593,7 +638,9 @@ def ghost_clipped_pairs(
         return (zeros, zeros), norms, jnp.zeros((), jnp.int32), 1.0
     if release is None:
         release = _certified.Release(n, 1, _certified.tree_depth(n) + 3, float(l2_clip_norm))
-    f = _summation_shrink(plan(loss_fn, params, *batch)[0].taps, params, n, release)
+    taps = plan(loss_fn, params, *batch)[0].taps
+    release = release._replace(depth=release.depth + _stream_steps(taps, n))
+    f = _summation_shrink(taps, params, n, release)
     clip = jnp.asarray(f * l2_clip_norm, _certified.wide_dtype())
     return (*_ghost_jitted(loss_fn, bool(nan_safe), params, batch, clip, keep), f)
 
