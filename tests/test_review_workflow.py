@@ -77,6 +77,31 @@ def test_an_un_noised_running_sum_is_never_published(key, build):
             assert not jnp.allclose(jnp.asarray(leaf, jnp.float32), secret_sum), published
 
 
+def test_accumulate_clipped_sums_publishes_neither_part_of_its_running_sum(key):
+    # the double-float accumulator keeps a high AND a low part of the un-noised sum: both secret
+    grad_fn = dpjax.clipped_grad(lambda w, x: jnp.dot(w, x), l2_clip_norm=1.0)
+    tx = dpjax.dp_sgd.accumulate_clipped_sums(
+        dpjax.dp_sgd_optimizer(
+            optimizer=optax.sgd(0.1),
+            noise_multiplier=1.0,
+            clipped_grad=grad_fn,
+            normalizer=10.0,
+            key=key,
+        ),
+        every_k=4,
+    )
+    params = jnp.zeros(DIM, jnp.float32)
+    # 1 + 2^-30 is not a float32: the accumulator keeps 2^-30 in its low part
+    parts = [jnp.array([1.0, 0.5, -0.5], jnp.float32), jnp.array([2.0**-30, 0.0, 0.0], jnp.float32)]
+    state = tx.init(params)
+    for part in parts:
+        _, state = tx.update(part, state, params)
+    assert any(jnp.any(leaf != 0) for leaf in jax.tree.leaves(state.clipped_sum_low))
+    published = public_opt_state(state)
+    names = {str(k) for path, _ in jax.tree_util.tree_flatten_with_path(published)[0] for k in path}
+    assert not any("clipped_sum" in n for n in names), names
+
+
 def test_an_object_the_tree_does_not_enter_is_never_published(key):
     class Box:  # not a registered pytree: a leaf whose content is not inspected
         def __init__(self, inner):

@@ -15,7 +15,7 @@ Integer operands are converted to these float dtypes before any arithmetic.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -198,3 +198,241 @@ def combine_norms(parts_sq_upper: list[jax.Array]) -> jax.Array:
 def finite_float_dtype(dtype: Any) -> bool:
     """Whether ``dtype`` is a floating dtype (clipping outputs are cast back to it)."""
     return bool(jnp.issubdtype(dtype, np.floating))
+
+
+# ----------------------------------------------------------------------------- the batch sum
+#
+# The released sum Σ_i x_i of B per-example contributions (each of ℓ2 norm ≤ C_eff) is formed
+# in a CONTROLLED order: a pairwise tree over the batch axis in double-float arithmetic (each
+# node a pair (hi, lo) with hi + lo carrying the partial sum to ≈ u²; Knuth's TwoSum), then
+# rounded ONCE to the output dtype. Per coordinate j, with A_j = Σ_i |x_ij| (Higham, 2nd ed.,
+# §4.3 and §4.4, pairwise and compensated summation; Ogita, Rump, Oishi 2005, "Accurate sum
+# and dot product", TwoSum), every node of height h satisfies
+#     |lo| ≤ 2u·A_j   and   |hi + lo − exact| ≤ h·δ·A_j,   δ = 7u²,
+# so the released value is off by at most (hδ + u_fin(1 + hδ))·A_j, and in ℓ2 (Minkowski)
+# by at most that factor times Σ_i ‖x_i‖ ≤ B·C_eff. Clipping at C_eff = C/(1 + 2·rel) then
+# keeps |fl(S_D) − fl(S_D′)| ≤ C_eff + err_D + err_D′ ≤ C for add/remove-one neighbours
+# (Casacuberta, Shoemate, Vadhan, Wagaman 2022, "Widespread underestimation of sensitivity in
+# differentially private libraries", CCS: the fix "bound n, add the rounding to the
+# sensitivity").
+
+_SIZE_BOUND = 2.0**40  # public upper bound on the number of coordinates of a released sum
+
+
+def two_sum(a: jax.Array, b: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Knuth's TwoSum: ``(s, e)`` with ``s = fl(a + b)`` and ``s + e = a + b`` exactly."""
+    s = a + b
+    bb = s - a
+    return s, (a - (s - bb)) + (b - bb)
+
+
+def df_add(x: tuple[jax.Array, jax.Array], y: tuple[jax.Array, jax.Array]):
+    """Double-float sum of ``(hi, lo)`` pairs, renormalised (``|lo| ≤ u·|hi|``)."""
+    s, e = two_sum(x[0], y[0])
+    return two_sum(s, e + (x[1] + y[1]))
+
+
+def tree_sum(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Pairwise double-float sum over axis 0 in a fixed order: ``(hi, lo)`` of shape x.shape[1:].
+
+    Level by level the first half of the rows is added to the second half (an odd last row
+    is carried up unchanged), ⌈log2 B⌉ levels; every level is elementwise, so XLA cannot
+    reorder it. The error is bounded by :func:`batch_sum_error`.
+    """
+    n = x.shape[0]
+    if n == 0:
+        z = jnp.zeros(x.shape[1:], x.dtype)
+        return z, z
+    hi, lo = x, None
+    while n > 1:
+        m = n // 2
+        if lo is None:
+            top = two_sum(hi[:m], hi[m : 2 * m])
+        else:
+            top = df_add((hi[:m], lo[:m]), (hi[m : 2 * m], lo[m : 2 * m]))
+        if n % 2:
+            last_lo = jnp.zeros_like(hi[2 * m :]) if lo is None else lo[2 * m :]
+            top = (
+                jnp.concatenate([top[0], hi[2 * m :]]),
+                jnp.concatenate([top[1], last_lo]),
+            )
+        hi, lo = top
+        n = hi.shape[0]
+    if lo is None:
+        lo = jnp.zeros_like(hi)
+    return hi[0], lo[0]
+
+
+def pairwise_sum(x: jax.Array) -> jax.Array:
+    """Plain pairwise sum over axis 0 in the fixed order of :func:`tree_sum` (one float each).
+
+    Error ≤ γ_{⌈log2 n⌉}·Σ_i |x_i| per coordinate (Higham, 2nd ed., §4.2); for a few partial
+    sums that already carry a larger error (ghost's grouped products) this is as good as the
+    double-float tree at a third of the memory traffic.
+    """
+    n = x.shape[0]
+    if n == 0:
+        return jnp.zeros(x.shape[1:], x.dtype)
+    while n > 1:
+        m = n // 2
+        top = x[:m] + x[m : 2 * m]
+        x = jnp.concatenate([top, x[2 * m :]]) if n % 2 else top
+        n = x.shape[0]
+    return x[0]
+
+
+def df_round(x: tuple[jax.Array, jax.Array], dtype: Any) -> jax.Array:
+    """``hi + lo`` rounded once to ``dtype`` (the single final rounding of a released sum).
+
+    A scalar ``lo`` under a non-scalar ``hi`` is the exact zero low part of a plain sum
+    (the ghost embedding table): ``hi`` is only cast (no second table in memory).
+    """
+    if jnp.ndim(x[1]) == 0 and jnp.ndim(x[0]) > 0:
+        return x[0].astype(dtype)
+    return (x[0] + x[1]).astype(dtype)
+
+
+def tree_depth(n: int) -> int:
+    """Levels of :func:`tree_sum` over n rows: ⌈log2 n⌉."""
+    return max(int(n) - 1, 0).bit_length()
+
+
+def df_zeros(shape: tuple[int, ...], dtype: Any) -> tuple[jax.Array, jax.Array]:
+    z = jnp.zeros(shape, dtype)
+    return z, z
+
+
+def batch_sum_error(
+    rows: int,
+    sum_dtype: Any,
+    out_dtype: Any,
+    *,
+    stages: int = 1,
+    depth: int | None = None,
+    pre_rel: float = 0.0,
+    clip: float = 1.0,
+) -> float:
+    """rel with ‖released − Σ_i x_i‖₂ ≤ rel·C_eff for ``rows`` contributions ‖x_i‖ ≤ C_eff.
+
+    The released sum is formed by ``stages`` double-float summations in sequence (trees or
+    sequential accumulations, each of depth ≤ ``depth``; default ⌈log2 rows⌉ + 2, one tree),
+    each ended by
+    ONE rounding to
+    ``out_dtype`` (stage 2: e.g. micro-batch sums or per-device sums added up); ``pre_rel``
+    is a relative error, per coordinate against Σ_i |x_ij|, made before the first stage
+    (a contraction over a few examples inside a matrix product). Subnormals flushed to zero
+    (FTZ/DAZ) add ≤ (B + 32·merges)·tiny per coordinate, counted with C_eff ≥ ``clip``/4.
+
+    Raises:
+        ValueError: the bound is useless (depth·δ > 0.9, or C_eff would fall below C/4).
+    """
+    u = unit_roundoff(sum_dtype)
+    u_out = unit_roundoff(out_dtype)
+    fin = u + (u_out * (1.0 + u) if u_out > u else 0.0)
+    delta = u * u * (2.0 + (1.0 + u) * (1.9 + 2.0 * u) + 2.0 * (1.0 + u))
+    depth = tree_depth(rows) + 2 if depth is None else depth
+    b = depth * delta
+    if b > 0.9:
+        raise ValueError(f"no certified batch sum for {rows} rows in {jnp.dtype(sum_dtype).name}")
+    err, grow = pre_rel, 1.0 + pre_rel
+    for _ in range(stages):
+        err += (b + fin * (1.0 + b)) * grow
+        grow *= (1.0 + b) * (1.0 + fin)
+    per_coord_abs = 33.0 * (rows + 64) * tiny(sum_dtype) * stages * 2.0
+    abs_rel = math.sqrt(_SIZE_BOUND) * per_coord_abs / (clip / 4.0)
+    rel = (rows * err + abs_rel) * (1.0 + 1e-9)
+    return math.nextafter(rel, math.inf)
+
+
+def summation_shrink(
+    rows: int,
+    sum_dtype: Any = jnp.float32,
+    out_dtype: Any = jnp.float32,
+    *,
+    stages: int = 1,
+    depth: int | None = None,
+    pre_rel: float = 0.0,
+    clip: float = 1.0,
+) -> float:
+    """The factor f = 1/(1 + 2·rel) (rounded down) by which the clip norm is multiplied.
+
+    With every contribution clipped to C_eff = f·C, adding or removing one of ``rows`` rows
+    moves the released sum by ≤ C_eff·(1 + 2·rel) ≤ C (see :func:`batch_sum_error`).
+
+    Raises:
+        ValueError: where f < 1/4 (the rounding bound eats most of C: use smaller batches,
+            micro-batches, or float64 sums).
+    """
+    rel = batch_sum_error(
+        rows, sum_dtype, out_dtype, stages=stages, depth=depth, pre_rel=pre_rel, clip=clip
+    )
+    # 8u below: C·f rounded to the wide dtype stays ≤ the real C/(1 + 2·rel)
+    f = math.nextafter(1.0 / (1.0 + 2.0 * rel), 0.0) * (1.0 - 8.0 * unit_roundoff(wide_dtype()))
+    if f < 0.25:
+        raise ValueError(
+            f"batch of {rows} rows: the certified rounding bound of its sum in "
+            f"{jnp.dtype(sum_dtype).name} would shrink the clip norm by {f:.3g} (< 1/4); "
+            "use fewer rows per released sum, micro-batches or float64"
+        )
+    return f
+
+
+class Release(NamedTuple):
+    """How the sums of one clipped-gradient call end up in a released sum (all public).
+
+    Attributes:
+        rows: rows (padding included) whose contributions enter one released sum (≥ the
+            call's rows).
+        stages: roundings to the output dtype on the way: 1 when the call's result is the
+            released sum, 2 when the call's rounded sums are added up once more (micro-batch
+            accumulation, devices) with a double-float sum.
+        depth: a bound on the depth of every double-float summation on the way.
+        clip: C, the bound the release is certified against.
+    """
+
+    rows: int
+    stages: int
+    depth: int
+    clip: float
+
+
+def release_shrink(
+    release: Release, sum_dtypes: list[Any], out_dtypes: list[Any], pre_rel: float = 0.0
+) -> tuple[float, float]:
+    """``(f, rel)`` of :func:`summation_shrink` for the least precise of the given dtypes."""
+    sd = max(sum_dtypes, key=unit_roundoff, default=jnp.dtype(jnp.float32))
+    od = max(out_dtypes, key=unit_roundoff, default=jnp.dtype(jnp.float32))
+    kwargs = dict(stages=release.stages, depth=release.depth, pre_rel=pre_rel, clip=release.clip)
+    rel = batch_sum_error(release.rows, sd, od, **kwargs)
+    return summation_shrink(release.rows, sd, od, **kwargs), rel
+
+
+def accumulation_scale(call_shrink: float, call_rows: int, calls: int, dtype: Any, clip: float):
+    """ρ ≤ 1 such that ρ·(double-float sum of ``calls`` rounded call sums) has sensitivity ≤ C.
+
+    Each call's sum of ``call_rows`` contributions (norm ≤ C_m = f·C, f = ``call_shrink``) is
+    within r_m·C_m of exact, r_m = (1/f − 1)/2 (:func:`summation_shrink` certified the call
+    alone). Adding the k sums sequentially in double-float and rounding once errs by
+    ≤ s·Σ‖Ŝ_m‖, s = b + u(1 + b), b = (k + 2)·7u², with Σ‖Ŝ_m‖ ≤ (k·m + k·r_m)·C_m; the final
+    product by ρ by ≤ u·ρ‖T̂‖. So adding or removing one example moves ρ·T̂ by
+    ≤ ρ·C_m·(1 + 2k·r_m + 2(s + u(1 + s))(k·m + k·r_m)) + abs, and ρ is the reciprocal of
+    that factor (rounded down); 1 where the calls already cover it.
+
+    Returns:
+        ρ as a Python float (1.0: no scaling needed).
+    """
+    if int(calls) == 1:
+        return 1.0  # 0 + Ŝ is exact: the call's own certificate is the release's
+    u = unit_roundoff(dtype)
+    r_m = (1.0 / call_shrink - 1.0) / 2.0
+    k, rows = int(calls), int(calls) * int(call_rows)
+    delta = u * u * (2.0 + (1.0 + u) * (1.9 + 2.0 * u) + 2.0 * (1.0 + u))
+    b = (k + 2) * delta
+    s = b + u * (1.0 + b)
+    mass = rows + k * r_m
+    abs_rel = math.sqrt(_SIZE_BOUND) * 66.0 * (rows + 64) * tiny(dtype) / (clip / 4.0)
+    factor = 1.0 + 2.0 * k * r_m + 2.0 * (s + u * (1.0 + s)) * mass + abs_rel
+    rho = 1.0 / (call_shrink * factor * (1.0 + 1e-14))  # covers this float64 arithmetic
+    if rho >= 1.0:
+        return 1.0
+    return math.nextafter(rho, 0.0) * (1.0 - 8.0 * u)

@@ -50,16 +50,39 @@ gradient does not have (‖a‖² = inf with ‖aᵀg‖ finite in ghost) is not
 recomputes such norms with exponent scaling. ``per_example_norms`` reports the best estimate of
 the pre-clipping norm (not U).
 
+Certified batch sum. The examples' contributions are added over the batch axis in a fixed
+order (a pairwise tree in double-float arithmetic, :func:`dpjax.dp_sgd._certified.tree_sum`)
+and rounded once to the output dtype; its error is at most rel·C_eff with
+rel ≈ B·(u + ⌈log2 B⌉·7u²) (float32, u = 2⁻²⁴), because every contribution has norm ≤ C_eff.
+Each clip norm is therefore multiplied by the public factor f = 1/(1 + 2·rel) (rel for the
+rows of the released sum, B and the dtype being public): float32, one rounding, B = 256:
+f = 0.99997, 4096: 0.9995, 32768: 0.996, 2²⁰: 0.89 (:meth:`ClippedGrad.summation_shrink`;
+f < 1/4, B ≳ 2.5·10⁷ rows in float32, is refused). ``microbatch_size`` keeps one rounding
+(the chunks' double-float sums are added before it); a sum that is added up once more
+(``rows_per_release``, :func:`dpjax.data_parallel`) is certified for two (2²⁰: f = 0.80).
+The ghost path contracts groups of 32 examples inside one matrix product for T = 1 layers and
+scatters embedding rows in an unknown order; it adds ≈ γ_{32 + log2 B} resp. γ_m per row to
+rel, m the rows of one call (or of one micro-batch): float32, dense T = 1: B = 256:
+f = 0.9989, 4096: 0.981, 32768: 0.856; with an embedding table and m = 256 rows per micro-batch,
+B = 4096: f ≈ 0.89 (pass ``microbatch_size`` to keep m small; f < 1/4 is refused).
+
 Formal guarantees:
     For every example, the vector that the computed sum receives from it, rounding included,
-    has ℓ2 norm ≤ C (per-layer: ≤ sqrt(Σ_l c_l²)) for dense, convolution, sequence (T > 1) and
-    weight-shared layers and for int, bf16, fp16, f32 and f64 inputs and parameters (measured
-    on a batch of one; the tests allow C·(1 + 1e-6)). So the ℓ2 sensitivity of the exact sum of
-    contributions is C under add/remove-one and 2C under replace-one (triangle inequality;
-    lecture on machine learning under DP, DP-GD with per-example clipping; Abadi et al. 2016,
-    "Deep Learning with Differential Privacy", §3.1). The rounding of the batch sum itself
-    (other examples' terms) is not covered (Casacuberta et al. 2022, CCS). ``grad_fn.
-    sensitivity(relation)`` returns C or 2C; the Gaussian noise of
+    has ℓ2 norm ≤ f·C (per-layer: ≤ f·sqrt(Σ_l c_l²)) for dense, convolution, sequence (T > 1)
+    and weight-shared layers and for int, bf16, fp16, f32 and f64 inputs and parameters, and
+    the released sum (a fixed-order double-float sum rounded once) is within rel·f·C of the
+    exact sum of those vectors, f = 1/(1 + 2·rel). So adding or removing one example moves
+    the RELEASED float sum by at most f·C·(1 + 2·rel) ≤ C (the tests allow C·(1 + 1e-6) for
+    the rounding of C itself), for every batch size accepted (f ≥ 1/4): ℓ2 sensitivity C under
+    add/remove-one and 2C under replace-one (triangle inequality; lecture on machine learning
+    under DP, DP-GD with per-example clipping; Abadi et al. 2016, "Deep Learning with
+    Differential Privacy", §3.1; the rounding of the sum: Casacuberta, Shoemate, Vadhan,
+    Wagaman 2022, "Widespread Underestimation of Sensitivity in Differentially Private
+    Libraries and How to Fix It", CCS; pairwise and compensated summation: Higham, "Accuracy
+    and Stability of Numerical Algorithms", §4). This assumes each example's gradient is
+    computed the same way whatever the other rows (its per-example rounding does not depend
+    on its neighbours in the batch), and neighbours that differ in one row's mask or content.
+    ``grad_fn.sensitivity(relation)`` returns C or 2C; the Gaussian noise of
     :func:`dpjax.add_gaussian_noise` must be calibrated to it.
 """
 
@@ -75,7 +98,6 @@ import jax.numpy as jnp
 
 from dpjax import _validate
 from dpjax.dp_sgd import _certified, _rows
-from dpjax.dp_sgd._certified import HIGHEST
 from dpjax.dp_sgd._frozen import ReadOnlyAfterInit
 from dpjax.dp_sgd.samplers import PaddedBatch
 from dpjax.relation import (
@@ -219,13 +241,26 @@ def _zero_rows(tree: Any, keep: jax.Array) -> Any:
 
 
 def _weighted_row_sum(leaves: list, weights: list, sum_dts: list) -> list:
-    """Σ_i w_i g_i per leaf: a tensordot over the batch axis in the sum dtype, cast back after."""
-    return [
-        jnp.tensordot(w.astype(sd), x.astype(sd), axes=1, precision=HIGHEST).astype(
-            _certified.output_dtype(x.dtype)
-        )
-        for x, w, sd in zip(leaves, weights, sum_dts, strict=True)
-    ]
+    """Σ_i w_i g_i per leaf in the sum dtype: a double-float pair ``(hi, lo)`` per leaf.
+
+    Each product w_i·g_i is formed per example (its rounding is part of the certified
+    contribution, see η); the rows are then added by the fixed-order pairwise tree of
+    :func:`dpjax.dp_sgd._certified.tree_sum`, whose error :func:`~dpjax.dp_sgd._certified.
+    batch_sum_error` bounds (a ``tensordot`` has an unknown order: γ_B·Σ|x_i|, B²·u·C).
+    """
+    out = []
+    for x, w, sd in zip(leaves, weights, sum_dts, strict=True):
+        w = w.astype(sd).reshape(w.shape + (1,) * (x.ndim - 1))
+        out.append(_certified.tree_sum(x.astype(sd) * w))
+    return out
+
+
+def _pairs_to_trees(treedef: Any, pairs: list) -> tuple[Any, Any]:
+    """A list of ``(hi, lo)`` leaves as two pytrees ``(hi_tree, lo_tree)``."""
+    return (
+        jax.tree.unflatten(treedef, [p[0] for p in pairs]),
+        jax.tree.unflatten(treedef, [p[1] for p in pairs]),
+    )
 
 
 def _vmap_clipped_sum(
@@ -236,12 +271,17 @@ def _vmap_clipped_sum(
     l2_clip_norm: Any,
     mask: jax.Array,
     nan_safe: bool,
+    release: _certified.Release,
     per_layer: bool = False,
 ) -> tuple[Any, jax.Array, jax.Array]:
-    """Materialise per-example gradients with vmap, clip (certified), zero bad rows, contract.
+    """Materialise per-example gradients with vmap, clip (certified), zero bad rows, sum.
+
+    Every clip norm is multiplied by the summation shrink f of ``release`` (the rounding of
+    the batch sum, :func:`dpjax.dp_sgd._certified.summation_shrink`).
 
     Returns:
-        ``(clipped_sum, per_example_norms, num_nonfinite)``.
+        ``((hi, lo), per_example_norms, num_nonfinite, f)``: the clipped sum as two pytrees
+        whose sum (rounded once to the output dtypes) is the released sum, and the shrink.
     """
     grads = _per_example_grads(loss_fn, params, batch)
     # one stored value: the norms and the sum must read the same gradients (XLA may recompute
@@ -253,23 +293,25 @@ def _vmap_clipped_sum(
     norms = jnp.sqrt(sum((p[0] for p in parts[1:]), parts[0][0]))
     upper = _certified.combine_norms([p[1] for p in parts])
     sum_dts = [_certified.sum_dtype(x.dtype) for x in leaves]
-    eta = _certified.shrink(wide, sum_dts, [_certified.output_dtype(x.dtype) for x in leaves])
+    out_dts = [_certified.output_dtype(x.dtype) for x in leaves]
+    eta = _certified.shrink(wide, sum_dts, out_dts)
+    f, _ = _certified.release_shrink(release, sum_dts, out_dts)
     finite = jnp.isfinite(upper)
     keep = mask & finite if nan_safe else mask
     leaves = jax.tree.leaves(_zero_rows(grads, keep))
     if per_layer:
         clip_norms = treedef.flatten_up_to(l2_clip_norm)
         scales = [
-            _certified.certified_scale(_certified.sqrt_up(p[1]), c, eta)
+            _certified.certified_scale(_certified.sqrt_up(p[1]), f * c, eta)
             for p, c in zip(parts, clip_norms, strict=True)
         ]
     else:
-        scales = [_certified.certified_scale(upper, l2_clip_norm, eta)] * len(leaves)
+        scales = [_certified.certified_scale(upper, f * l2_clip_norm, eta)] * len(leaves)
     weights = [jnp.where(keep, s, jnp.zeros((), s.dtype)) for s in scales]
-    clipped_sum = jax.tree.unflatten(treedef, _weighted_row_sum(leaves, weights, sum_dts))
+    clipped_sum = _pairs_to_trees(treedef, _weighted_row_sum(leaves, weights, sum_dts))
     norms = jnp.where(mask, norms, jnp.zeros((), wide))
     num_nonfinite = jnp.sum(mask & ~finite, dtype=jnp.int32)
-    return clipped_sum, norms, num_nonfinite
+    return clipped_sum, norms, num_nonfinite, f
 
 
 # ----------------------------------------------------------------------------- dispatch
@@ -293,9 +335,10 @@ def _clipped_sum_dispatch(
     mask: jax.Array,
     nan_safe: bool,
     per_layer: bool,
+    release: _certified.Release,
 ) -> tuple[Any, jax.Array, jax.Array]:
     """Choose the per-example core: "vmap", "ghost", or "auto" (ghost when it supports the loss)."""
-    kwargs = dict(l2_clip_norm=l2_clip_norm, mask=mask, nan_safe=nan_safe)
+    kwargs = dict(l2_clip_norm=l2_clip_norm, mask=mask, nan_safe=nan_safe, release=release)
     if per_layer or backend == "vmap":
         return _vmap_clipped_sum(loss_fn, params, batch, per_layer=per_layer, **kwargs)
     ghost = _ghost_module()
@@ -304,9 +347,9 @@ def _clipped_sum_dispatch(
             _validate.fail(
                 "backend", backend, "'vmap' or 'auto' (dpjax.dp_sgd.ghost is not available)"
             )
-        return ghost.ghost_clipped_sum(loss_fn, params, batch, **kwargs)
+        return ghost.ghost_clipped_pairs(loss_fn, params, batch, **kwargs)
     if ghost is not None and ghost.supports(loss_fn, params, *batch):
-        return ghost.ghost_clipped_sum(loss_fn, params, batch, **kwargs)
+        return ghost.ghost_clipped_pairs(loss_fn, params, batch, **kwargs)
     return _vmap_clipped_sum(loss_fn, params, batch, per_layer=False, **kwargs)
 
 
@@ -314,7 +357,11 @@ def _clipped_sum_dispatch(
 
 
 def _microbatched(core: Callable, params: Any, batch: tuple, mask: jax.Array, size: int):
-    """Run ``core`` on chunks of ``size`` rows with lax.scan, summing the clipped sums."""
+    """Run ``core`` on chunks of ``size`` rows with lax.scan, adding the double-float sums.
+
+    The chunks' ``(hi, lo)`` sums are added in double-float (no rounding per chunk), so the
+    call still rounds once; the scan adds ⌈B/size⌉ sequential levels to the summation depth.
+    """
     n = mask.shape[0]
     num_chunks = -(-n // size)
     pad = num_chunks * size - n
@@ -330,12 +377,27 @@ def _microbatched(core: Callable, params: Any, batch: tuple, mask: jax.Array, si
         b, m = xs
         s, norms, bad = core(params, b, m)
         acc_sum, acc_bad = acc
-        return (jax.tree.map(jnp.add, acc_sum, s), acc_bad + bad), norms
+        return (_df_add_trees(acc_sum, s), acc_bad + bad), norms
 
     s0, _, _ = jax.eval_shape(core, params, jax.tree.map(lambda x: x[0], batch_c), mask_c[0])
-    init = (jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), s0), jnp.zeros((), jnp.int32))
+    # the low parts take the high parts' shapes (a core may return a scalar 0 as a low part)
+    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), s0[0])
+    lows = jax.tree.map(lambda z, x: jnp.zeros(z.shape, x.dtype), zeros, s0[1])
+    init = ((zeros, lows), jnp.zeros((), jnp.int32))
     (total, bad), norms = jax.lax.scan(body, init, (batch_c, mask_c))
     return total, norms.reshape(-1)[:n], bad
+
+
+def _df_add_trees(x: tuple[Any, Any], y: tuple[Any, Any]) -> tuple[Any, Any]:
+    """Double-float sum of two ``(hi_tree, lo_tree)`` sums, leaf by leaf."""
+    xh, treedef = jax.tree.flatten(x[0])
+    pairs = [
+        _certified.df_add((a, b), (c, d))
+        for a, b, c, d in zip(
+            xh, jax.tree.leaves(x[1]), jax.tree.leaves(y[0]), jax.tree.leaves(y[1]), strict=True
+        )
+    ]
+    return _pairs_to_trees(treedef, pairs)
 
 
 # ----------------------------------------------------------------------------- public API
@@ -356,7 +418,17 @@ class ClippedGrad(ReadOnlyAfterInit):
     _DERIVED = "noise and sensitivity were derived from it"
     _REBUILD_HINT = "build a new one with dpjax.clipped_grad(...)"
 
-    def __init__(self, loss_fn, *, l2_clip_norm, per_layer, microbatch_size, backend, nan_safe):
+    def __init__(
+        self,
+        loss_fn,
+        *,
+        l2_clip_norm,
+        per_layer,
+        microbatch_size,
+        backend,
+        nan_safe,
+        rows_per_release=None,
+    ):
         self.loss_fn = loss_fn
         self.l2_clip_norm = l2_clip_norm
         self.per_layer = per_layer
@@ -364,7 +436,11 @@ class ClippedGrad(ReadOnlyAfterInit):
         self.backend = backend
         self.nan_safe = nan_safe
         self.l2_norm_bound = _norm_bound(l2_clip_norm, per_layer)
-        self._jitted = jax.jit(self._call_impl)
+        self.rows_per_release = rows_per_release
+        # trace-time record of the summation shrink used per (release, signature): read by
+        # the accumulating callers (make_private's micro-batches) to certify their own sum
+        self._shrinks: dict = {}
+        self._jitted = jax.jit(self._call_impl, static_argnums=3)
         self._freeze()
 
     def sensitivity(self, relation: NeighbouringRelation | str = ADD_OR_REMOVE_ONE) -> float:
@@ -391,9 +467,52 @@ class ClippedGrad(ReadOnlyAfterInit):
             _validate.fail("l2_clip_norm", self.l2_clip_norm, "a float or a pytree like params")
         return self.l2_clip_norm
 
-    def _core(self, clip_norms: Any) -> Callable:
+    def release_for(self, call_rows: int, outer: tuple[int, int] | None = None):
+        """The :class:`~dpjax.dp_sgd._certified.Release` of a call on ``call_rows`` rows.
+
+        ``outer = (rows, parts)``: the call's rounded sum is one of ``parts`` sums added
+        (double-float, fixed order) into a released sum of ``rows`` rows (data_parallel).
+        """
+        rows, stages, depth = call_rows, 1, _certified.tree_depth(call_rows) + 1
+        m = self.microbatch_size
+        if m is not None and m < call_rows:
+            depth += -(-call_rows // m)
+        if self.rows_per_release is not None:
+            rows, stages = max(rows, self.rows_per_release), 2
+            depth += -(-self.rows_per_release // call_rows)
+        if outer is not None:
+            rows, stages = max(rows, outer[0]), 2
+            depth += _certified.tree_depth(outer[1]) + 1
+        return _certified.Release(rows, stages, depth + 2, self.l2_norm_bound)
+
+    def summation_shrink(self, batch_rows: int, dtype: Any = "float32") -> float:
+        """The factor f by which C is multiplied for a ``batch_rows``-row call (vmap path).
+
+        f = 1/(1 + 2·rel), rel the certified rounding bound of the released sum in units of
+        C·f (:func:`dpjax.dp_sgd._certified.batch_sum_error`): adding or removing one example
+        then moves the released sum by ≤ C. The ghost path multiplies rel by a little more
+        where it contracts a few examples inside a matrix product (see
+        :mod:`dpjax.dp_sgd.ghost`). float32, C = 1, as built (``rows_per_release``,
+        ``microbatch_size``): B = 256: 0.99997; 4096: 0.9995; 32768: 0.996; 2²⁰: 0.89.
+
+        Args:
+            batch_rows: rows of the call (padding included).
+            dtype: the dtype of the sums (float32 unless the model computes in float64).
+
+        Returns:
+            The factor f in (1/4, 1].
+        """
+        rows = _validate.positive_int("batch_rows", batch_rows)
+        dt = jnp.dtype(dtype)
+        return _certified.release_shrink(self.release_for(rows), [dt], [dt])[0]
+
+    def recorded_shrink(self, release: _certified.Release) -> float:
+        """The shrink f the last traced call with ``release`` used (KeyError if none)."""
+        return self._shrinks[release]
+
+    def _core(self, clip_norms: Any, release: _certified.Release) -> Callable:
         def core(p, batch, mask):
-            return _clipped_sum_dispatch(
+            *out, f = _clipped_sum_dispatch(
                 self.backend,
                 self.loss_fn,
                 p,
@@ -402,7 +521,10 @@ class ClippedGrad(ReadOnlyAfterInit):
                 mask=mask,
                 nan_safe=self.nan_safe,
                 per_layer=self.per_layer,
+                release=release,
             )
+            self._shrinks[release] = f
+            return tuple(out)
 
         return core
 
@@ -426,6 +548,21 @@ class ClippedGrad(ReadOnlyAfterInit):
             ValueError: ``batch`` together with ``mask`` (the batch carries its mask), a
                 PaddedBatch passed as a data argument, or a real index outside the data.
         """
+        return self.call_in_release(params, *data, mask=mask, batch=batch)
+
+    def call_in_release(
+        self,
+        params: Any,
+        *data: Any,
+        mask: Any = None,
+        batch: PaddedBatch | None = None,
+        outer: tuple[int, int] | None = None,
+    ) -> tuple[Any, ClippingInfo]:
+        """``__call__`` for a call whose rounded sum is one of ``outer = (rows, parts)``.
+
+        The clip norm is shrunk for the whole released sum of ``rows`` rows (two roundings);
+        :func:`dpjax.data_parallel` calls it on every device with the global batch.
+        """
         if batch is not None:
             if mask is not None:
                 _validate.fail("mask", "given together with batch", "None when batch is passed")
@@ -438,16 +575,26 @@ class ClippedGrad(ReadOnlyAfterInit):
             zero = jnp.zeros((), jnp.int32)
             return zeros, ClippingInfo(norms, zero, zero)
         _check_scalar_loss(self.loss_fn, params, data)
-        return self._jitted(params, data, mask)
+        return self._jitted(params, data, mask, self.release_for(batch_size, outer))
 
-    def _call_impl(self, params: Any, batch: tuple, mask: jax.Array) -> tuple[Any, ClippingInfo]:
+    def _call_impl(
+        self, params: Any, batch: tuple, mask: jax.Array, release: _certified.Release
+    ) -> tuple[Any, ClippingInfo]:
         """The traced body of ``__call__`` (jitted once per instance: eager calls reuse it)."""
         batch_size = mask.shape[0]
-        core = self._core(self._clip_norms_for(params))
+        core = self._core(self._clip_norms_for(params), release)
         if self.microbatch_size is None or self.microbatch_size >= batch_size:
-            clipped_sum, norms, bad = core(params, batch, mask)
+            (hi, lo), norms, bad = core(params, batch, mask)
         else:
-            clipped_sum, norms, bad = _microbatched(core, params, batch, mask, self.microbatch_size)
+            (hi, lo), norms, bad = _microbatched(core, params, batch, mask, self.microbatch_size)
+        clipped_sum = jax.tree.map(
+            lambda h, lo_, p: _certified.df_round(
+                (h, lo_), _certified.output_dtype(jnp.result_type(p))
+            ),
+            hi,
+            lo,
+            params,
+        )
         return clipped_sum, ClippingInfo(norms, bad, self._num_clipped(norms, mask))
 
     def _num_clipped(self, norms: jax.Array, mask: jax.Array) -> jax.Array:
@@ -458,7 +605,8 @@ class ClippedGrad(ReadOnlyAfterInit):
     def __repr__(self) -> str:
         return (
             f"ClippedGrad(l2_clip_norm={self.l2_clip_norm!r}, per_layer={self.per_layer}, "
-            f"microbatch_size={self.microbatch_size}, backend={self.backend!r})"
+            f"microbatch_size={self.microbatch_size}, backend={self.backend!r}, "
+            f"rows_per_release={self.rows_per_release})"
         )
 
 
@@ -490,6 +638,7 @@ def clipped_grad(
     microbatch_size: int | None = None,
     backend: str = "auto",
     nan_safe: bool = True,
+    rows_per_release: int | None = None,
 ) -> ClippedGrad:
     r"""Per-example clipped gradient SUM of ``loss_fn`` (like ``jax.grad``, for DP-SGD).
 
@@ -509,6 +658,12 @@ def clipped_grad(
             models), "auto" (ghost if it supports the loss, else vmap).
         nan_safe: zero (and count) examples whose certified norm bound is NaN/inf (a NaN/inf
             gradient entry, or a squared norm overflowing the wide dtype); never release them.
+        rows_per_release: the PUBLIC number of rows (padding included) whose clipped sums are
+            added into ONE released sum when you add several calls' results yourself
+            (:func:`dpjax.accumulate_clipped_sums` over k calls of B rows: k·B). The clip
+            norm is then shrunk for that many rows and two roundings. ``None``: each call's
+            result is released as it is (``make_private`` and ``data_parallel`` handle their
+            own accumulation).
 
     Returns:
         A :class:`ClippedGrad` ``grad_fn`` returning ``(clipped_sum, ClippingInfo)``. With a
@@ -527,11 +682,13 @@ def clipped_grad(
             :func:`dpjax.make_private`'s other form, ``loss_fn(params, example[, rng])``).
 
     Formal guarantees:
-        One example changes ``clipped_sum`` by at most C in ℓ2 (add/remove-one; 2C replace-one),
-        whatever its data, including NaN-producing data (zeroed when ``nan_safe``), with the
-        clip factor taken from a certified upper bound of its norm (rounding included). Padding
-        rows (mask False) contribute exactly 0. See the module docstring (lecture on machine
-        learning under DP, DP-GD with per-example clipping; Abadi et al. 2016, §3.1).
+        One example changes the released float ``clipped_sum`` by at most C in ℓ2
+        (add/remove-one; 2C replace-one), whatever its data, including NaN-producing data
+        (zeroed when ``nan_safe``), with the clip factor taken from a certified upper bound of
+        its norm (rounding included) and C multiplied by the summation shrink f of the batch
+        (the rounding of the batch sum, other rows included; Casacuberta et al. 2022, CCS).
+        Padding rows (mask False) contribute exactly 0. See the module docstring (lecture on
+        machine learning under DP, DP-GD with per-example clipping; Abadi et al. 2016, §3.1).
 
     Example:
         >>> import jax.numpy as jnp
@@ -550,6 +707,8 @@ def clipped_grad(
     _validate.one_of("backend", backend, BACKENDS)
     if microbatch_size is not None:
         microbatch_size = _validate.positive_int("microbatch_size", microbatch_size)
+    if rows_per_release is not None:
+        rows_per_release = _validate.positive_int("rows_per_release", rows_per_release)
     if not callable(loss_fn):
         _validate.fail("loss_fn", loss_fn, "a callable loss_fn(params, *example) -> scalar")
     return ClippedGrad(
@@ -559,4 +718,5 @@ def clipped_grad(
         microbatch_size=microbatch_size,
         backend=backend,
         nan_safe=bool(nan_safe),
+        rows_per_release=rows_per_release,
     )

@@ -1,7 +1,8 @@
-r"""Data-parallel DP-SGD on the devices JAX already drives (``jax.shard_map`` + ``psum``).
+r"""Data-parallel DP-SGD on the devices JAX already drives (``jax.shard_map``, sums gathered).
 
 The batch is split along its leading axis over a 1-D device mesh; every device computes the
-clipped sum of its shard, the shards' sums are added with ``psum``, and the result is
+clipped sum of its shard, the shards' sums are gathered and added in device order (a
+fixed-order double-float tree: the same value on every device), and the result is
 replicated. Noise is then added ONCE to the global sum by the usual transforms
 (:func:`dpjax.dp_sgd_optimizer`): a replicated key gives the same draw everywhere, so the
 released update equals the single-device one (optax#148 is the bug this avoids: noising per
@@ -25,15 +26,15 @@ on one machine, or ``srun`` / a TPU pod with the same code).
 Formal guarantees:
     Across processes the released update is the Gaussian mechanism on the global clipped sum
     (Abadi et al. 2016, Algorithm 1; lecture on ML under DP, DP-SGD): every example's clipped
-    gradient (norm ≤ C) enters the ``psum`` exactly once, from the one device that holds its
+    gradient (norm ≤ C) enters the global sum exactly once, from the one device that holds its
     row, so the global sum has sensitivity C (add/remove-one; 2C replace-one) whatever the
     number of processes or devices. The noise N(0, σ²C²I) is drawn ONCE from the shared key
     (identical on every process, checked by :func:`replicate` and
-    :func:`assert_same_on_every_process`) and added after the ``psum``; every process computes
+    :func:`assert_same_on_every_process`) and added after the global sum; every process computes
     the same draw and the same update, so the job releases one noisy sum per step — not one
     per process (per-process draws would make the processes diverge, or, averaged, shrink the
     noise by √processes: the optax#148 bug). Each process holds only its shard of the batch;
-    what it sees of the others is their sum (through the ``psum``) — the trust model is that
+    what it sees of the others is their per-device sums (gathered) — the trust model is that
     of one curator running the whole job: intermediate per-process sums are not released. The
     accountant therefore records ONE event per step (the same :mod:`dpjax.events` event as one
     process, with the sampling rate of the global batch), regardless of the number of
@@ -42,6 +43,7 @@ Formal guarantees:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from typing import Any
 
@@ -53,7 +55,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from dpjax import _validate
-from dpjax.dp_sgd import _rows
+from dpjax.dp_sgd import _certified, _rows
 from dpjax.dp_sgd._frozen import ReadOnlyAfterInit
 from dpjax.dp_sgd.clipping import ClippedGrad, ClippingInfo
 from dpjax.dp_sgd.samplers import PaddedBatch
@@ -74,7 +76,7 @@ class DataParallelClippedGrad(ReadOnlyAfterInit):
 
     Call it like the wrapped function: ``(params, *dataset, batch=padded)`` or
     ``(params, *rows, mask=None)`` ``-> (clipped_sum, info)``;
-    ``clipped_sum`` is the psum over devices (replicated), ``info`` covers the whole batch.
+    ``clipped_sum`` is the sum over devices (replicated), ``info`` covers the whole batch.
     """
 
     _DERIVED = "noise and sensitivity were derived from it"
@@ -94,15 +96,26 @@ class DataParallelClippedGrad(ReadOnlyAfterInit):
         return self.mesh.shape[self.axis_name]
 
     def sensitivity(self, relation: NeighbouringRelation | str = ADD_OR_REMOVE_ONE) -> float:
-        """Same as the wrapped function: one example lives on one device, psum adds ≤ C."""
+        """Same as the wrapped function: one example lives on one device, the sum adds ≤ C."""
         return self.grad_fn.sensitivity(relation)
 
-    def _local(self, params: Any, batch: tuple, mask: jax.Array):
-        clipped_sum, info = self.grad_fn(params, *batch, mask=mask)
-        total = jax.lax.psum(clipped_sum, self.axis_name)
+    def _local(self, params: Any, batch: tuple, mask: jax.Array, *, global_rows: int):
+        outer = (global_rows, self.num_shards)
+        clipped_sum, info = self.grad_fn.call_in_release(params, *batch, mask=mask, outer=outer)
+        total = jax.tree.map(self._ordered_sum, clipped_sum)
         bad = jax.lax.psum(info.num_nonfinite, self.axis_name)
         clipped = jax.lax.psum(info.num_clipped, self.axis_name)
         return total, ClippingInfo(info.per_example_norms, bad, clipped)
+
+    def _ordered_sum(self, x: jax.Array) -> jax.Array:
+        """The devices' sums added in device order (double-float tree, one rounding).
+
+        A ``psum`` adds them in an order the backend picks, with error γ_devices·Σ‖S_d‖;
+        gathering them and adding in a fixed order gives the same value on every device
+        and the bound of :func:`dpjax.dp_sgd._certified.batch_sum_error` (stage 2).
+        """
+        gathered = jax.lax.all_gather(x, self.axis_name)
+        return _certified.df_round(_certified.tree_sum(gathered), x.dtype)
 
     def __call__(
         self, params: Any, *data: Any, mask: Any = None, batch: PaddedBatch | None = None
@@ -124,7 +137,7 @@ class DataParallelClippedGrad(ReadOnlyAfterInit):
             batch, mask = _rows.pad_rows(batch, pad), _rows.pad_rows(mask, pad)
         row = P(self.axis_name)
         sharded = jax.shard_map(
-            self._local,
+            functools.partial(self._local, global_rows=n + pad),
             mesh=self.mesh,
             in_specs=(P(), jax.tree.map(lambda _: row, batch), row),
             out_specs=(P(), ClippingInfo(row, P(), P())),
@@ -164,10 +177,12 @@ def data_parallel(
         ``sensitivity`` as ``grad_fn``.
 
     Formal guarantees:
-        The returned sum is the same function of the data as ``grad_fn``'s (a sum is invariant
-        to how its terms are split over devices; padding rows are masked), so its sensitivity
-        is unchanged: C (add/remove-one), 2C (replace-one). Add noise to the psum'd result,
-        once — never per device.
+        Every device clips with C multiplied by the summation shrink of the GLOBAL batch for
+        two roundings (its own sum, then the devices' sums gathered and added in device order
+        by a double-float tree, rounded once; never a ``psum`` of unknown order), so adding or
+        removing one example moves the released float sum by ≤ C (add/remove-one; 2C
+        replace-one; Casacuberta et al. 2022, CCS, for the rounding). Add noise to the
+        result, once — never per device.
     """
     if not isinstance(grad_fn, ClippedGrad):
         _validate.fail("grad_fn", grad_fn, "a function built by dpjax.clipped_grad")

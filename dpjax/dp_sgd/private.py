@@ -580,19 +580,46 @@ class PrivateTraining(ReadOnlyAfterInit):
         return clipped_sum, (loss_sum, size, info.num_clipped, info.num_nonfinite)
 
     def _accumulate(self, params: Any, data: Any, batch: PaddedBatch, dropout_key: jax.Array):
-        """Sum the clipped sums of the batch's micro-batches (each record in exactly one)."""
+        """Sum the clipped sums of the batch's micro-batches (each record in exactly one).
+
+        The k micro-batch sums are added in double-float (TwoSum, micro-batch order) and
+        rounded once, then multiplied by the public ρ ≤ 1 of
+        :func:`dpjax.dp_sgd._certified.accumulation_scale`: each micro-batch's sum is
+        certified for its own m rows, ρ covers the rounding of the k·m-row total, so adding
+        or removing one record moves the released sum by ≤ C (Casacuberta et al. 2022).
+        """
+        from dpjax.dp_sgd import _certified  # noqa: PLC0415 (issue 20: this method only)
+
         micro = batch.micro_batches(self.physical_batch_size)
+        calls, rows = micro.mask.shape
 
         def body(total, mb):
             s, stats = self._clipped_part(params, data, PaddedBatch(*mb), dropout_key)
-            total_sum, total_stats = total
+            (hi, lo), total_stats = total
             add = lambda a, b: a + b.astype(a.dtype)  # noqa: E731
-            return (jax.tree.map(add, total_sum, s), jax.tree.map(add, total_stats, stats)), None
+            pairs = [
+                _certified.df_add((h, x), (y.astype(h.dtype), jnp.zeros_like(h)))
+                for h, x, y in zip(
+                    jax.tree.leaves(hi), jax.tree.leaves(lo), jax.tree.leaves(s), strict=True
+                )
+            ]
+            treedef = jax.tree.structure(hi)
+            hi = jax.tree.unflatten(treedef, [p[0] for p in pairs])
+            lo = jax.tree.unflatten(treedef, [p[1] for p in pairs])
+            return ((hi, lo), jax.tree.map(add, total_stats, stats)), None
 
         first = PaddedBatch(micro.indices[0], micro.mask[0])
         shapes = jax.eval_shape(self._clipped_part, params, data, first, dropout_key)
-        init = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-        (clipped_sum, stats), _ = jax.lax.scan(body, init, (micro.indices, micro.mask))
+        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+        init = ((zeros[0], zeros[0]), zeros[1])
+        ((hi, lo), stats), _ = jax.lax.scan(body, init, (micro.indices, micro.mask))
+        clipped_sum = jax.tree.map(lambda h, x: _certified.df_round((h, x), h.dtype), hi, lo)
+        # ρ from the shrink the micro-batch calls used (recorded when they were traced above)
+        f = self.grad_fn.recorded_shrink(self.grad_fn.release_for(rows))
+        dt = max((x.dtype for x in jax.tree.leaves(clipped_sum)), key=_certified.unit_roundoff)
+        rho = _certified.accumulation_scale(f, rows, calls, dt, self.grad_fn.l2_norm_bound)
+        if rho < 1.0:
+            clipped_sum = jax.tree.map(lambda x: x * jnp.asarray(rho, x.dtype), clipped_sum)
         return clipped_sum, stats
 
     # ---- privacy spent

@@ -74,10 +74,11 @@ class PublicNoiseState(NamedTuple):
 
 _KEY_FIELD_HINTS = ("key", "rng", "seed")
 #: State fields that hold a running sum of updates between releases: ``accumulate_clipped_sums``'
-#: ``clipped_sum``, ``optax.MultiSteps``' ``acc_grads``, ``optax.apply_every``'s ``grad_acc``.
+#: ``clipped_sum`` (and its double-float low part ``clipped_sum_low``), ``optax.MultiSteps``'
+#: ``acc_grads``, ``optax.apply_every``'s ``grad_acc``.
 #: Placed before a noise transform they hold the NOT yet noised sum; after it, only noisy
 #: updates (dropping those is harmless), so they are never published.
-_RUNNING_SUM_FIELDS = ("clipped_sum", "acc_grads", "grad_acc")
+_RUNNING_SUM_FIELDS = ("clipped_sum", "clipped_sum_low", "acc_grads", "grad_acc")
 
 
 def _is_noise_state(x: Any) -> bool:
