@@ -181,7 +181,7 @@ def test_laplace_and_output_perturbation_with_traced_epsilon_name_it():
 
 def test_string_noise_multiplier_refused_before_accounting():
     # noise_multiplier="1" passed validation and failed inside dp-accounting
-    with pytest.raises(ValueError, match="^noise_multiplier must be in \\(0, inf\\); got '1'"):
+    with pytest.raises(ValueError, match="^noise_multiplier must be in \\[0, inf\\); got '1'"):
         dpjax.accounting.dp_sgd_epsilon(
             noise_multiplier="1", sampling_rate=0.01, steps=10, delta=1e-5
         )
