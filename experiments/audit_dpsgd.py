@@ -50,7 +50,7 @@ SIGMAS_HALF_Q = {2.0: 2.0145371166245645, 4.0: 1.2743595125768579, 8.0: 0.844695
 MUTANTS = ("sigma_halved", "noise_on_mean", "mask_forgotten", "q_half_accounted")
 ONE_RUN_CANARIES = 1000
 SCALES = {  # runs per side (R), which claims get mutants
-    "quick": dict(runs=10_000, mutant_claims=(2.0,), one_run_claims=(8.0,)),
+    "quick": dict(runs=5_000, mutant_claims=(2.0,), one_run_claims=(8.0,)),
     "full": dict(runs=100_000, mutant_claims=(2.0, 4.0, 8.0), one_run_claims=(2.0, 4.0, 8.0)),
 }
 
