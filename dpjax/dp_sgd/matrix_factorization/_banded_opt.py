@@ -5,7 +5,7 @@ normalised, C[:, j] = W[j] / ‖W[j]‖, so that every column has norm 1 and the
 function of the pattern only when bands ≤ b (columns b apart have disjoint supports; the
 "amplified banded" setting of Choquette-Choo, Ganesh, McKenna, McMahan, Rush, Thakurta, Xu 2023,
 NeurIPS). With bands > b the objective multiplies by a smooth maximum of ‖C·u_π‖² over the
-cyclic patterns π = {s, s + b, ...}, a surrogate of the sensitivity; the caller normalises the
+cyclic patterns π = {s, s + b, ...} of Σ_{s,t∈π}|(CᵀC)_st|, a surrogate of the sensitivity; the caller normalises the
 result by the certified :func:`sensitivity` afterwards, so the surrogate only steers.
 
 Loss and gradient cost O(n²·bands) per evaluation: B = A·C⁻¹ and the adjoint come from banded
@@ -93,19 +93,23 @@ def _error_term(table: np.ndarray, objective: str) -> tuple[float, np.ndarray]:
 
 
 def _sensitivity_term(table: np.ndarray, b: int, k: int) -> tuple[float, np.ndarray]:
-    """log of a smooth max over cyclic patterns of ‖C·u_π‖², and its gradient."""
+    """log of a smooth max over cyclic patterns π of Σ_{s,t∈π} |(CᵀC)_st|, and its gradient.
+
+    The absolute values matter: with signed entries the optimiser would let the columns of a
+    pattern cancel, while the sensitivity lets an example's gradients take opposite signs.
+    """
     n, bands = table.shape
     matrix = band_matrix(table)
-    starts = range(min(b, n))
-    members = [np.arange(s, n, b)[:k] for s in starts]
-    sums = np.stack([matrix[:, m].sum(axis=1) for m in members])
-    value, weights = _smooth_max(np.einsum("ij,ij->i", sums, sums))
+    members = [np.arange(s, n, b)[:k] for s in range(min(b, n))]
+    grams = [matrix[:, m].T @ matrix[:, m] for m in members]
+    value, weights = _smooth_max(np.array([np.abs(g).sum() for g in grams]))
     grad = np.zeros((n, bands))
-    for weight, member, column_sum in zip(weights, members, sums, strict=True):
+    for weight, member, gram in zip(weights, members, grams, strict=True):
+        columns_grad = 2.0 * weight * matrix[:, member] @ np.sign(gram)
         for d in range(bands):
             rows = member + d
             ok = rows < n
-            grad[member[ok], d] += 2.0 * weight * column_sum[rows[ok]]
+            grad[member[ok], d] += columns_grad[rows[ok], np.flatnonzero(ok)]
     return float(np.log(value)), grad / value
 
 

