@@ -4,8 +4,8 @@ The free parameters are the band table W (n × bands): W[j, d] = C[j + d, j]. Ea
 normalised, C[:, j] = W[j] / ‖W[j]‖, so that every column has norm 1 and the sensitivity is a
 function of the pattern only when bands ≤ b (columns b apart have disjoint supports; the
 "amplified banded" setting of Choquette-Choo, Ganesh, McKenna, McMahan, Rush, Thakurta, Xu 2023,
-NeurIPS). With bands > b the objective multiplies by a smooth maximum of ‖C·u_π‖² over the
-cyclic patterns π = {s, s + b, ...} of Σ_{s,t∈π}|(CᵀC)_st|, a surrogate of the sensitivity; the caller normalises the
+NeurIPS). With bands > b the objective multiplies by a smooth maximum of Σ_{s,t∈π}|(CᵀC)_st|
+over the cyclic patterns π = {s, s + b, ...}, a surrogate of sens²; the caller normalises the
 result by the certified :func:`sensitivity` afterwards, so the surrogate only steers.
 
 Loss and gradient cost O(n²·bands) per evaluation: B = A·C⁻¹ and the adjoint come from banded
