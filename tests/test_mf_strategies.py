@@ -160,6 +160,8 @@ def test_blt_with_three_buffers_is_as_good_as_the_full_square_root():
         (lambda: mf.prefix_sum_errors(np.ones((2, 2))), "strategy"),
         (lambda: mf.prefix_sum_errors(np.zeros((2, 2))), "strategy"),
         (lambda: mf.prefix_sum_errors(mf.BLT(np.array([0.5]), np.array([1.0]))), "n"),
+        (lambda: mf.BLT(np.array([1.5]), np.array([1.0])).matrix(4), "buf_decay"),
+        (lambda: mf.BLT(np.array([0.5]), np.array([1.0, 2.0])).coefficients(4), "output_scale"),
     ],
 )
 def test_bad_inputs_raise_value_error_naming_the_argument(call, name):

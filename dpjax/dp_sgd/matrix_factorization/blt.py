@@ -39,6 +39,12 @@ class BLT(NamedTuple):
         n = _validate.positive_int("n", n)
         theta = np.asarray(self.buf_decay, dtype=np.float64)
         omega = np.asarray(self.output_scale, dtype=np.float64)
+        if theta.ndim != 1 or theta.size == 0 or not np.all((theta > 0) & (theta < 1)):
+            _validate.fail("buf_decay", self.buf_decay, "a non-empty 1-D array in (0, 1)")
+        if omega.shape != theta.shape or not np.all(np.isfinite(omega)):
+            _validate.fail(
+                "output_scale", self.output_scale, "a finite 1-D array as long as buf_decay"
+            )
         powers = theta[None, :] ** np.arange(max(n - 1, 0))[:, None]
         return np.concatenate([[1.0], powers @ omega])
 
