@@ -100,13 +100,15 @@ def test_optimised_banded_beats_banded_sqrt_and_dp_sgd_under_its_pattern():
     assert ours < 0.9 * mf.prefix_sum_errors(np.eye(n), **pattern).rmse
 
 
-def test_optimised_banded_with_more_bands_than_separation_is_normalised_and_no_worse():
+def test_optimised_banded_with_more_bands_than_separation_is_normalised_and_better():
     n, bands, b, k = 32, 8, 4, 8
     pattern = dict(min_separation=b, max_participations=k)
     optimised = mf.banded_strategy(n, bands, steps=30, **pattern)
     assert mf.sensitivity(optimised, **pattern) <= 1.0 + 1e-9
     ours = mf.prefix_sum_errors(optimised, **pattern).rmse
-    assert ours <= mf.prefix_sum_errors(mf.banded_sqrt_strategy(n, bands), **pattern).rmse
+    # Strictly better: a surrogate on the SIGNED Gram lets the columns cancel, ends worse and
+    # falls back to the banded root.
+    assert ours < 0.99 * mf.prefix_sum_errors(mf.banded_sqrt_strategy(n, bands), **pattern).rmse
     assert ours < mf.prefix_sum_errors(np.eye(n), **pattern).rmse
 
 
@@ -135,13 +137,22 @@ def test_toeplitz_errors_match_the_dense_computation():
     assert worst == pytest.approx(np.max(np.sum(b_matrix**2, axis=1)), rel=1e-10)
 
 
-def test_blt_with_three_buffers_is_as_good_as_the_full_square_root():
+def test_blt_with_two_buffers_is_as_good_as_the_full_square_root():
     n = 128
-    blt = mf.blt_strategy(n, 3, steps=100)
+    blt = mf.blt_strategy(n, 2, steps=50)
     assert np.all((blt.buf_decay > 0) & (blt.buf_decay < 1))
     ours = mf.prefix_sum_errors(blt, n=n).rmse
     assert ours <= 1.01 * mf.sqrt_prefix_sum_errors(n).rmse
     assert ours < 0.5 * mf.prefix_sum_errors(np.eye(n)).rmse
+
+
+def test_blt_optimised_for_multiple_participations_beats_the_square_root_there():
+    pattern = dict(min_separation=8, max_participations=8)
+    blt = mf.blt_strategy(64, 2, steps=50, **pattern)
+    ours = mf.prefix_sum_errors(blt, n=64, **pattern)
+    root = mf.prefix_sum_errors(mf.toeplitz_matrix(mf.sqrt_prefix_sum_coefficients(64)), **pattern)
+    assert ours.exact
+    assert ours.rmse < 0.9 * root.rmse  # signed-Gram surrogate: 1.3× worse than the root
 
 
 @pytest.mark.parametrize(
