@@ -156,12 +156,14 @@ def sensitivity_bounds(
 
     Formal guarantees:
         ``upper`` ≥ the sensitivity for (b, k)-participation under add/remove-one: for unit
-        g_t, Σ X_st⟨g_s, g_t⟩ ≤ Σ |X_st|, with equality for equal g_t when X ≥ 0
-        (Choquette-Choo, McMahan, Rush, Thakurta 2023, ICML, Theorem 2); the relaxation bounds
-        each row's contribution by its own maximum over patterns. Rounding: the computed Gram
-        is within n·u·(|C|ᵀ|C|) of the exact one (Higham, "Accuracy and stability of numerical
-        algorithms", Section 3.5), which is added before the maximisation, and the sums are
-        rounded up.
+        g_t, Σ X_st⟨g_s, g_t⟩ ≤ Σ |X_st| (the absolute-value bound of Choquette-Choo, Ganesh,
+        McKenna, McMahan, Rush, Thakurta, Xu 2023, "(Amplified) banded matrix factorization",
+        NeurIPS, Eq. (5)), with equality for equal g_t when X ≥ 0 (Choquette-Choo, McMahan,
+        Rush, Thakurta 2023, "Multi-epoch matrix factorization mechanisms", ICML, Section 2);
+        the relaxation bounds each row's contribution by its own maximum over patterns.
+        Rounding: the computed Gram is within n·u·(|C|ᵀ|C|) of the exact one (Higham,
+        "Accuracy and stability of numerical algorithms", Section 3.5), which is added before
+        the maximisation, and the sums are rounded up.
 
     Args:
         strategy: the strategy matrix C (rows: outputs, columns: steps), finite reals.
@@ -225,9 +227,10 @@ def sensitivity(
     otherwise a certified UPPER bound; :func:`sensitivity_bounds` says which.
 
     Formal guarantees:
-        The value is ≥ the sensitivity (see :func:`sensitivity_bounds`; Choquette-Choo,
-        McMahan, Rush, Thakurta 2023, ICML, Theorem 2), rounded up past float64 error, so a
-        Gaussian mechanism calibrated to it is at least as private as claimed.
+        The value is ≥ the sensitivity (see :func:`sensitivity_bounds`: the absolute-value
+        bound of Choquette-Choo et al. 2023, NeurIPS, Eq. (5), exact for a non-negative Gram by
+        Choquette-Choo, McMahan, Rush, Thakurta 2023, ICML, Section 2), rounded up past float64
+        error, so a Gaussian mechanism calibrated to it is at least as private as claimed.
 
     Args:
         strategy: the strategy matrix C (rows: outputs, columns: steps), finite reals.
