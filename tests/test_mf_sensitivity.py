@@ -65,6 +65,14 @@ def test_relaxation_path_is_an_upper_bound_and_exact_when_it_says_so(n, b, k, mo
         assert bounds.lower <= truth * (1 + 1e-12), name
         if bounds.exact:
             assert bounds.upper <= truth * (1 + 1e-9), name
+        if name == "tree":  # the relaxation alone is loose here; branch and bound closes it
+            assert bounds.exact
+
+
+def test_branch_and_bound_certifies_the_tree_where_the_relaxation_is_loose():
+    c = mf.tree_aggregation(40)
+    bounds = mf.sensitivity_bounds(c, min_separation=4, max_participations=6)
+    assert bounds.exact and bounds.upper <= bounds.lower * (1 + 1e-12)
 
 
 def test_opposite_columns_count_fully_not_cancel():
