@@ -17,16 +17,15 @@ import pytest
 import dpjax
 from dpjax.accounting import dp_sgd_epsilon
 from dpjax.dp_sgd import (
-    PoissonSampler,
     UserLevelTraining,
+    _plan,
     clipped_grad,
     clipped_user_sum,
     group_users,
     make_private,
 )
-from dpjax.dp_sgd import _plan
 from dpjax.dp_sgd.private import SLACK_FRACTION
-from dpjax.dp_sgd.samplers import realised_sampling_rate
+from dpjax.dp_sgd.samplers import PoissonSampler, realised_sampling_rate
 from dpjax.events import PoissonSampledGaussianEvent
 
 DIM = 4
@@ -39,7 +38,7 @@ def linear_loss(w, x):
 
 
 def adversarial_users(sizes, kinds, seed=0):
-    """Rows for users of the given sizes; ``kinds`` per user: aligned / huge / nan / inf / random."""
+    """Rows for users of the given sizes; ``kinds``: aligned / huge / nan / inf / tiny / random."""
     rng = np.random.default_rng(seed)
     rows, ids = [], []
     for u, (m, kind) in enumerate(zip(sizes, kinds, strict=True)):
@@ -208,7 +207,7 @@ def test_epsilon_is_a_poisson_sampled_gaussian_event_at_the_user_rate():
     q = realised_sampling_rate(8 / NUM_USERS)  # users: b/U, not b/n
     assert isinstance(private, UserLevelTraining)
     assert private.sampling_rate == q and private.expected_batch_size == 8.0
-    assert private.sampler.dataset_size == NUM_USERS
+    assert isinstance(private.sampler, PoissonSampler) and private.sampler.dataset_size == NUM_USERS
     event = private.event()
     assert (event.noise_multiplier, event.sampling_rate, event.count) == (1.1, q, 40)
     assert isinstance(event, PoissonSampledGaussianEvent)
@@ -236,9 +235,12 @@ def test_a_full_batch_step_is_the_user_sum_over_the_public_q_times_u():
     ids = user_ids_for()
     data = data_for()
     grouping = group_users(ids)
-    expected = clipped_user_sum(
-        square_loss, jnp.zeros(3), data, grouping, np.arange(NUM_USERS), l2_clip_norm=1.0
-    ) / NUM_USERS
+    expected = (
+        clipped_user_sum(
+            square_loss, jnp.zeros(3), data, grouping, np.arange(NUM_USERS), l2_clip_norm=1.0
+        )
+        / NUM_USERS
+    )
     for physical in (None, 5 * grouping.max_examples_per_user):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", dpjax.PrivacyLeakWarning)
@@ -289,6 +291,34 @@ def test_the_plan_records_the_user_level_unit_and_refuses_another_grouping():
         user_private(key=jax.random.key(14)).step(params, ex_state, data)
 
 
+def test_continue_from_refuses_to_mix_privacy_units():
+    """Example-level and user-level phases (or two groupings) do not compose into one ε."""
+    private = user_private()
+    state = private.init(jnp.zeros(3))
+    example = make_private(
+        square_loss,
+        optimizer=optax.sgd(0.5),
+        l2_clip_norm=1.0,
+        dataset_size=NUM_ROWS,
+        batch_size=8,
+        steps=40,
+        noise_multiplier=1.1,
+        delta=1e-5,
+        key=jax.random.key(13),
+    )
+    with pytest.raises(ValueError, match="privacy unit"):
+        example.continue_from(state)
+    with pytest.raises(ValueError, match="privacy unit"):
+        user_private(key=jax.random.key(15)).continue_from(example.init(jnp.zeros(3)))
+    other_ids = user_ids_for()
+    other_ids[NUM_USERS:] = other_ids[NUM_USERS:][::-1]
+    with pytest.raises(ValueError, match="privacy unit"):
+        user_private(user_ids=other_ids, key=jax.random.key(16)).continue_from(state)
+    # same grouping, another σ: a new phase, ε composed over both
+    more = user_private(noise_multiplier=2.0, key=jax.random.key(17)).continue_from(state)
+    assert more.plan.shape[0] == 2
+
+
 def test_a_traced_state_of_another_grouping_voids_the_update():
     data = data_for()
     private = user_private()
@@ -336,10 +366,3 @@ def test_bad_user_level_arguments_are_refused():
     private = user_private()
     with pytest.raises(ValueError, match="data"):
         private.step(jnp.zeros(3), private.init(jnp.zeros(3)), {"x": jnp.zeros((NUM_USERS, 3))})
-
-
-def test_sampler_is_over_users():
-    private = user_private()
-    assert isinstance(private.sampler, PoissonSampler)
-    batch = private.sampler.sample(jax.random.key(0))
-    assert int(jnp.max(jnp.where(batch.mask, batch.indices, 0))) < NUM_USERS

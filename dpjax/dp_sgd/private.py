@@ -409,16 +409,33 @@ class PrivateTraining(ReadOnlyAfterInit):
             The state to pass to ``step``/``fit`` of this object.
 
         Raises:
-            ValueError: ``state`` has no valid ledger, or this object already ran.
+            ValueError: ``state`` has no valid ledger, a phase of another privacy unit
+                (example level vs user level, or another grouping of users), or this
+                object already ran.
         """
         state = _as_private_state(state)
         step = _steps_of(state)
         phases = _plan.read_ledger(state.plan, step)
+        self._refuse_another_unit(phases)
         self._start("continue_from")
         if phases[-1][0] == self._plan:
             return state
         ledger = _plan.append_phase(state.plan, self._plan, step)
         return state._replace(plan=jnp.asarray(ledger))
+
+    def _refuse_another_unit(self, phases: list[tuple[_plan.Plan, int]]) -> None:
+        """Phases protect one unit (examples, or users of one grouping) or do not compose:
+        a user-level (ε, δ) is not an example-level one (removing one row of a user replaces
+        that user's vector) and an example-level one bounds a user only by group privacy."""
+        unit = (self._plan.examples_per_user, self._plan.grouping)
+        for plan, _ in phases:
+            if (plan.examples_per_user, plan.grouping) != unit:
+                _validate.fail(
+                    "state",
+                    f"a state with a phase of another privacy unit ({plan.describe()})",
+                    "a state whose phases all protect the same unit as this plan (examples, "
+                    "or users of the same grouping): their ε do not compose otherwise",
+                )
 
     def public_state(self, state: PrivateState, delta: float | None = None) -> PublicState:
         """What may be published of ``state`` with the parameters: no key data.
