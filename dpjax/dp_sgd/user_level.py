@@ -33,8 +33,9 @@ Formal guarantees:
     user-level run is the Poisson-subsampled Gaussian mechanism over users, accounted as
     ``PoissonSampledGaussianEvent(σ, q = b/U, T)`` (McMahan et al. 2018; Abadi et al. 2016);
     see :class:`UserLevelTraining`. An example-level guarantee (ε, δ) implies for a user with
-    k rows only the group-privacy bound (kε, k·e^{(k−1)ε}·δ) (Dwork & Roth 2014, Theorem
-    2.2 and the group-privacy lemma for (ε, δ)): (1, 10⁻⁵) at k = 10 gives (10, 0.81).
+    k rows only the group-privacy bound (kε, k·e^{(k−1)ε}·δ) (lecture on the properties of
+    DP, group privacy; Dwork & Roth 2014, Theorem 2.2 for δ = 0): (1, 10⁻⁵) at k = 10 gives
+    (10, 0.81), or (10, 0.13) with the lecture's tighter δ·(e^{kε} − 1)/(e^ε − 1).
 """
 
 from __future__ import annotations
@@ -334,7 +335,9 @@ class UserLevelTraining(PrivateTraining):
     fingerprint): ``step``/``fit`` refuse a state of another grouping or of an example-level
     plan. ``expected_batch_size`` is q·U (users); ``physical_batch_size`` counts USERS per
     micro-batch (make_private's argument, in rows, divided by k); ``grad_fn`` is the
-    example-level clipped gradient and is NOT what the step uses.
+    example-level clipped gradient and is NOT what the step uses. The step's ``metrics``
+    count rows (``batch_size``: real rows of the sampled users; ``num_clipped``,
+    ``num_nonfinite``: rows) and are not private.
 
     Attributes:
         grouping: the :class:`UserGrouping`.
@@ -354,7 +357,7 @@ class UserLevelTraining(PrivateTraining):
         ``PoissonSampledGaussianEvent(σ, q, T)`` with U in place of n — the subsampled
         Gaussian analysis of DP-SGD (Abadi et al. 2016) with the user as the record, as in
         DP-FedSGD (McMahan, Ramage, Talwar, Zhang 2018, "Learning differentially private
-        recurrent language models", Theorem 1 and §3); the cap on sampled users is sized for
+        recurrent language models"); the cap on sampled users is sized for
         U + 1 users and its truncation slack paid from δ as in
         :func:`~dpjax.make_private`. Normalising by the public q·U and the optimizer are
         post-processing. Resume, publish and re-run follow :func:`~dpjax.make_private`; the
