@@ -230,8 +230,10 @@ def test_epsilon_is_a_poisson_sampled_gaussian_event_at_the_user_rate():
     assert private.sampler.delta_slack(40, eps) <= SLACK_FRACTION * 1e-5
 
 
-def test_a_full_batch_step_is_the_user_sum_over_the_public_q_times_u():
-    """σ = 0 and q = 1: the update is −S/(q·U) with S the certified user-level sum."""
+@pytest.mark.parametrize("users_per_micro_batch", [None, 5])
+def test_a_full_batch_step_is_the_user_sum_over_the_public_q_times_u(users_per_micro_batch):
+    """σ = 0 and q = 1: the update is −S/(q·U) with S the certified user-level sum (whole
+    batch at once, or micro-batches of 5 users: double-float partial sums, one rounding)."""
     ids = user_ids_for()
     data = data_for()
     grouping = group_users(ids)
@@ -241,19 +243,22 @@ def test_a_full_batch_step_is_the_user_sum_over_the_public_q_times_u():
         )
         / NUM_USERS
     )
-    for physical in (None, 5 * grouping.max_examples_per_user):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", dpjax.PrivacyLeakWarning)
-            private = user_private(
-                optimizer=optax.sgd(1.0),
-                batch_size=NUM_USERS,
-                noise_multiplier=0.0,
-                physical_batch_size=physical,
-            )
-        assert private.max_batch_size == NUM_USERS
-        params, state, metrics = private.step(jnp.zeros(3), private.init(jnp.zeros(3)), data)
-        np.testing.assert_allclose(np.asarray(params), -np.asarray(expected), rtol=2e-6)
-        assert int(metrics["batch_size"]) == NUM_ROWS
+    physical = None
+    if users_per_micro_batch is not None:  # make_private's argument counts rows
+        physical = users_per_micro_batch * grouping.max_examples_per_user
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dpjax.PrivacyLeakWarning)
+        private = user_private(
+            optimizer=optax.sgd(1.0),
+            batch_size=NUM_USERS,
+            noise_multiplier=0.0,
+            physical_batch_size=physical,
+        )
+    assert private.max_batch_size == NUM_USERS
+    assert private.physical_batch_size == users_per_micro_batch
+    params, state, metrics = private.step(jnp.zeros(3), private.init(jnp.zeros(3)), data)
+    np.testing.assert_allclose(np.asarray(params), -np.asarray(expected), rtol=2e-6)
+    assert int(metrics["batch_size"]) == NUM_ROWS
 
 
 def test_the_plan_records_the_user_level_unit_and_refuses_another_grouping():
