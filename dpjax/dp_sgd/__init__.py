@@ -14,7 +14,8 @@ Modules: ``samplers`` (Poisson / shuffled / uniform batches with a fixed padded 
 norms without per-example gradients), ``transforms`` (noise and normalisation as optax
 ``GradientTransformation``s, the Laplace DP-SGD noise), ``optimizers`` (``dp_sgd_optimizer``,
 gradient accumulation, Laplace DP-SGD), ``distributed`` (data parallel over a device mesh),
-``private`` (``make_private``: the one-call path built from these, a training loop, ε spent).
+``private`` (``make_private``: the one-call path built from these, a training loop, ε spent),
+``user_level`` (user-level DP-SGD: ``make_private(..., user_ids=...)``).
 """
 
 from dpjax.dp_sgd.clipping import ClippedGrad, ClippingInfo, clip_pytree, clipped_grad
@@ -51,6 +52,12 @@ from dpjax.dp_sgd.transforms import (
     normalize_by,
     public_opt_state,
 )
+from dpjax.dp_sgd.user_level import (
+    UserGrouping,
+    UserLevelTraining,
+    clipped_user_sum,
+    group_users,
+)
 
 __all__ = [
     "AccumulationState",
@@ -66,15 +73,19 @@ __all__ = [
     "PublicState",
     "ShuffledBatchSampler",
     "UniformBatchSampler",
+    "UserGrouping",
+    "UserLevelTraining",
     "WithReplacementSampler",
     "accumulate_clipped_sums",
     "add_gaussian_noise",
     "add_laplace_dp_sgd_noise",
     "clip_pytree",
     "clipped_grad",
+    "clipped_user_sum",
     "data_parallel",
     "dp_sgd_optimizer",
     "event_for",
+    "group_users",
     "laplace_dp_sgd_optimizer",
     "laplace_dp_sgd_event",
     "make_private",

@@ -6,7 +6,9 @@ step (σ, realised q, C, the normaliser, n, the padded cap, the relation) and th
 at which the phase started. Float64 values are stored as their two 32-bit words, so the
 record is exact with or without x64 and survives ``flax.serialization`` / orbax checkpoints
 (it is an array leaf, not static data). The ledger holds no key and no randomness: it is
-public.
+public. A user-level plan (:mod:`dpjax.dp_sgd.user_level`) also records its unit: the cap k of
+examples per user and a 64-bit fingerprint of the grouping (``n`` is then the number of users),
+so a state is never continued under another grouping of the examples into users.
 
 Why: a state resumed under another plan would otherwise be charged at the new plan only
 (issue 20: 200 steps at σ = 0.8, q = 0.05 then 200 at σ = 4, q = 0.01 reported ε = 0.166
@@ -30,8 +32,13 @@ __all__ = ["Plan", "WORDS", "ledger_row", "current_plan", "read_ledger", "append
 MAGIC = 0x44504A31
 _RELATIONS = tuple(NeighbouringRelation)
 #: Words per row: magic, 4 float64 (2 words each), 2 int64 (2 each), relation and phase
-#: count, start (2).
-WORDS = 1 + 4 * 2 + 2 * 2 + 1 + 2
+#: count, start (2), then the privacy unit: k examples per user (0: example level) and the
+#: grouping's fingerprint (2).
+WORDS = 1 + 4 * 2 + 2 * 2 + 1 + 2 + 1 + 2
+#: Rows written before the unit words existed (example-level plans): read as k = 0.
+_LEGACY_WORDS = 16
+#: The first word after the start step: the privacy unit (compared like the plan words).
+UNIT_WORD = 16
 #: The word holding the relation (low 8 bits) and the number k of rows of the ledger (bits
 #: 8 and up, rewritten in every row when a phase is appended): a ledger cut to fewer rows
 #: (e.g. an orbax restore into a one-row template with ``strict=False``) is refused instead
@@ -51,6 +58,9 @@ class Plan:
         dataset_size: n.
         max_batch_size: the padded cap (fixes the truncation slack).
         relation: the neighbouring relation of the guarantee.
+        examples_per_user: k, the cap of examples per user of a user-level plan (then
+            ``dataset_size`` counts users and ``max_batch_size`` users); 0: example level.
+        grouping: a 64-bit fingerprint of the user grouping (0 at example level).
     """
 
     noise_multiplier: float
@@ -60,12 +70,20 @@ class Plan:
     dataset_size: int
     max_batch_size: int
     relation: NeighbouringRelation
+    examples_per_user: int = 0
+    grouping: int = 0
 
     def describe(self) -> str:
+        unit = (
+            f", user level (users={self.dataset_size}, k={self.examples_per_user}, "
+            f"grouping={self.grouping:#018x})"
+            if self.examples_per_user
+            else ""
+        )
         return (
             f"σ={self.noise_multiplier:.6g}, q={self.sampling_rate:.6g}, C={self.l2_clip_norm:.6g}"
             f", normalizer={self.normalizer:.6g}, n={self.dataset_size}, "
-            f"max_batch_size={self.max_batch_size}, relation={self.relation.value}"
+            f"max_batch_size={self.max_batch_size}, relation={self.relation.value}{unit}"
         )
 
 
@@ -86,6 +104,7 @@ def ledger_row(plan: Plan, start: int, rows: int = 1) -> np.ndarray:
     words += _int_words(plan.dataset_size) + _int_words(plan.max_batch_size)
     words.append(_RELATIONS.index(as_relation(plan.relation)) | (rows << 8))
     words += _int_words(start)
+    words += [plan.examples_per_user & 0xFFFFFFFF] + _int_words(plan.grouping)
     return np.asarray(words, np.uint32)
 
 
@@ -93,7 +112,8 @@ def _decode_row(row: np.ndarray) -> tuple[Plan, int]:
     w = [int(x) for x in row]
     floats = [float(np.array(w[i : i + 2], "<u4").view("<f8")[0]) for i in (1, 3, 5, 7)]
     ints = [(w[i] << 32) | w[i + 1] for i in (9, 11, 14)]
-    plan = Plan(*floats, ints[0], ints[1], _RELATIONS[w[RELATION_WORD] & 0xFF])
+    unit = (w[UNIT_WORD], (w[UNIT_WORD + 1] << 32) | w[UNIT_WORD + 2]) if len(w) > 16 else (0, 0)
+    plan = Plan(*floats, ints[0], ints[1], _RELATIONS[w[RELATION_WORD] & 0xFF], *unit)
     return plan, ints[2]
 
 
@@ -105,7 +125,12 @@ _VALID = (
 
 def _checked(ledger: Any) -> np.ndarray:
     arr = np.asarray(ledger)
-    if arr.dtype != np.uint32 or arr.ndim != 2 or arr.shape[0] < 1 or arr.shape[1] != WORDS:
+    if (
+        arr.dtype != np.uint32
+        or arr.ndim != 2
+        or arr.shape[0] < 1
+        or arr.shape[1] not in (WORDS, _LEGACY_WORDS)
+    ):
         _validate.fail("state.plan", f"an array of {arr.dtype}{arr.shape}", _VALID)
     if np.any(arr[:, 0] != MAGIC) or np.any(arr[:, RELATION_WORD] & 0xFF >= len(_RELATIONS)):
         _validate.fail("state.plan", "rows without the ledger's magic word", _VALID)
@@ -148,6 +173,8 @@ def read_ledger(ledger: Any, step: int) -> list[tuple[Plan, int]]:
 def append_phase(ledger: Any, plan: Plan, start: int) -> np.ndarray:
     """``ledger`` with a new phase ``plan`` from step ``start`` (the current phase closed)."""
     old = np.array(ledger, np.uint32)
+    if old.shape[1] == _LEGACY_WORDS:  # example-level rows of an older checkpoint: unit 0
+        old = np.pad(old, ((0, 0), (0, WORDS - _LEGACY_WORDS)))
     rows = old.shape[0] + 1
     old[:, RELATION_WORD] = (old[:, RELATION_WORD] & 0xFF) | (rows << 8)
     return np.concatenate([old, ledger_row(plan, start, rows)[None, :]], axis=0)

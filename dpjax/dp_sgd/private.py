@@ -193,9 +193,9 @@ class PrivateState(NamedTuple):
         step: int32 scalar, noisy updates applied so far (what ``epsilon`` reads).
         key: uint32 raw key data for sampling and dropout, split at every step (SECRET).
         opt_state: the optax state of noise (its own key data, SECRET) → ÷ q·n → optimizer.
-        plan: uint32[k, 16] ledger of the run's phases (exact σ, q, C, normaliser, n, cap,
-            relation and start step of each; public): ``step``/``fit`` refuse a state whose
-            current phase is another plan, ``epsilon`` composes every phase
+        plan: uint32[k, 19] ledger of the run's phases (exact σ, q, C, normaliser, n, cap,
+            relation, start step and privacy unit of each; public): ``step``/``fit`` refuse
+            a state whose current phase is another plan, ``epsilon`` composes every phase
             (:meth:`PrivateTraining.continue_from` opens a new one).
     """
 
@@ -321,6 +321,7 @@ class PrivateTraining(ReadOnlyAfterInit):
             dataset_size=sampler.dataset_size,
             max_batch_size=sampler.max_batch_size,
             relation=self.relation,
+            **self._plan_unit(),
         )
         self._epsilons: dict[tuple[int, float], float] = {}
         self._composed: dict[tuple[Any, float], float] = {}
@@ -329,6 +330,10 @@ class PrivateTraining(ReadOnlyAfterInit):
         self._host: dict[str, Any] = {"started": False, "verified": None}
         self._jitted_step = jax.jit(self._step_impl)
         self._freeze()
+
+    def _plan_unit(self) -> dict[str, int]:
+        """The privacy unit's fields of the plan (none: example level; see user_level)."""
+        return {}
 
     # ---- the per-example loss, with or without its dropout key
 
@@ -404,16 +409,33 @@ class PrivateTraining(ReadOnlyAfterInit):
             The state to pass to ``step``/``fit`` of this object.
 
         Raises:
-            ValueError: ``state`` has no valid ledger, or this object already ran.
+            ValueError: ``state`` has no valid ledger, a phase of another privacy unit
+                (example level vs user level, or another grouping of users), or this
+                object already ran.
         """
         state = _as_private_state(state)
         step = _steps_of(state)
         phases = _plan.read_ledger(state.plan, step)
+        self._refuse_another_unit(phases)
         self._start("continue_from")
         if phases[-1][0] == self._plan:
             return state
         ledger = _plan.append_phase(state.plan, self._plan, step)
         return state._replace(plan=jnp.asarray(ledger))
+
+    def _refuse_another_unit(self, phases: list[tuple[_plan.Plan, int]]) -> None:
+        """Phases protect one unit (examples, or users of one grouping) or do not compose:
+        a user-level (ε, δ) is not an example-level one (removing one row of a user replaces
+        that user's vector) and an example-level one bounds a user only by group privacy."""
+        unit = (self._plan.examples_per_user, self._plan.grouping)
+        for plan, _ in phases:
+            if (plan.examples_per_user, plan.grouping) != unit:
+                _validate.fail(
+                    "state",
+                    f"a state with a phase of another privacy unit ({plan.describe()})",
+                    "a state whose phases all protect the same unit as this plan (examples, "
+                    "or users of the same grouping): their ε do not compose otherwise",
+                )
 
     def public_state(self, state: PrivateState, delta: float | None = None) -> PublicState:
         """What may be published of ``state`` with the parameters: no key data.
@@ -515,6 +537,9 @@ class PrivateTraining(ReadOnlyAfterInit):
         ok = jnp.all(ledger[-1, :word] == jnp.asarray(row[:word])) & (
             (ledger[-1, word] & 0xFF) == int(row[word] & 0xFF)
         )
+        unit = _plan.UNIT_WORD  # the privacy unit (user level: k and grouping); legacy rows: 0
+        tail = ledger[-1, unit:] if ledger.shape[1] > unit else jnp.zeros_like(row[unit:])
+        ok = ok & jnp.all(tail == jnp.asarray(row[unit:]))
 
         def void(x: Any) -> Any:
             if not jnp.issubdtype(jnp.result_type(x), jnp.inexact):
@@ -1122,6 +1147,7 @@ def make_private(
     physical_batch_size: int | None = None,
     clipping: str = "auto",
     accounting: str = "pld",
+    user_ids: Any = None,
 ) -> PrivateTraining:
     r"""DP-SGD in one call: Poisson sampling, per-example clipping, noise once, accounting.
 
@@ -1169,6 +1195,15 @@ def make_private(
         clipping: the clipping backend of :func:`~dpjax.dp_sgd.clipped_grad`: "auto", "vmap"
             or "ghost".
         accounting: "pld" (tight) or "rdp".
+        user_ids: None (example-level DP), or user-level DP: an int array of length
+            ``dataset_size``, one PUBLIC user id per row (or a
+            :class:`~dpjax.dp_sgd.UserGrouping` from :func:`~dpjax.dp_sgd.group_users`, to cap
+            the rows per user). Then neighbouring data sets differ in ALL rows of one user,
+            ``batch_size`` is the expected number of USERS per batch (q = b/U over the U
+            users; ``epochs`` counts passes over the users), ``dataset_size`` stays the
+            number of rows, ``physical_batch_size`` counts rows (micro-batches of
+            ⌊physical_batch_size/k⌋ users), ``clipping`` must be "auto" or "vmap", and ε is
+            user-level: see :class:`~dpjax.dp_sgd.UserLevelTraining`.
 
     Returns:
         A :class:`PrivateTraining` with ``noise_multiplier``, ``sampling_rate``, ``steps``,
@@ -1218,7 +1253,13 @@ def make_private(
         refuses data of any other length): a removed record is modelled as a row that is never
         sampled and contributes 0 ("zero-out" neighbours, Kairouz et al. 2021, "Practical and
         private (deep) learning without sampling or shuffling"), which the Poisson
-        add/remove-one analysis covers; the cap is sized for n + 1 rows.
+        add/remove-one analysis covers; the cap is sized for n + 1 rows. With ``user_ids``
+        every statement above holds with "user" for "record": each sampled user contributes
+        one vector of norm ≤ C (the mean of its rows' clipped gradients, re-clipped and
+        certified: :func:`~dpjax.dp_sgd.clipped_user_sum`), users are Poisson-sampled at q =
+        b/U, the normaliser is q·U and the event is ``PoissonSampledGaussianEvent(σ, q, T)``
+        over users (McMahan et al. 2018, "Learning differentially private recurrent language
+        models"); the grouping is public and recorded in the plan.
 
     Example:
         >>> import jax, jax.numpy as jnp, optax, dpjax
@@ -1240,10 +1281,17 @@ def make_private(
         _validate.fail("optimizer", optimizer, "an optax.GradientTransformation")
     key = _check_key(key)
     l2_clip_norm = _validate.positive("l2_clip_norm", l2_clip_norm)
-    n = _validate.positive_int("dataset_size", dataset_size)
+    rows = _validate.positive_int("dataset_size", dataset_size)
+    grouping = None
+    if user_ids is not None:  # user level: the sampled units are users (dpjax.dp_sgd.user_level)
+        from dpjax.dp_sgd import user_level  # noqa: PLC0415 (it subclasses PrivateTraining)
+
+        grouping = user_level.as_grouping(user_ids, rows)
+    n = rows if grouping is None else grouping.num_users
     batch_size = _validate.positive_int("batch_size", batch_size)
     if batch_size > n:
-        _validate.fail("batch_size", batch_size, f"in [1, dataset_size={n}]")
+        units = "dataset_size" if grouping is None else "the number of users"
+        _validate.fail("batch_size", batch_size, f"in [1, {units}={n}]")
     delta = _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
     warn_if_delta_reveals_records(delta, n, "make_private")
     _validate.one_of("clipping", clipping, CLIPPING_BACKENDS)
@@ -1263,7 +1311,11 @@ def make_private(
     sampler = _sampler_for_slack(
         n, q, steps=steps, epsilon=eps_bound, delta=delta, calibrated=target_epsilon is not None
     )
-    return PrivateTraining(
+    cls, unit = PrivateTraining, {}
+    if grouping is not None:
+        cls, unit = user_level.UserLevelTraining, {"grouping": grouping}
+    return cls(
+        **unit,
         loss_fn=loss_fn,
         optimizer=optimizer,
         sampler=sampler,
