@@ -14,9 +14,16 @@ Modules: ``samplers`` (Poisson / shuffled / uniform batches with a fixed padded 
 norms without per-example gradients), ``transforms`` (noise and normalisation as optax
 ``GradientTransformation``s, the Laplace DP-SGD noise), ``optimizers`` (``dp_sgd_optimizer``,
 gradient accumulation, Laplace DP-SGD), ``distributed`` (data parallel over a device mesh),
-``private`` (``make_private``: the one-call path built from these, a training loop, ε spent).
+``private`` (``make_private``: the one-call path built from these, a training loop, ε spent),
+``adaptive_clip`` (adaptive clipping, Andrew et al. 2021: C follows a quantile of the norms).
 """
 
+from dpjax.dp_sgd.adaptive_clip import (
+    AdaptiveClip,
+    AdaptiveClipState,
+    accounted_noise_multiplier,
+    effective_noise_multiplier,
+)
 from dpjax.dp_sgd.clipping import ClippedGrad, ClippingInfo, clip_pytree, clipped_grad
 from dpjax.dp_sgd.distributed import DataParallelClippedGrad, data_parallel, replicate
 from dpjax.dp_sgd.optimizers import (
@@ -54,6 +61,8 @@ from dpjax.dp_sgd.transforms import (
 
 __all__ = [
     "AccumulationState",
+    "AdaptiveClip",
+    "AdaptiveClipState",
     "ClippedGrad",
     "ClippingInfo",
     "DPSGDTransformation",
@@ -67,6 +76,7 @@ __all__ = [
     "ShuffledBatchSampler",
     "UniformBatchSampler",
     "WithReplacementSampler",
+    "accounted_noise_multiplier",
     "accumulate_clipped_sums",
     "add_gaussian_noise",
     "add_laplace_dp_sgd_noise",
@@ -74,6 +84,7 @@ __all__ = [
     "clipped_grad",
     "data_parallel",
     "dp_sgd_optimizer",
+    "effective_noise_multiplier",
     "event_for",
     "laplace_dp_sgd_optimizer",
     "laplace_dp_sgd_event",

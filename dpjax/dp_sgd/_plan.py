@@ -24,14 +24,24 @@ import numpy as np
 from dpjax import _validate
 from dpjax.relation import NeighbouringRelation, as_relation
 
-__all__ = ["Plan", "WORDS", "ledger_row", "current_plan", "read_ledger", "append_phase"]
+__all__ = [
+    "Plan",
+    "WORDS",
+    "EXTENSION",
+    "ledger_row",
+    "current_plan",
+    "read_ledger",
+    "append_phase",
+]
 
 #: First word of every row ("DPJ1"): a row of zeros (or garbage) is not a plan.
 MAGIC = 0x44504A31
 _RELATIONS = tuple(NeighbouringRelation)
+#: First word of the extension: adaptive clipping's γ, η, σ_b (3 float64; zeros for a fixed C).
+EXTENSION = 1 + 4 * 2 + 2 * 2 + 1 + 2
 #: Words per row: magic, 4 float64 (2 words each), 2 int64 (2 each), relation and phase
-#: count, start (2).
-WORDS = 1 + 4 * 2 + 2 * 2 + 1 + 2
+#: count, start (2), then the extension (3 float64).
+WORDS = EXTENSION + 3 * 2
 #: The word holding the relation (low 8 bits) and the number k of rows of the ledger (bits
 #: 8 and up, rewritten in every row when a phase is appended): a ledger cut to fewer rows
 #: (e.g. an orbax restore into a one-row template with ``strict=False``) is refused instead
@@ -51,6 +61,11 @@ class Plan:
         dataset_size: n.
         max_batch_size: the padded cap (fixes the truncation slack).
         relation: the neighbouring relation of the guarantee.
+        target_quantile: adaptive clipping's γ (0.0: a fixed C). With adaptive clipping
+            (:class:`~dpjax.dp_sgd.AdaptiveClip`) ``l2_clip_norm`` is the INITIAL C_0 and
+            the config (C_0, γ, η, σ_b) is what identifies the plan (C_t lives in the state).
+        learning_rate: adaptive clipping's η (0.0: a fixed C).
+        count_noise_multiplier: adaptive clipping's σ_b (0.0: a fixed C).
     """
 
     noise_multiplier: float
@@ -60,10 +75,19 @@ class Plan:
     dataset_size: int
     max_batch_size: int
     relation: NeighbouringRelation
+    target_quantile: float = 0.0
+    learning_rate: float = 0.0
+    count_noise_multiplier: float = 0.0
 
     def describe(self) -> str:
+        clip = f"C={self.l2_clip_norm:.6g}"
+        if self.count_noise_multiplier > 0.0:
+            clip = (
+                f"adaptive C (C_0={self.l2_clip_norm:.6g}, γ={self.target_quantile:.6g}, "
+                f"η={self.learning_rate:.6g}, σ_b={self.count_noise_multiplier:.6g})"
+            )
         return (
-            f"σ={self.noise_multiplier:.6g}, q={self.sampling_rate:.6g}, C={self.l2_clip_norm:.6g}"
+            f"σ={self.noise_multiplier:.6g}, q={self.sampling_rate:.6g}, {clip}"
             f", normalizer={self.normalizer:.6g}, n={self.dataset_size}, "
             f"max_batch_size={self.max_batch_size}, relation={self.relation.value}"
         )
@@ -86,6 +110,8 @@ def ledger_row(plan: Plan, start: int, rows: int = 1) -> np.ndarray:
     words += _int_words(plan.dataset_size) + _int_words(plan.max_batch_size)
     words.append(_RELATIONS.index(as_relation(plan.relation)) | (rows << 8))
     words += _int_words(start)
+    for x in (plan.target_quantile, plan.learning_rate, plan.count_noise_multiplier):
+        words += _float_words(float(x))
     return np.asarray(words, np.uint32)
 
 
@@ -93,7 +119,10 @@ def _decode_row(row: np.ndarray) -> tuple[Plan, int]:
     w = [int(x) for x in row]
     floats = [float(np.array(w[i : i + 2], "<u4").view("<f8")[0]) for i in (1, 3, 5, 7)]
     ints = [(w[i] << 32) | w[i + 1] for i in (9, 11, 14)]
-    plan = Plan(*floats, ints[0], ints[1], _RELATIONS[w[RELATION_WORD] & 0xFF])
+    adaptive = [
+        float(np.array(w[i : i + 2], "<u4").view("<f8")[0]) for i in range(EXTENSION, WORDS, 2)
+    ]
+    plan = Plan(*floats, ints[0], ints[1], _RELATIONS[w[RELATION_WORD] & 0xFF], *adaptive)
     return plan, ints[2]
 
 
