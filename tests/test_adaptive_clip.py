@@ -311,9 +311,17 @@ def test_every_example_and_the_released_sum_are_bounded_by_the_current_clip_norm
         s, stats = private._clipped_part(w, data, PaddedBatch(indices, mask), dropout, clip)
         return np.asarray(s, np.float64) * c_t, float(stats[4])
 
-    for i in range(rows):  # one example alone
+    loss = lambda w, ex: 0.5 * jnp.sum((ex["x"] @ w - ex["y"]) ** 2)  # noqa: E731
+    w64 = np.asarray(w, np.float64)
+    for i in range(rows):  # one example alone: clipped at C_t (not C_0), and ≤ C_t(1 + 1e-6)
         alone, _ = released(jnp.zeros(rows, bool).at[i].set(True))
         assert np.linalg.norm(alone) <= c_t * (1 + 1e-6)
+        ex = {k: np.asarray(v[i], np.float64) for k, v in data.items()}
+        g = np.asarray(jax.grad(loss)(jnp.asarray(w64), ex), np.float64)
+        g32 = jax.grad(loss)(w, {k: v[i] for k, v in data.items()})  # what the step sees
+        if np.all(np.isfinite(np.asarray(g32))):
+            expected = g * min(1.0, c_t / np.linalg.norm(g))
+            np.testing.assert_allclose(alone, expected, rtol=1e-3, atol=1e-6 * c_t)
     full, count = released(jnp.ones(rows, bool))
     for i in range(rows):  # add/remove record i
         without, count_i = released(jnp.ones(rows, bool).at[i].set(False))

@@ -2,11 +2,11 @@
 
 A :class:`~dpjax.dp_sgd.PrivateState` carries ``plan``, a ``uint32[k, WORDS]`` array: one row
 per phase of the run, each row the exact bits of the parameters that fix the privacy of a
-step (σ, realised q, C, the normaliser, n, the padded cap, the relation) and the step count
-at which the phase started. Float64 values are stored as their two 32-bit words, so the
-record is exact with or without x64 and survives ``flax.serialization`` / orbax checkpoints
-(it is an array leaf, not static data). The ledger holds no key and no randomness: it is
-public.
+step (σ, realised q, C, the normaliser, n, the padded cap, the relation; for adaptive
+clipping C_0 and (γ, η, σ_b)) and the step count at which the phase started. Float64 values
+are stored as their two 32-bit words, so the record is exact with or without x64 and
+survives ``flax.serialization`` / orbax checkpoints (it is an array leaf, not static data).
+The ledger holds no key and no randomness: it is public.
 
 Why: a state resumed under another plan would otherwise be charged at the new plan only
 (issue 20: 200 steps at σ = 0.8, q = 0.05 then 200 at σ = 4, q = 0.01 reported ε = 0.166

@@ -25,6 +25,22 @@ C_t·S′ + N(0, (σ_Δ C_t)²), and the product is post-processing (C_t is publ
 of the product needs certifying. C_t lives in the optimizer state (:class:`AdaptiveClipState`,
 first element of ``PrivateState.opt_state``) and is published by ``public_state``.
 
+The pieces path (your own loop) uses the same functions; account with σ, NOT with the
+gradient transform's σ_Δ (``event_for`` of a ``dp_sgd_optimizer`` built with σ_Δ would read
+σ_Δ > σ and report too small an ε)::
+
+    sigma_d = effective_noise_multiplier(sigma, config.count_noise_multiplier)
+    grad_fn = dpjax.clipped_grad(lambda p, x, c: loss(p, x) / c, l2_clip_norm=1.0)
+    clip = init_adaptive_clip(config, key=count_key)        # C_0, count-noise key
+    noise = dpjax.add_gaussian_noise(sigma_d, key=noise_key)  # on the sum in units of C_t
+    # per step, batch = sampler.sample(k):
+    s, info = grad_fn(params, x, jnp.full(n, clip.clip_norm), batch=batch)
+    noisy, noise_state = noise.update(s, noise_state)
+    grads = jax.tree.map(lambda g: g * clip.clip_norm / (q * n), noisy)
+    c = centred_unclipped_count(info.per_example_norms, batch.mask, 1.0)
+    clip, _ = next_clip_norm(config, clip, c, expected_batch_size=q * n)
+    # ε: sampler.event(noise_multiplier=sigma, steps=T)  (Theorem 1)
+
 Formal guarantees:
     One step releases (S′ + N(0, σ_Δ² I), c + N(0, σ_b²)) with S′ the clipped sum in units of
     C_t (ℓ2 sensitivity 1 under add/remove-one, certified in floating point) and c the centred

@@ -193,9 +193,10 @@ class PrivateState(NamedTuple):
         step: int32 scalar, noisy updates applied so far (what ``epsilon`` reads).
         key: uint32 raw key data for sampling and dropout, split at every step (SECRET).
         opt_state: the optax state of noise (its own key data, SECRET) → ÷ q·n → optimizer.
-        plan: uint32[k, 16] ledger of the run's phases (exact σ, q, C, normaliser, n, cap,
-            relation and start step of each; public): ``step``/``fit`` refuse a state whose
-            current phase is another plan, ``epsilon`` composes every phase
+        plan: uint32[k, 22] ledger of the run's phases (exact σ, q, C, normaliser, n, cap,
+            relation, start step and adaptive clipping's (γ, η, σ_b) of each; public):
+            ``step``/``fit`` refuse a state whose current phase is another plan, ``epsilon``
+            composes every phase
             (:meth:`PrivateTraining.continue_from` opens a new one).
     """
 
@@ -261,7 +262,7 @@ class PrivateTraining(ReadOnlyAfterInit):
         noise_multiplier: σ (noise std σ·C on the clipped sum of each logical batch).
         sampling_rate: q, the rate the sampler realises (⌊q·2⁶⁴⌋/2⁶⁴; what is accounted).
         steps: T, the planned number of noisy updates (``fit`` runs them).
-        l2_clip_norm: C.
+        l2_clip_norm: C, or the :class:`~dpjax.dp_sgd.AdaptiveClip` (C_t: :meth:`clip_norm`).
         expected_batch_size: q·n, the PUBLIC normaliser.
         max_batch_size: the padded batch length (cap sized so the truncation slack is
             ≤ ``SLACK_FRACTION``·δ over ``steps`` steps).
@@ -1262,7 +1263,15 @@ def make_private(
         refuses data of any other length): a removed record is modelled as a row that is never
         sampled and contributes 0 ("zero-out" neighbours, Kairouz et al. 2021, "Practical and
         private (deep) learning without sampling or shuffling"), which the Poisson
-        add/remove-one analysis covers; the cap is sized for n + 1 rows.
+        add/remove-one analysis covers; the cap is sized for n + 1 rows. Adaptive clipping
+        (``l2_clip_norm=AdaptiveClip(...)``): each step is the Gaussian mechanism on the pair
+        (clipped sum in units of C_t, centred unclipped count) with noise (σ_Δ, σ_b) and
+        sensitivities (1, 1/2), i.e. noise multiplier σ (Andrew et al. 2021, "Differentially
+        private learning with adaptive clipping", Theorem 1); T steps are accounted as the
+        same ``PoissonSampledGaussianEvent(σ, q, count=T)``. C_t is a function of earlier
+        noisy releases: public, published in ``public_state`` and covered by the guarantee;
+        the plan ledger records (C_0, γ, η, σ_b), so a resume under another config is refused
+        (see :mod:`dpjax.dp_sgd.adaptive_clip`).
 
     Example:
         >>> import jax, jax.numpy as jnp, optax, dpjax
