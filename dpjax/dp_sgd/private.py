@@ -357,9 +357,16 @@ class PrivateTraining(ReadOnlyAfterInit):
         return loss / clip_norm.astype(jnp.result_type(loss))
 
     def clip_norm(self, state: PrivateState | PublicState) -> float:
-        """The clip norm C_t of the next step (public; fixed C: ``l2_clip_norm``)."""
+        """The clip norm C_t of the next step (public; fixed C: ``l2_clip_norm``).
+
+        Raises:
+            ValueError: ``state`` has no adaptive clipping state and this object has.
+        """
         current = adaptive_clip.clip_norm_of(state.opt_state)
-        return float(self.l2_clip_norm) if current is None else current
+        if current is None:
+            adaptive_clip.check_continuable(state.opt_state, self.l2_clip_norm)
+            return float(self.l2_clip_norm)
+        return current
 
     def event(self, steps: int | None = None) -> PoissonSampledGaussianEvent:
         """The privacy event of ``steps`` (default: the planned T) noisy updates."""
