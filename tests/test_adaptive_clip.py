@@ -251,14 +251,14 @@ def test_ledger_records_the_adaptive_config_exactly():
 # ----------------------------------------------------------------------------- make_private
 
 
-def _private(config, *, clipping="vmap", key=0, sigma=1.0, n=48, steps=4, **kw):
+def _private(config, *, clipping="vmap", key=0, sigma=1.0, n=48, steps=4, batch_size=12, **kw):
     loss = lambda w, ex: 0.5 * jnp.sum((ex["x"] @ w - ex["y"]) ** 2)  # noqa: E731
     return dpjax.make_private(
         loss,
         optimizer=optax.sgd(0.1),
         l2_clip_norm=config,
         dataset_size=n,
-        batch_size=12,
+        batch_size=batch_size,
         steps=steps,
         noise_multiplier=sigma,
         delta=1e-5,
@@ -327,6 +327,44 @@ def test_every_example_and_the_released_sum_are_bounded_by_the_current_clip_norm
         without, count_i = released(jnp.ones(rows, bool).at[i].set(False))
         assert np.linalg.norm(full - without) <= c_t * (1 + 1e-6)
         assert abs(count - count_i) == 0.5
+
+
+@pytest.mark.slow
+def test_each_step_clips_at_the_clip_norm_in_its_state():
+    """The step's clipped count is the number of finite per-example gradients of its batch
+    (float64, at the step's parameters) above the C_t held in the state before the step —
+    not C_0 — and C_t moves between steps. The batch is redrawn from the state's key as the
+    step draws it (``key → (next, sample, dropout)``)."""
+    x = 0.4 * jax.random.normal(jax.random.key(2), (48, 3), jnp.float32)
+    data = {"x": x, "y": jnp.ones(48, jnp.float32)}  # norms ≈ 0.4·χ₃: around C_0 = 0.5
+    private = _private(CONFIG._replace(learning_rate=1.0), batch_size=24, steps=5)
+    loss = lambda w, ex: 0.5 * jnp.sum((ex["x"] @ w - ex["y"]) ** 2)  # noqa: E731
+    per_example = jax.vmap(jax.grad(loss), in_axes=(None, 0))
+    w = jnp.zeros(3, jnp.float32)
+    state = private.init(w)
+    seen, discriminating = [], 0
+    for _ in range(5):
+        c_t = private.clip_norm(state)
+        seen.append(c_t)
+        sample_key = jax.random.split(jax.random.wrap_key_data(state.key), 3)[1]
+        batch = private.sampler.sample(sample_key)
+        rows = np.asarray(batch.indices)[np.asarray(batch.mask)]
+        part = jax.tree.map(lambda x: x[rows], data)
+        # float32, as the step computes it: the loss ÷ C_t (a gradient within a factor C_t of
+        # float32's overflow is non-finite there, and dropped)
+        scaled = jax.vmap(jax.grad(lambda w, ex: loss(w, ex) / jnp.float32(c_t)), (None, 0))
+        g32 = np.asarray(scaled(w, part))
+        g = np.asarray(per_example(w.astype(jnp.float64), jax.tree.map(np.float64, part)))
+        finite = np.all(np.isfinite(g32), axis=1)
+        norms = np.linalg.norm(g[finite], axis=1)
+        assert np.all(np.abs(norms - c_t) > 1e-4 * c_t)  # no borderline example
+        w, state, metrics = private.step(w, state, data)
+        assert int(metrics["batch_size"]) == len(rows)
+        assert int(metrics["num_nonfinite"]) == int(np.sum(~finite))
+        assert int(metrics["num_clipped"]) == int(np.sum(norms > c_t))
+        discriminating += int(np.sum(norms > c_t) != np.sum(norms > CONFIG.initial))
+    assert len(set(seen)) == 5
+    assert discriminating >= 2  # clipping at C_0 instead would have been caught
 
 
 @pytest.mark.slow
