@@ -160,6 +160,12 @@ def effective_noise_multiplier(noise_multiplier: float, count_noise_multiplier: 
     Raises:
         ValueError: σ < 0, σ_b ≤ 0, or σ_b ≤ σ/2 (no budget left for the gradient).
 
+    Formal guarantees:
+        A step releasing the clipped sum (ℓ2 sensitivity C_t) with noise σ_Δ·C_t and the
+        centred unclipped count (sensitivity 1/2) with noise σ_b is the Gaussian mechanism
+        with noise multiplier σ (Andrew et al. 2021, "Differentially private learning with
+        adaptive clipping", Theorem 1): account it as DP-SGD at σ.
+
     Example:
         >>> round(effective_noise_multiplier(1.0, 5.0), 6)  # (1 - 1/100)^(-1/2)
         1.005038
@@ -254,6 +260,11 @@ def next_clip_norm(
 
     Returns:
         ``(new_state, noisy_fraction)``: C_{t+1} and the next key in ``new_state``; b̃.
+
+    Formal guarantees:
+        The only data-dependent input is c (sensitivity 1/2 under add/remove-one); the
+        release c + N(0, σ_b²) is the count half of Theorem 1 (Andrew et al. 2021), and b̃,
+        C_{t+1} are post-processing of it with public constants (q·n, γ, η, the clamp).
     """
     next_key, noise_key = _next_keys(state.count_noise, impl)
     noisy = _noise.tree_add_iid_noise(
