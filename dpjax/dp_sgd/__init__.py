@@ -15,9 +15,16 @@ norms without per-example gradients), ``transforms`` (noise and normalisation as
 ``GradientTransformation``s, the Laplace DP-SGD noise), ``optimizers`` (``dp_sgd_optimizer``,
 gradient accumulation, Laplace DP-SGD), ``distributed`` (data parallel over a device mesh),
 ``private`` (``make_private``: the one-call path built from these, a training loop, ε spent),
-``user_level`` (user-level DP-SGD: ``make_private(..., user_ids=...)``).
+``user_level`` (user-level DP-SGD: ``make_private(..., user_ids=...)``), ``adaptive_clip``
+(adaptive clipping, Andrew et al. 2021: C follows a quantile of the norms).
 """
 
+from dpjax.dp_sgd.adaptive_clip import (
+    AdaptiveClip,
+    AdaptiveClipState,
+    accounted_noise_multiplier,
+    effective_noise_multiplier,
+)
 from dpjax.dp_sgd.clipping import ClippedGrad, ClippingInfo, clip_pytree, clipped_grad
 from dpjax.dp_sgd.distributed import DataParallelClippedGrad, data_parallel, replicate
 from dpjax.dp_sgd.optimizers import (
@@ -61,6 +68,8 @@ from dpjax.dp_sgd.user_level import (
 
 __all__ = [
     "AccumulationState",
+    "AdaptiveClip",
+    "AdaptiveClipState",
     "ClippedGrad",
     "ClippingInfo",
     "DPSGDTransformation",
@@ -76,6 +85,7 @@ __all__ = [
     "UserGrouping",
     "UserLevelTraining",
     "WithReplacementSampler",
+    "accounted_noise_multiplier",
     "accumulate_clipped_sums",
     "add_gaussian_noise",
     "add_laplace_dp_sgd_noise",
@@ -84,6 +94,7 @@ __all__ = [
     "clipped_user_sum",
     "data_parallel",
     "dp_sgd_optimizer",
+    "effective_noise_multiplier",
     "event_for",
     "group_users",
     "laplace_dp_sgd_optimizer",

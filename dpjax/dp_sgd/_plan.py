@@ -2,13 +2,14 @@
 
 A :class:`~dpjax.dp_sgd.PrivateState` carries ``plan``, a ``uint32[k, WORDS]`` array: one row
 per phase of the run, each row the exact bits of the parameters that fix the privacy of a
-step (σ, realised q, C, the normaliser, n, the padded cap, the relation) and the step count
-at which the phase started. Float64 values are stored as their two 32-bit words, so the
-record is exact with or without x64 and survives ``flax.serialization`` / orbax checkpoints
-(it is an array leaf, not static data). The ledger holds no key and no randomness: it is
-public. A user-level plan (:mod:`dpjax.dp_sgd.user_level`) also records its unit: the cap k of
-examples per user and a 64-bit fingerprint of the grouping (``n`` is then the number of users),
-so a state is never continued under another grouping of the examples into users.
+step (σ, realised q, C, the normaliser, n, the padded cap, the relation; for adaptive
+clipping C_0 and (γ, η, σ_b)) and the step count at which the phase started. Float64 values
+are stored as their two 32-bit words, so the record is exact with or without x64 and
+survives ``flax.serialization`` / orbax checkpoints (it is an array leaf, not static data).
+The ledger holds no key and no randomness: it is public. A user-level plan
+(:mod:`dpjax.dp_sgd.user_level`) also records its unit: the cap k of examples per user and a
+64-bit fingerprint of the grouping (``n`` is then the number of users), so a state is never
+continued under another grouping of the examples into users.
 
 Why: a state resumed under another plan would otherwise be charged at the new plan only
 (issue 20: 200 steps at σ = 0.8, q = 0.05 then 200 at σ = 4, q = 0.01 reported ε = 0.166
@@ -26,19 +27,29 @@ import numpy as np
 from dpjax import _validate
 from dpjax.relation import NeighbouringRelation, as_relation
 
-__all__ = ["Plan", "WORDS", "ledger_row", "current_plan", "read_ledger", "append_phase"]
+__all__ = [
+    "Plan",
+    "WORDS",
+    "EXTENSION",
+    "ledger_row",
+    "current_plan",
+    "read_ledger",
+    "append_phase",
+]
 
 #: First word of every row ("DPJ1"): a row of zeros (or garbage) is not a plan.
 MAGIC = 0x44504A31
 _RELATIONS = tuple(NeighbouringRelation)
+#: First word of the extension: adaptive clipping's γ, η, σ_b (3 float64; zeros for a fixed C).
+EXTENSION = 1 + 4 * 2 + 2 * 2 + 1 + 2
 #: Words per row: magic, 4 float64 (2 words each), 2 int64 (2 each), relation and phase
-#: count, start (2), then the privacy unit: k examples per user (0: example level) and the
-#: grouping's fingerprint (2).
-WORDS = 1 + 4 * 2 + 2 * 2 + 1 + 2 + 1 + 2
-#: Rows written before the unit words existed (example-level plans): read as k = 0.
+#: count, start (2), then the extension (adaptive clipping: 3 float64), then the privacy
+#: unit: k examples per user (0: example level) and the grouping's fingerprint (2).
+WORDS = EXTENSION + 3 * 2 + 1 + 2
+#: Rows written before the extension existed (fixed C, example level): read with zeros.
 _LEGACY_WORDS = 16
-#: The first word after the start step: the privacy unit (compared like the plan words).
-UNIT_WORD = 16
+#: The first word of the privacy unit (compared like the plan words).
+UNIT_WORD = EXTENSION + 3 * 2
 #: The word holding the relation (low 8 bits) and the number k of rows of the ledger (bits
 #: 8 and up, rewritten in every row when a phase is appended): a ledger cut to fewer rows
 #: (e.g. an orbax restore into a one-row template with ``strict=False``) is refused instead
@@ -61,6 +72,11 @@ class Plan:
         examples_per_user: k, the cap of examples per user of a user-level plan (then
             ``dataset_size`` counts users and ``max_batch_size`` users); 0: example level.
         grouping: a 64-bit fingerprint of the user grouping (0 at example level).
+        target_quantile: adaptive clipping's γ (0.0: a fixed C). With adaptive clipping
+            (:class:`~dpjax.dp_sgd.AdaptiveClip`) ``l2_clip_norm`` is the INITIAL C_0 and
+            the config (C_0, γ, η, σ_b) is what identifies the plan (C_t lives in the state).
+        learning_rate: adaptive clipping's η (0.0: a fixed C).
+        count_noise_multiplier: adaptive clipping's σ_b (0.0: a fixed C).
     """
 
     noise_multiplier: float
@@ -72,6 +88,9 @@ class Plan:
     relation: NeighbouringRelation
     examples_per_user: int = 0
     grouping: int = 0
+    target_quantile: float = 0.0
+    learning_rate: float = 0.0
+    count_noise_multiplier: float = 0.0
 
     def describe(self) -> str:
         unit = (
@@ -80,8 +99,14 @@ class Plan:
             if self.examples_per_user
             else ""
         )
+        clip = f"C={self.l2_clip_norm:.6g}"
+        if self.count_noise_multiplier > 0.0:
+            clip = (
+                f"adaptive C (C_0={self.l2_clip_norm:.6g}, γ={self.target_quantile:.6g}, "
+                f"η={self.learning_rate:.6g}, σ_b={self.count_noise_multiplier:.6g})"
+            )
         return (
-            f"σ={self.noise_multiplier:.6g}, q={self.sampling_rate:.6g}, C={self.l2_clip_norm:.6g}"
+            f"σ={self.noise_multiplier:.6g}, q={self.sampling_rate:.6g}, {clip}"
             f", normalizer={self.normalizer:.6g}, n={self.dataset_size}, "
             f"max_batch_size={self.max_batch_size}, relation={self.relation.value}{unit}"
         )
@@ -104,6 +129,8 @@ def ledger_row(plan: Plan, start: int, rows: int = 1) -> np.ndarray:
     words += _int_words(plan.dataset_size) + _int_words(plan.max_batch_size)
     words.append(_RELATIONS.index(as_relation(plan.relation)) | (rows << 8))
     words += _int_words(start)
+    for x in (plan.target_quantile, plan.learning_rate, plan.count_noise_multiplier):
+        words += _float_words(float(x))
     words += [plan.examples_per_user & 0xFFFFFFFF] + _int_words(plan.grouping)
     return np.asarray(words, np.uint32)
 
@@ -112,8 +139,15 @@ def _decode_row(row: np.ndarray) -> tuple[Plan, int]:
     w = [int(x) for x in row]
     floats = [float(np.array(w[i : i + 2], "<u4").view("<f8")[0]) for i in (1, 3, 5, 7)]
     ints = [(w[i] << 32) | w[i + 1] for i in (9, 11, 14)]
-    unit = (w[UNIT_WORD], (w[UNIT_WORD + 1] << 32) | w[UNIT_WORD + 2]) if len(w) > 16 else (0, 0)
-    plan = Plan(*floats, ints[0], ints[1], _RELATIONS[w[RELATION_WORD] & 0xFF], *unit)
+    if len(w) > _LEGACY_WORDS:
+        adaptive = [
+            float(np.array(w[i : i + 2], "<u4").view("<f8")[0])
+            for i in range(EXTENSION, UNIT_WORD, 2)
+        ]
+        unit = (w[UNIT_WORD], (w[UNIT_WORD + 1] << 32) | w[UNIT_WORD + 2])
+    else:
+        adaptive, unit = [0.0, 0.0, 0.0], (0, 0)
+    plan = Plan(*floats, ints[0], ints[1], _RELATIONS[w[RELATION_WORD] & 0xFF], *unit, *adaptive)
     return plan, ints[2]
 
 

@@ -46,7 +46,7 @@ from dpjax.accounting.tight import (
     tight_epsilon,
     truncation_slack,
 )
-from dpjax.dp_sgd import _plan
+from dpjax.dp_sgd import _plan, adaptive_clip
 from dpjax.dp_sgd._frozen import ReadOnlyAfterInit
 from dpjax.dp_sgd.clipping import BACKENDS as CLIPPING_BACKENDS
 from dpjax.dp_sgd.clipping import clipped_grad
@@ -193,9 +193,10 @@ class PrivateState(NamedTuple):
         step: int32 scalar, noisy updates applied so far (what ``epsilon`` reads).
         key: uint32 raw key data for sampling and dropout, split at every step (SECRET).
         opt_state: the optax state of noise (its own key data, SECRET) → ÷ q·n → optimizer.
-        plan: uint32[k, 19] ledger of the run's phases (exact σ, q, C, normaliser, n, cap,
-            relation, start step and privacy unit of each; public): ``step``/``fit`` refuse
-            a state whose current phase is another plan, ``epsilon`` composes every phase
+        plan: uint32[k, 25] ledger of the run's phases (exact σ, q, C, normaliser, n, cap,
+            relation, start step, adaptive clipping's (γ, η, σ_b) and the privacy unit of
+            each; public): ``step``/``fit`` refuse a state whose current phase is another
+            plan, ``epsilon`` composes every phase
             (:meth:`PrivateTraining.continue_from` opens a new one).
     """
 
@@ -261,7 +262,7 @@ class PrivateTraining(ReadOnlyAfterInit):
         noise_multiplier: σ (noise std σ·C on the clipped sum of each logical batch).
         sampling_rate: q, the rate the sampler realises (⌊q·2⁶⁴⌋/2⁶⁴; what is accounted).
         steps: T, the planned number of noisy updates (``fit`` runs them).
-        l2_clip_norm: C.
+        l2_clip_norm: C, or the :class:`~dpjax.dp_sgd.AdaptiveClip` (C_t: :meth:`clip_norm`).
         expected_batch_size: q·n, the PUBLIC normaliser.
         max_batch_size: the padded batch length (cap sized so the truncation slack is
             ≤ ``SLACK_FRACTION``·δ over ``steps`` steps).
@@ -282,7 +283,7 @@ class PrivateTraining(ReadOnlyAfterInit):
         optimizer: optax.GradientTransformation,
         sampler: PoissonSampler,
         noise_multiplier: float,
-        l2_clip_norm: float,
+        l2_clip_norm: float | adaptive_clip.AdaptiveClip,
         steps: int,
         delta: float,
         key: jax.Array,
@@ -307,16 +308,28 @@ class PrivateTraining(ReadOnlyAfterInit):
         self._uses_rng = _wants_rng(loss_fn)
         self._impl = jax.random.key_impl(key)
         noise_key, self._train_key = jax.random.split(key)
-        self._tx = optax.chain(
-            add_gaussian_noise(noise_multiplier * l2_clip_norm, key=noise_key),
-            normalize_by(self.expected_batch_size),
-            optimizer,
-        )
-        self.grad_fn = clipped_grad(self._example_loss, l2_clip_norm=l2_clip_norm, backend=clipping)
+        self._adaptive = isinstance(l2_clip_norm, adaptive_clip.AdaptiveClip)
+        if self._adaptive:  # clip at 1 the loss ÷ C_t; noise σ_Δ; × C_t after the noise
+            self._tx = adaptive_clip.AdaptiveUpdate(
+                l2_clip_norm,
+                noise_multiplier=noise_multiplier,
+                key=noise_key,
+                normalizer=self.expected_batch_size,
+                optimizer=optimizer,
+            )
+            loss, c = self._loss_over_clip_norm, 1.0
+        else:
+            self._tx = optax.chain(
+                add_gaussian_noise(noise_multiplier * l2_clip_norm, key=noise_key),
+                normalize_by(self.expected_batch_size),
+                optimizer,
+            )
+            loss, c = self._example_loss, l2_clip_norm
+        self.grad_fn = clipped_grad(loss, l2_clip_norm=c, backend=clipping)
         self._plan = _plan.Plan(
             noise_multiplier=float(noise_multiplier),
             sampling_rate=float(self.sampling_rate),
-            l2_clip_norm=float(l2_clip_norm),
+            **adaptive_clip.plan_fields(l2_clip_norm),
             normalizer=float(self.expected_batch_size),
             dataset_size=sampler.dataset_size,
             max_batch_size=sampler.max_batch_size,
@@ -342,6 +355,23 @@ class PrivateTraining(ReadOnlyAfterInit):
             return self.loss_fn(params, example)
         rng = jax.random.wrap_key_data(key_data[0], impl=self._impl)
         return self.loss_fn(params, example, rng=rng)
+
+    def _loss_over_clip_norm(self, params: Any, example: Any, clip_norm: Any, *key_data: Any):
+        """The loss ÷ C_t (adaptive clipping: clipping its gradient at 1 clips at C_t)."""
+        loss = self._example_loss(params, example, *key_data)
+        return loss / clip_norm.astype(jnp.result_type(loss))
+
+    def clip_norm(self, state: PrivateState | PublicState) -> float:
+        """The clip norm C_t of the next step (public; fixed C: ``l2_clip_norm``).
+
+        Raises:
+            ValueError: ``state`` has no adaptive clipping state and this object has.
+        """
+        current = adaptive_clip.clip_norm_of(state.opt_state)
+        if current is None:
+            adaptive_clip.check_continuable(state.opt_state, self.l2_clip_norm)
+            return float(self.l2_clip_norm)
+        return current
 
     def event(self, steps: int | None = None) -> PoissonSampledGaussianEvent:
         """The privacy event of ``steps`` (default: the planned T) noisy updates."""
@@ -417,6 +447,7 @@ class PrivateTraining(ReadOnlyAfterInit):
         step = _steps_of(state)
         phases = _plan.read_ledger(state.plan, step)
         self._refuse_another_unit(phases)
+        adaptive_clip.check_continuable(state.opt_state, self.l2_clip_norm)
         self._start("continue_from")
         if phases[-1][0] == self._plan:
             return state
@@ -534,12 +565,14 @@ class PrivateTraining(ReadOnlyAfterInit):
         is this plan (every word but the row count and the phase's start step, which vary)."""
         word = _plan.RELATION_WORD  # relation (low 8 bits) and row count (varies)
         row = _plan.ledger_row(self._plan, 0)
+        ext = _plan.EXTENSION  # adaptive clipping's config
         ok = jnp.all(ledger[-1, :word] == jnp.asarray(row[:word])) & (
             (ledger[-1, word] & 0xFF) == int(row[word] & 0xFF)
         )
-        unit = _plan.UNIT_WORD  # the privacy unit (user level: k and grouping); legacy rows: 0
-        tail = ledger[-1, unit:] if ledger.shape[1] > unit else jnp.zeros_like(row[unit:])
-        ok = ok & jnp.all(tail == jnp.asarray(row[unit:]))
+        # adaptive clipping's config and the privacy unit (user level: k and grouping);
+        # legacy rows (fixed C, example level) read as zeros
+        tail = ledger[-1, ext:] if ledger.shape[1] > ext else jnp.zeros_like(row[ext:])
+        ok = ok & jnp.all(tail == jnp.asarray(row[ext:]))
 
         def void(x: Any) -> Any:
             if not jnp.issubdtype(jnp.result_type(x), jnp.inexact):
@@ -575,13 +608,17 @@ class PrivateTraining(ReadOnlyAfterInit):
         key = jax.random.wrap_key_data(key_data, impl=self._impl)
         next_key, sample_key, dropout_key = jax.random.split(key, 3)
         batch = self.sampler.sample(sample_key)
+        clip = opt[0].clip_norm if self._adaptive else None
         if self.physical_batch_size is None:
-            clipped_sum, stats = self._clipped_part(params, data, batch, dropout_key)
+            clipped_sum, stats = self._clipped_part(params, data, batch, dropout_key, clip)
         else:
-            clipped_sum, stats = self._accumulate(params, data, batch, dropout_key)
-        updates, opt_state = self._tx.update(clipped_sum, opt, params)
+            clipped_sum, stats = self._accumulate(params, data, batch, dropout_key, clip)
+        loss_sum, size, num_clipped, num_nonfinite, centred = stats
+        if self._adaptive:
+            updates, opt_state = self._tx.update(clipped_sum, opt, params, centred_count=centred)
+        else:
+            updates, opt_state = self._tx.update(clipped_sum, opt, params)
         params = optax.apply_updates(params, updates)
-        loss_sum, size, num_clipped, num_nonfinite = stats
         metrics = {
             "loss": loss_sum / jnp.maximum(size, 1).astype(loss_sum.dtype),
             "batch_size": size,
@@ -590,21 +627,30 @@ class PrivateTraining(ReadOnlyAfterInit):
         }
         return params, (count + 1, jax.random.key_data(next_key), opt_state), metrics
 
-    def _clipped_part(self, params: Any, data: Any, batch: PaddedBatch, dropout_key: jax.Array):
-        """Clipped sum and (loss sum, size, #clipped, #non-finite) of one (micro-)batch."""
+    def _clipped_part(
+        self, params: Any, data: Any, batch: PaddedBatch, dropout_key: jax.Array, clip: Any
+    ):
+        """Clipped sum and (loss sum, size, #clipped, #non-finite, centred #unclipped) of one
+        (micro-)batch; ``clip``: C_t of adaptive clipping (the loss is divided by it), or None."""
         examples = jax.tree.map(lambda x: jnp.take(x, batch.indices, axis=0), data)
         extra: tuple[jax.Array, ...] = ()
         if self._uses_rng:  # one stream per (step, dataset index): fold the index in
             fold = lambda i: jax.random.key_data(jax.random.fold_in(dropout_key, i))  # noqa: E731
             extra = (jax.vmap(fold)(batch.indices),)
-        clipped_sum, info = self.grad_fn(params, examples, *extra, mask=batch.mask)
+        scaled = () if clip is None else (jnp.full(batch.mask.shape, clip, jnp.float32),)
+        clipped_sum, info = self.grad_fn(params, examples, *scaled, *extra, mask=batch.mask)
+        centred = adaptive_clip.centred_unclipped_count(
+            info.per_example_norms, batch.mask, self.grad_fn.l2_norm_bound
+        )
         in_axes = (None, 0) + (0,) * len(extra)
         losses = jax.vmap(self._example_loss, in_axes=in_axes)(params, examples, *extra)
         loss_sum = jnp.sum(jnp.where(batch.mask, losses, jnp.zeros((), losses.dtype)))
         size = jnp.sum(batch.mask, dtype=jnp.int32)
-        return clipped_sum, (loss_sum, size, info.num_clipped, info.num_nonfinite)
+        return clipped_sum, (loss_sum, size, info.num_clipped, info.num_nonfinite, centred)
 
-    def _accumulate(self, params: Any, data: Any, batch: PaddedBatch, dropout_key: jax.Array):
+    def _accumulate(
+        self, params: Any, data: Any, batch: PaddedBatch, dropout_key: jax.Array, clip: Any
+    ):
         """Sum the clipped sums of the batch's micro-batches (each record in exactly one).
 
         The k micro-batch sums are added in double-float (TwoSum, micro-batch order) and
@@ -619,7 +665,7 @@ class PrivateTraining(ReadOnlyAfterInit):
         calls, rows = micro.mask.shape
 
         def body(total, mb):
-            s, stats = self._clipped_part(params, data, PaddedBatch(*mb), dropout_key)
+            s, stats = self._clipped_part(params, data, PaddedBatch(*mb), dropout_key, clip)
             (hi, lo), total_stats = total
             add = lambda a, b: a + b.astype(a.dtype)  # noqa: E731
             pairs = [
@@ -634,7 +680,7 @@ class PrivateTraining(ReadOnlyAfterInit):
             return ((hi, lo), jax.tree.map(add, total_stats, stats)), None
 
         first = PaddedBatch(micro.indices[0], micro.mask[0])
-        shapes = jax.eval_shape(self._clipped_part, params, data, first, dropout_key)
+        shapes = jax.eval_shape(self._clipped_part, params, data, first, dropout_key, clip)
         zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
         init = ((zeros[0], zeros[0]), zeros[1])
         ((hi, lo), stats), _ = jax.lax.scan(body, init, (micro.indices, micro.mask))
@@ -1135,7 +1181,7 @@ def make_private(
     loss_fn: Callable[..., jax.Array],
     *,
     optimizer: optax.GradientTransformation,
-    l2_clip_norm: float,
+    l2_clip_norm: float | adaptive_clip.AdaptiveClip,
     dataset_size: int,
     batch_size: int,
     delta: float,
@@ -1164,7 +1210,13 @@ def make_private(
             flax linen use ``model.apply({"params": params}, x, rngs={"dropout": rng})``; for
             flax nnx build it with :func:`nnx_loss`.
         optimizer: any optax optimizer; it sees the noisy normalised gradient.
-        l2_clip_norm: C > 0, the per-example clip norm.
+        l2_clip_norm: C > 0, the per-example clip norm; or a
+            :class:`~dpjax.dp_sgd.AdaptiveClip` (Andrew et al. 2021): C_t follows a target
+            quantile of the per-example norms from a noisy count of unclipped examples
+            (:mod:`dpjax.dp_sgd.adaptive_clip`). σ is then the ACCOUNTED noise multiplier:
+            the clipped sum gets σ_Δ = (σ⁻² − (2σ_b)⁻²)^(−1/2) (needs σ_b > σ/2), the run is
+            accounted as DP-SGD at σ, and C_t is kept in ``state.opt_state[0]``
+            (:meth:`PrivateTraining.clip_norm`; published by ``public_state``).
         dataset_size: n ≥ 1, the number of records (the leading axis of ``data``).
         batch_size: b in [1, n], the EXPECTED logical batch: q = b/n.
         delta: δ in (0, 1) of the reported guarantee (the truncation slack of the padded
@@ -1260,6 +1312,15 @@ def make_private(
         b/U, the normaliser is q·U and the event is ``PoissonSampledGaussianEvent(σ, q, T)``
         over users (McMahan et al. 2018, "Learning differentially private recurrent language
         models"); the grouping is public and recorded in the plan.
+        Adaptive clipping
+        (``l2_clip_norm=AdaptiveClip(...)``): each step is the Gaussian mechanism on the pair
+        (clipped sum in units of C_t, centred unclipped count) with noise (σ_Δ, σ_b) and
+        sensitivities (1, 1/2), i.e. noise multiplier σ (Andrew et al. 2021, "Differentially
+        private learning with adaptive clipping", Theorem 1); T steps are accounted as the
+        same ``PoissonSampledGaussianEvent(σ, q, count=T)``. C_t is a function of earlier
+        noisy releases: public, published in ``public_state`` and covered by the guarantee;
+        the plan ledger records (C_0, γ, η, σ_b), so a resume under another config is refused
+        (see :mod:`dpjax.dp_sgd.adaptive_clip`).
 
     Example:
         >>> import jax, jax.numpy as jnp, optax, dpjax
@@ -1280,12 +1341,18 @@ def make_private(
     if not isinstance(optimizer, optax.GradientTransformation):
         _validate.fail("optimizer", optimizer, "an optax.GradientTransformation")
     key = _check_key(key)
-    l2_clip_norm = _validate.positive("l2_clip_norm", l2_clip_norm)
+    l2_clip_norm = adaptive_clip.resolve_clip(l2_clip_norm)
     rows = _validate.positive_int("dataset_size", dataset_size)
     grouping = None
     if user_ids is not None:  # user level: the sampled units are users (dpjax.dp_sgd.user_level)
         from dpjax.dp_sgd import user_level  # noqa: PLC0415 (it subclasses PrivateTraining)
 
+        if isinstance(l2_clip_norm, adaptive_clip.AdaptiveClip):
+            _validate.fail(
+                "l2_clip_norm",
+                l2_clip_norm,
+                "a float C > 0 with user_ids (adaptive clipping is example level only)",
+            )
         grouping = user_level.as_grouping(user_ids, rows)
     n = rows if grouping is None else grouping.num_users
     batch_size = _validate.positive_int("batch_size", batch_size)
@@ -1308,6 +1375,7 @@ def make_private(
         steps=steps,
         accounting=accounting,
     )
+    adaptive_clip.check_budget(l2_clip_norm, sigma)
     sampler = _sampler_for_slack(
         n, q, steps=steps, epsilon=eps_bound, delta=delta, calibrated=target_epsilon is not None
     )

@@ -249,6 +249,7 @@ def _user_pairs(
         jnp.sum(real, dtype=jnp.int32),
         jnp.sum(real & over, dtype=jnp.int32),
         jnp.sum(real & ~jnp.isfinite(upper), dtype=jnp.int32),
+        jnp.zeros((), jnp.int32),  # adaptive clipping's centred count: not at user level
     )
     return pairs, stats
 
@@ -420,15 +421,20 @@ class UserLevelTraining(PrivateTraining):
             release=release,
         )
 
-    def _clipped_part(self, params: Any, data: Any, batch: PaddedBatch, dropout_key: jax.Array):
-        """The user-level clipped sum of one padded batch of users, and its counters."""
+    def _clipped_part(
+        self, params: Any, data: Any, batch: PaddedBatch, dropout_key: jax.Array, clip: Any = None
+    ):
+        """The user-level clipped sum of one padded batch of users, and its counters (a fixed
+        C: ``clip`` is always None, adaptive clipping is refused at user level)."""
         release = user_release(int(batch.indices.shape[0]), self.l2_clip_norm)
         pairs, stats = self._user_call(
             params, data, batch.indices, batch.mask, dropout_key, release
         )
         return _round(pairs, params), stats
 
-    def _accumulate(self, params: Any, data: Any, batch: PaddedBatch, dropout_key: jax.Array):
+    def _accumulate(
+        self, params: Any, data: Any, batch: PaddedBatch, dropout_key: jax.Array, clip: Any = None
+    ):
         """The same sum formed in micro-batches of users (double-float partial sums, one
         rounding; the release's depth counts the chunks)."""
         micro = batch.micro_batches(self.physical_batch_size)
