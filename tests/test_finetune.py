@@ -62,6 +62,7 @@ def test_partition_refuses_an_empty_selection_and_a_bad_rank():
         ft.add_lora(jax.random.key(0), {"w": jnp.ones((2, 2))}, 1)
 
 
+@pytest.mark.slow  # ~6 s of CPU (make_private's ghost step compiles); vmap: the noise test
 def test_frozen_params_are_bit_identical_after_private_fit_with_ghost_clipping():
     """Real gradients reach the frozen kernel's layer; it must come back bit for bit (the
     vmap backend is attacked by the zero-gradient noise test below)."""
