@@ -21,7 +21,9 @@ in or vanishes from the steps where it participates):
 * **DP-FTRL tree aggregation**, one epoch (Kairouz et al. 2021, "Practical and private (deep)
   learning without sampling or shuffling", Appendix D): a record is in one leaf, hence in
   ⌈log₂(n + 1)⌉ nodes — :func:`tree_aggregation_event`, the Gaussian at σ/√⌈log₂(n + 1)⌉,
-  which is exactly the RDP curve dp-accounting's ``SingleEpochTreeAggregationDpEvent`` charges.
+  which is exactly the RDP curve dp-accounting's ``SingleEpochTreeAggregationDpEvent`` charges
+  (stated there for "replace with a special record", i.e. zero-out neighbours: how dpjax models
+  add/remove-one with a public n, see :func:`dpjax.make_private`).
 
 The events compose in :class:`dpjax.accounting.PrivacyAccountant` with every other event of the
 same relation.
