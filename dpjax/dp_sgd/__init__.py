@@ -19,6 +19,8 @@ gradient accumulation, Laplace DP-SGD), ``distributed`` (data parallel over a de
 
 from dpjax.dp_sgd.clipping import ClippedGrad, ClippingInfo, clip_pytree, clipped_grad
 from dpjax.dp_sgd.distributed import DataParallelClippedGrad, data_parallel, replicate
+from dpjax.dp_sgd.matrix_factorization.config import BandMF, CyclicPoissonSampler
+from dpjax.dp_sgd.matrix_factorization.streaming import correlated_noise
 from dpjax.dp_sgd.optimizers import (
     AccumulationState,
     DPSGDTransformation,
@@ -54,6 +56,8 @@ from dpjax.dp_sgd.transforms import (
 
 __all__ = [
     "AccumulationState",
+    "BandMF",
+    "CyclicPoissonSampler",
     "ClippedGrad",
     "ClippingInfo",
     "DPSGDTransformation",
@@ -72,6 +76,7 @@ __all__ = [
     "add_laplace_dp_sgd_noise",
     "clip_pytree",
     "clipped_grad",
+    "correlated_noise",
     "data_parallel",
     "dp_sgd_optimizer",
     "event_for",

@@ -30,8 +30,8 @@ __all__ = ["Plan", "WORDS", "ledger_row", "current_plan", "read_ledger", "append
 MAGIC = 0x44504A31
 _RELATIONS = tuple(NeighbouringRelation)
 #: Words per row: magic, 4 float64 (2 words each), 2 int64 (2 each), relation and phase
-#: count, start (2).
-WORDS = 1 + 4 * 2 + 2 * 2 + 1 + 2
+#: count, start (2), then the correlated noise: bands (2) and the strategy digest (2).
+WORDS = 1 + 4 * 2 + 2 * 2 + 1 + 2 + 2 * 2
 #: The word holding the relation (low 8 bits) and the number k of rows of the ledger (bits
 #: 8 and up, rewritten in every row when a phase is appended): a ledger cut to fewer rows
 #: (e.g. an orbax restore into a one-row template with ``strict=False``) is refused instead
@@ -51,6 +51,10 @@ class Plan:
         dataset_size: n.
         max_batch_size: the padded cap (fixes the truncation slack).
         relation: the neighbouring relation of the guarantee.
+        bands: b of a banded matrix-factorization noise (``make_private(noise=BandMF(b))``;
+            0: DP-SGD's independent noise). Accounted steps are then ⌈t/b⌉ rounds on parts of
+            ⌈n/b⌉ records.
+        strategy_digest: 64-bit fingerprint of (b, C) (0 for DP-SGD).
     """
 
     noise_multiplier: float
@@ -60,12 +64,24 @@ class Plan:
     dataset_size: int
     max_batch_size: int
     relation: NeighbouringRelation
+    bands: int = 0
+    strategy_digest: int = 0
+
+    def accounted_steps(self, steps: int) -> int:
+        """The steps the accountant charges: t for DP-SGD, ⌈t/b⌉ rounds for banded MF."""
+        return steps if self.bands == 0 else -(-steps // self.bands)
+
+    def accounted_dataset_size(self) -> int:
+        """The records one sampler draws from: n, or a part's ⌈n/b⌉ for banded MF."""
+        return self.dataset_size if self.bands == 0 else -(-self.dataset_size // self.bands)
 
     def describe(self) -> str:
         return (
             f"σ={self.noise_multiplier:.6g}, q={self.sampling_rate:.6g}, C={self.l2_clip_norm:.6g}"
             f", normalizer={self.normalizer:.6g}, n={self.dataset_size}, "
             f"max_batch_size={self.max_batch_size}, relation={self.relation.value}"
+            + (f", noise=BandMF(bands={self.bands}, strategy {self.strategy_digest:016x})"
+               if self.bands else "")
         )
 
 
@@ -86,14 +102,16 @@ def ledger_row(plan: Plan, start: int, rows: int = 1) -> np.ndarray:
     words += _int_words(plan.dataset_size) + _int_words(plan.max_batch_size)
     words.append(_RELATIONS.index(as_relation(plan.relation)) | (rows << 8))
     words += _int_words(start)
+    words += _int_words(plan.bands) + _int_words(plan.strategy_digest)
     return np.asarray(words, np.uint32)
 
 
 def _decode_row(row: np.ndarray) -> tuple[Plan, int]:
     w = [int(x) for x in row]
     floats = [float(np.array(w[i : i + 2], "<u4").view("<f8")[0]) for i in (1, 3, 5, 7)]
-    ints = [(w[i] << 32) | w[i + 1] for i in (9, 11, 14)]
-    plan = Plan(*floats, ints[0], ints[1], _RELATIONS[w[RELATION_WORD] & 0xFF])
+    ints = [(w[i] << 32) | w[i + 1] for i in (9, 11, 14, 16, 18)]
+    relation = _RELATIONS[w[RELATION_WORD] & 0xFF]
+    plan = Plan(*floats, ints[0], ints[1], relation, bands=ints[3], strategy_digest=ints[4])
     return plan, ints[2]
 
 
