@@ -168,3 +168,98 @@ def test_per_example_gradients_are_refused():
     state = tx.init(jnp.zeros(4))
     with pytest.raises(ValueError, match="updates"):
         tx.update(jnp.zeros((8, 4)), state, jnp.zeros(4))
+
+
+# ----------------------------------------------------------------------------- make_private
+
+
+def _private(noise, *, n=203, key=0, **kwargs):
+    import dpjax
+
+    x = jax.random.normal(jax.random.key(1), (n, 3))
+    data = {"x": x, "y": x @ jnp.array([1.0, -2.0, 0.5])}
+    args = dict(optimizer=optax.sgd(0.1), l2_clip_norm=1.0, dataset_size=n, batch_size=20,
+                epochs=2, noise_multiplier=1.0, delta=1e-5, key=jax.random.key(key))
+    args.update(kwargs)
+    private = dpjax.make_private(
+        lambda w, ex: 0.5 * (ex["x"] @ w - ex["y"]) ** 2, noise=noise, **args
+    )
+    return private, data
+
+
+def test_cyclic_sampler_draws_step_t_from_part_t_mod_b():
+    from dpjax.dp_sgd import BandMF
+
+    private, _ = _private(BandMF(bands=4))
+    sampler = private.sampler
+    sample = jax.jit(sampler.sample_at)
+    seen = set()
+    for t in range(12):
+        batch = sample(jax.random.key(t), t)
+        idx = np.asarray(batch.indices)[np.asarray(batch.mask)]
+        assert np.all(idx % 4 == t % 4) and np.all(idx < 203) and idx.size > 0
+        seen |= set(idx.tolist())
+    assert sampler.sampling_rate == pytest.approx(20 / 51)  # 51 = ⌈203/4⌉
+    assert 200 in seen or 201 in seen or 202 in seen  # the last, smaller parts are sampled
+
+
+def test_band_mf_epsilon_is_dp_sgd_over_rounds():
+    import dp_accounting
+
+    from dpjax.dp_sgd import BandMF
+
+    private, data = _private(BandMF(bands=4))
+    assert private.steps == 21
+    eps = private.epsilon(private.steps)
+    # ⌈21/4⌉ = 6 rounds of Poisson sampling at q = 20/51 with σ = 1 (C has column norm 1),
+    # accounted at δ(1 − 10⁻³) (the padded sampler's slack share)
+    pld = dp_accounting.pld.PLDAccountant()
+    event = dp_accounting.PoissonSampledDpEvent(
+        private.sampling_rate, dp_accounting.GaussianDpEvent(1.0)
+    )
+    pld.compose(event, 6)
+    assert eps == pytest.approx(pld.get_epsilon(1e-5 * (1 - 1e-3)), rel=0.01)
+    # charging T = 21 steps at that rate (the DP-SGD event of the same sampler) is far larger
+    dp_sgd = dp_accounting.pld.PLDAccountant()
+    dp_sgd.compose(event, 21)
+    assert dp_sgd.get_epsilon(1e-5) > 1.5 * eps
+    assert private.event().count == 6
+
+
+@pytest.mark.slow
+def test_band_mf_trains_and_publishes_no_buffers():
+    from dpjax.dp_sgd import BandMF
+
+    private, data = _private(BandMF(bands=3), steps=6, epochs=None)
+    w, state, _ = private.fit(jnp.zeros(3), data, progress=False)
+    assert np.all(np.isfinite(np.asarray(w))) and int(state.step) == 6
+    assert isinstance(state.opt_state[0], CorrelatedNoiseState)
+    public = private.public_state(state)
+    assert public.opt_state[0] == PublicNoiseState(count=state.opt_state[0].count)
+
+
+def test_resume_under_another_strategy_is_refused():
+    """The ledger records the strategy: a state of BandMF(3) is not stepped by BandMF(2), by a
+    BandMF(3) with another C, or by DP-SGD (each would charge the wrong ε). Fails without the
+    ledger words (the plans were equal: same σ, q, C, n, cap)."""
+    from dpjax.dp_sgd import BandMF
+
+    kw = dict(steps=6, epochs=None, batch_size=5, n=120)
+    first, data = _private(BandMF(bands=3), **kw)
+    state = first.init(jnp.zeros(3))
+    other_c = lambda n, b: np.eye(n) + 0.5 * np.eye(n, k=-1)  # noqa: E731
+    for noise in (BandMF(bands=2), BandMF(bands=3, strategy=other_c), None):
+        other, _ = _private(noise, key=5, **kw)
+        with pytest.raises(ValueError, match="another plan"):
+            other.step(jnp.zeros(3), state, data)
+
+
+def test_band_mf_bad_arguments():
+    from dpjax.dp_sgd import BandMF
+
+    with pytest.raises(ValueError, match="noise"):
+        _private("banded")
+    with pytest.raises(ValueError, match="batch_size"):
+        _private(BandMF(bands=20))  # parts of 11 records < batch 20
+    with pytest.raises(ValueError, match="bands"):
+        BandMF(bands=0)
