@@ -21,6 +21,7 @@ EXPERIMENTS: dict[str, str] = {
     "composition": "experiments.composition",
     "utility": "experiments.utility",
     "tuning": "experiments.tuning",
+    "correlated": "experiments.correlated",
 }
 
 # The rate reproduction is the main job: it runs first and its table heads REPORT.md.
