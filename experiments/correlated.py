@@ -53,8 +53,9 @@ CLIP = 1.0
 BATCH = 64
 SCALES = {
     "quick": dict(epsilons=(2.0, 8.0), epochs=4, seeds=4, bands=(4,), lr=1.0, error_n=6),
-    "full": dict(epsilons=(1.0, 2.0, 4.0, 8.0, 16.0), epochs=8, seeds=10, bands=(4, 8),
-                 lr=1.0, error_n=9),
+    "full": dict(
+        epsilons=(1.0, 2.0, 4.0, 8.0, 16.0), epochs=8, seeds=10, bands=(4, 8), lr=1.0, error_n=9
+    ),
 }
 
 
@@ -122,7 +123,6 @@ def _periodic_sensitivity(c: np.ndarray, period: int) -> float:
     gram = c.T @ c
     if np.min(gram) < -1e-12:
         raise ValueError("the BLT's column Gram has negative entries: bound not exact")
-    n = c.shape[0]
     return max(float(np.linalg.norm(c[:, s::period].sum(axis=1))) for s in range(period))
 
 
@@ -147,8 +147,17 @@ def _tree_prefix_noise(rng: np.random.Generator, steps: int, d: int) -> np.ndarr
 # ----------------------------------------------------------------------------- calibration
 
 
-def _calibrate(method: str, epsilon: float, *, n: int, steps: int, epochs: int, per_epoch: int,
-               bands: int = 1, blt_sens: float = 1.0) -> tuple[float, Any]:
+def _calibrate(
+    method: str,
+    epsilon: float,
+    *,
+    n: int,
+    steps: int,
+    epochs: int,
+    per_epoch: int,
+    bands: int = 1,
+    blt_sens: float = 1.0,
+) -> tuple[float, Any]:
     """(σ, its event(s)) so that the method's run is (ε, δ)-DP by its own accounting."""
     if method == "dpsgd" or method.startswith("band"):
         part = -(-n // bands)
@@ -161,8 +170,9 @@ def _calibrate(method: str, epsilon: float, *, n: int, steps: int, epochs: int, 
     if method == "tree":
         depth = mfacc.tree_depth(per_epoch)
         sigma = one * math.sqrt(epochs * depth)
-        return sigma, [GaussianEvent(sigma / math.sqrt(depth), count=epochs,
-                                     relation="add_or_remove_one")]
+        return sigma, [
+            GaussianEvent(sigma / math.sqrt(depth), count=epochs, relation="add_or_remove_one")
+        ]
     sigma = one * blt_sens  # blt: one Gaussian release of sensitivity sens(C)
     return sigma, [mfacc.matrix_mechanism_event(sigma, sensitivity=blt_sens)]
 
@@ -170,8 +180,15 @@ def _calibrate(method: str, epsilon: float, *, n: int, steps: int, epochs: int, 
 # ----------------------------------------------------------------------------- training
 
 
-def _run_method(method: str, sigmas: list[float], data: tuple, cfg: dict, seed: int,
-                bands: int = 1, blt: Any = None) -> np.ndarray:
+def _run_method(
+    method: str,
+    sigmas: list[float],
+    data: tuple,
+    cfg: dict,
+    seed: int,
+    bands: int = 1,
+    blt: Any = None,
+) -> np.ndarray:
     """Test accuracy [len(sigmas), seeds] of one method (σ traced: one compile)."""
     xtr, ytr, xte, yte = (jnp.asarray(a) for a in data)
     n = xtr.shape[0]
@@ -181,23 +198,34 @@ def _run_method(method: str, sigmas: list[float], data: tuple, cfg: dict, seed: 
     d = sum(p.size for p in jax.tree.leaves(params0))
     seeds = cfg["seeds"]
     if method == "dpsgd":
-        tx = correlated_noise(np.eye(steps), noise_multiplier=1.0, l2_clip_norm=1.0,
-                              key=jax.random.key(0), bands=1)
+        tx = correlated_noise(
+            np.eye(steps), noise_multiplier=1.0, l2_clip_norm=1.0, key=jax.random.key(0), bands=1
+        )
     elif method.startswith("band"):
-        tx = correlated_noise(_normalised(banded_sqrt_matrix(steps, bands)), noise_multiplier=1.0,
-                              l2_clip_norm=1.0, key=jax.random.key(0), bands=bands)
+        tx = correlated_noise(
+            _normalised(banded_sqrt_matrix(steps, bands)),
+            noise_multiplier=1.0,
+            l2_clip_norm=1.0,
+            key=jax.random.key(0),
+            bands=bands,
+        )
     elif method == "blt":
-        tx = correlated_noise(blt, noise_multiplier=1.0, l2_clip_norm=1.0,
-                              key=jax.random.key(0), steps=steps)
+        tx = correlated_noise(
+            blt, noise_multiplier=1.0, l2_clip_norm=1.0, key=jax.random.key(0), steps=steps
+        )
     else:
         tx = None
     rng = np.random.default_rng(seed)
     tree_noise = np.zeros((seeds, 1, 1), np.float32)
     if tx is None:
-        tree_noise = np.stack([
-            np.concatenate([_tree_prefix_noise(rng, per_epoch, d) for _ in range(cfg["epochs"])])
-            for _ in range(seeds)
-        ]).astype(np.float32)
+        tree_noise = np.stack(
+            [
+                np.concatenate(
+                    [_tree_prefix_noise(rng, per_epoch, d) for _ in range(cfg["epochs"])]
+                )
+                for _ in range(seeds)
+            ]
+        ).astype(np.float32)
     positions = np.stack([rng.permutation(n) for _ in range(seeds)]).astype(np.int32)
     q_all = BATCH / n
     q_part = BATCH / -(-n // bands)
@@ -214,7 +242,7 @@ def _run_method(method: str, sigmas: list[float], data: tuple, cfg: dict, seed: 
         def unit_noise(state, t, zeros):
             if tx is None:
                 flat = tree[t]
-                w = flat[: 640].reshape(64, 10)
+                w = flat[:640].reshape(64, 10)
                 return {"b": flat[640:], "w": w}, state
             return tx.update(zeros, state)
 
@@ -253,7 +281,8 @@ def _ci(values: np.ndarray) -> tuple[float, float]:
     m = float(np.mean(values))
     if len(values) < 2:
         return m, math.nan
-    half = float(stats.t.ppf(0.975, len(values) - 1) * np.std(values, ddof=1) / np.sqrt(len(values)))
+    spread = np.std(values, ddof=1) / np.sqrt(len(values))
+    half = float(stats.t.ppf(0.975, len(values) - 1) * spread)
     return m, half
 
 
@@ -265,10 +294,12 @@ def _strategy_errors(n: int) -> dict[str, tuple[float, float]]:
     participation): sens(C)·‖A C⁻¹‖ rows."""
     a = np.tril(np.ones((n, n)))
     out = {}
-    for name, c in (("DP-SGD (C = I)", np.eye(n)),
-                    ("sqrt (full)", banded_sqrt_matrix(n, n)),
-                    ("banded sqrt, b = 8", banded_sqrt_matrix(n, min(8, n))),
-                    ("BLT (4 buffers)", _blt_matrix(_blt(n), n))):
+    for name, c in (
+        ("DP-SGD (C = I)", np.eye(n)),
+        ("sqrt (full)", banded_sqrt_matrix(n, n)),
+        ("banded sqrt, b = 8", banded_sqrt_matrix(n, min(8, n))),
+        ("BLT (4 buffers)", _blt_matrix(_blt(n), n)),
+    ):
         rows = np.linalg.norm(np.linalg.solve(c.T, a.T).T, axis=1) * mfacc.max_column_norm(c)
         out[name] = (float(np.sqrt(np.mean(rows**2))), float(np.max(rows)))
     depth = mfacc.tree_depth(n)
@@ -319,8 +350,19 @@ def run(out_dir: pathlib.Path, *, full: bool = False, seed: int = 0) -> dict:
     checks: dict[str, list[float]] = {}
     for m in methods:
         bands = int(m[4:]) if m.startswith("band") else 1
-        pairs = [_calibrate(m, e, n=n, steps=steps, epochs=cfg["epochs"], per_epoch=per_epoch,
-                            bands=bands, blt_sens=blt_sens) for e in cfg["epsilons"]]
+        pairs = [
+            _calibrate(
+                m,
+                e,
+                n=n,
+                steps=steps,
+                epochs=cfg["epochs"],
+                per_epoch=per_epoch,
+                bands=bands,
+                blt_sens=blt_sens,
+            )
+            for e in cfg["epsilons"]
+        ]
         sigmas[m] = [s for s, _ in pairs]
         checks[m] = [PrivacyAccountant(ev).epsilon(DELTA) for _, ev in pairs]
     accuracy = {}
@@ -332,17 +374,38 @@ def run(out_dir: pathlib.Path, *, full: bool = False, seed: int = 0) -> dict:
     plotted = _plot_errors(out_dir / "correlated.png", ns, errors)
     summary = {m: [_ci(accuracy[m][i]) for i in range(len(cfg["epsilons"]))] for m in methods}
     ordering = _ordering(summary, methods, cfg["epsilons"])
-    report = _markdown(cfg, methods, sigmas, checks, summary, ordering, ns, errors, plotted,
-                       n=n, steps=steps, per_epoch=per_epoch, blt_sens=blt_sens)
+    report = _markdown(
+        cfg,
+        methods,
+        sigmas,
+        checks,
+        summary,
+        ordering,
+        ns,
+        errors,
+        plotted,
+        n=n,
+        steps=steps,
+        per_epoch=per_epoch,
+        blt_sens=blt_sens,
+    )
     seconds = time.perf_counter() - start
     (out_dir / "correlated.md").write_text(report)
     payload = {
-        "description": DESCRIPTION, "delta": DELTA, "batch": BATCH, "clip": CLIP,
-        "epochs": cfg["epochs"], "steps": steps, "epsilons": list(cfg["epsilons"]),
-        "sigmas": sigmas, "accounted_epsilons": checks,
+        "description": DESCRIPTION,
+        "delta": DELTA,
+        "batch": BATCH,
+        "clip": CLIP,
+        "epochs": cfg["epochs"],
+        "steps": steps,
+        "epsilons": list(cfg["epsilons"]),
+        "sigmas": sigmas,
+        "accounted_epsilons": checks,
         "accuracy": {m: accuracy[m].tolist() for m in methods},
-        "accuracy_mean_ci95": summary, "ordering_band_ge_dpsgd": ordering,
-        "errors": {str(k): v for k, v in errors.items()}, "seconds": seconds,
+        "accuracy_mean_ci95": summary,
+        "ordering_band_ge_dpsgd": ordering,
+        "errors": {str(k): v for k, v in errors.items()},
+        "seconds": seconds,
     }
     (out_dir / "correlated.json").write_text(json.dumps(payload, indent=1) + "\n")
     return {"report_md": report, "accuracy": summary, "ordering": ordering, "sigmas": sigmas}
@@ -351,20 +414,38 @@ def run(out_dir: pathlib.Path, *, full: bool = False, seed: int = 0) -> dict:
 def _ordering(summary: dict, methods: list[str], epsilons: tuple) -> list[bool]:
     """Per ε: whether the best banded MF's mean accuracy ≥ DP-SGD's (the published ordering)."""
     bands = [m for m in methods if m.startswith("band")]
-    return [max(summary[m][i][0] for m in bands) >= summary["dpsgd"][i][0]
-            for i in range(len(epsilons))]
+    return [
+        max(summary[m][i][0] for m in bands) >= summary["dpsgd"][i][0] for i in range(len(epsilons))
+    ]
 
 
-LABELS = {"dpsgd": "DP-SGD (Poisson)", "tree": "DP-FTRL tree (restart per epoch)",
-          "blt": "BLT (4 buffers, no amplification)"}
+LABELS = {
+    "dpsgd": "DP-SGD (Poisson)",
+    "tree": "DP-FTRL tree (restart per epoch)",
+    "blt": "BLT (4 buffers, no amplification)",
+}
 
 
 def _label(m: str) -> str:
     return LABELS.get(m, f"banded MF, b = {m[4:]} (cyclic Poisson)")
 
 
-def _markdown(cfg, methods, sigmas, checks, summary, ordering, ns, errors, plotted, *, n, steps,
-              per_epoch, blt_sens) -> str:
+def _markdown(
+    cfg,
+    methods,
+    sigmas,
+    checks,
+    summary,
+    ordering,
+    ns,
+    errors,
+    plotted,
+    *,
+    n,
+    steps,
+    per_epoch,
+    blt_sens,
+) -> str:
     eps = cfg["epsilons"]
     lines = [
         "## Correlated noise: DP-SGD vs DP-FTRL vs banded MF vs BLT",
@@ -379,8 +460,10 @@ def _markdown(cfg, methods, sigmas, checks, summary, ordering, ns, errors, plott
         "|---|" + "---|" * len(eps),
     ]
     for m in methods:
-        cells = [f"{100 * mu:.1f} ± {100 * h:.1f} (σ {s:.2f})"
-                 for (mu, h), s in zip(summary[m], sigmas[m], strict=True)]
+        cells = [
+            f"{100 * mu:.1f} ± {100 * h:.1f} (σ {s:.2f})"
+            for (mu, h), s in zip(summary[m], sigmas[m], strict=True)
+        ]
         lines.append(f"| {_label(m)} | " + " | ".join(cells) + " |")
     worst = max(abs(c / e - 1) for m in methods for c, e in zip(checks[m], eps, strict=True))
     lines += [
@@ -389,10 +472,13 @@ def _markdown(cfg, methods, sigmas, checks, summary, ordering, ns, errors, plott
         "",
         "Published ordering (Choquette-Choo et al. 2023: banded MF ≥ DP-SGD at every ε in the "
         "multi-epoch setting), best banded MF vs DP-SGD by mean accuracy: "
-        + ", ".join(f"ε = {e:g} {'✓' if ok else '✗'}" for e, ok in zip(eps, ordering,
-                                                                          strict=True))
-        + (" (where ✗, the difference is within the seeds' CI at this scale or the band "
-           "count is not tuned: the paper optimises b per ε)." if not all(ordering) else "."),
+        + ", ".join(f"ε = {e:g} {'✓' if ok else '✗'}" for e, ok in zip(eps, ordering, strict=True))
+        + (
+            " (where ✗, the difference is within the seeds' CI at this scale or the band "
+            "count is not tuned: the paper optimises b per ε)."
+            if not all(ordering)
+            else "."
+        ),
         "",
         "Prefix-sum error per unit σ at sensitivity 1 (single participation), against n:",
         "",
@@ -400,8 +486,12 @@ def _markdown(cfg, methods, sigmas, checks, summary, ordering, ns, errors, plott
         "|---|" + "---|" * len(errors[ns[0]]),
     ]
     for k in ns:
-        lines.append(f"| {k} | " + " | ".join(f"{r:.2f} / {x:.2f}" for r, x in errors[k].values())
-                     + " |")
-    lines += ["", "(cells: RMSE / max error)" + ("; plot: `correlated.png`." if plotted else "."),
-              ""]
+        lines.append(
+            f"| {k} | " + " | ".join(f"{r:.2f} / {x:.2f}" for r, x in errors[k].values()) + " |"
+        )
+    lines += [
+        "",
+        "(cells: RMSE / max error)" + ("; plot: `correlated.png`." if plotted else "."),
+        "",
+    ]
     return "\n".join(lines)

@@ -122,8 +122,9 @@ def test_banded_amplified_one_round_matches_brute_force_mixture():
             return (1 - q) * stats.norm.pdf(x, 0, sigma) + q * stats.norm.pdf(x, mu, sigma)
 
         def gap(f, g):
-            return integrate.quad(lambda x: max(f(x) - math.exp(e) * g(x), 0.0), -30, 30,
-                                  limit=400, points=[0.0, mu])[0]
+            return integrate.quad(
+                lambda x: max(f(x) - math.exp(e) * g(x), 0.0), -30, 30, limit=400, points=[0.0, mu]
+            )[0]
 
         def base(x):
             return stats.norm.pdf(x, 0, sigma)

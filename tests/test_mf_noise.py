@@ -96,8 +96,9 @@ def test_identity_strategy_is_dp_sgd_noise_bit_for_bit():
 
 def test_state_is_bands_times_d_not_n_times_d():
     n, bands = 200, 3
-    tx = correlated_noise(_banded(n, bands), noise_multiplier=1.0, l2_clip_norm=1.0,
-                          key=jax.random.key(0))
+    tx = correlated_noise(
+        _banded(n, bands), noise_multiplier=1.0, l2_clip_norm=1.0, key=jax.random.key(0)
+    )
     state = tx.init(PARAMS)
     sizes = [x.size for x in jax.tree.leaves(state.noise_buffers)]
     assert sum(sizes) == (bands - 1) * D
@@ -119,9 +120,13 @@ def test_public_opt_state_strips_buffers_and_key():
         _, state = tx.update(PARAMS, state, PARAMS)
     assert isinstance(state[0], CorrelatedNoiseState)
     # the buffers predict the next noise: its part not from Z_{t+1} is a function of them
-    predicted = -sum(c[4, 4 - j] * _flat(jax.tree.map(lambda b: b[j - 1],
-                                                       state[0].noise_buffers))
-                     for j in range(1, bands)) / c[4, 4]
+    predicted = (
+        -sum(
+            c[4, 4 - j] * _flat(jax.tree.map(lambda b: b[j - 1], state[0].noise_buffers))
+            for j in range(1, bands)
+        )
+        / c[4, 4]
+    )
     noise, _ = tx.update(PARAMS, state, PARAMS)  # sgd(0.1): update = −0.1·noise
     z_part = -_flat(noise) / 0.1 - predicted
     assert np.corrcoef(-_flat(noise) / 0.1, predicted)[0, 1] > 0.2
@@ -134,8 +139,9 @@ def test_public_opt_state_strips_buffers_and_key():
 
 def test_refuses_past_n_concrete_and_voids_under_jit():
     n = 3
-    tx = correlated_noise(_banded(n, 2), noise_multiplier=1.0, l2_clip_norm=1.0,
-                          key=jax.random.key(0))
+    tx = correlated_noise(
+        _banded(n, 2), noise_multiplier=1.0, l2_clip_norm=1.0, key=jax.random.key(0)
+    )
     _, state = _run(tx, n)
     with pytest.raises(ValueError, match="state.count"):
         tx.update(PARAMS, state)
@@ -158,13 +164,13 @@ def test_refuses_past_n_concrete_and_voids_under_jit():
 )
 def test_bad_strategies_are_refused(strategy, kwargs, match):
     with pytest.raises(ValueError, match=match):
-        correlated_noise(strategy, noise_multiplier=1.0, l2_clip_norm=1.0,
-                         key=jax.random.key(0), **kwargs)
+        correlated_noise(
+            strategy, noise_multiplier=1.0, l2_clip_norm=1.0, key=jax.random.key(0), **kwargs
+        )
 
 
 def test_per_example_gradients_are_refused():
-    tx = correlated_noise(np.eye(3), noise_multiplier=1.0, l2_clip_norm=1.0,
-                          key=jax.random.key(0))
+    tx = correlated_noise(np.eye(3), noise_multiplier=1.0, l2_clip_norm=1.0, key=jax.random.key(0))
     state = tx.init(jnp.zeros(4))
     with pytest.raises(ValueError, match="updates"):
         tx.update(jnp.zeros((8, 4)), state, jnp.zeros(4))
@@ -178,8 +184,16 @@ def _private(noise, *, n=203, key=0, **kwargs):
 
     x = jax.random.normal(jax.random.key(1), (n, 3))
     data = {"x": x, "y": x @ jnp.array([1.0, -2.0, 0.5])}
-    args = dict(optimizer=optax.sgd(0.1), l2_clip_norm=1.0, dataset_size=n, batch_size=20,
-                epochs=2, noise_multiplier=1.0, delta=1e-5, key=jax.random.key(key))
+    args = dict(
+        optimizer=optax.sgd(0.1),
+        l2_clip_norm=1.0,
+        dataset_size=n,
+        batch_size=20,
+        epochs=2,
+        noise_multiplier=1.0,
+        delta=1e-5,
+        key=jax.random.key(key),
+    )
     args.update(kwargs)
     private = dpjax.make_private(
         lambda w, ex: 0.5 * (ex["x"] @ w - ex["y"]) ** 2, noise=noise, **args

@@ -80,8 +80,11 @@ class Plan:
             f"σ={self.noise_multiplier:.6g}, q={self.sampling_rate:.6g}, C={self.l2_clip_norm:.6g}"
             f", normalizer={self.normalizer:.6g}, n={self.dataset_size}, "
             f"max_batch_size={self.max_batch_size}, relation={self.relation.value}"
-            + (f", noise=BandMF(bands={self.bands}, strategy {self.strategy_digest:016x})"
-               if self.bands else "")
+            + (
+                f", noise=BandMF(bands={self.bands}, strategy {self.strategy_digest:016x})"
+                if self.bands
+                else ""
+            )
         )
 
 

@@ -1245,6 +1245,12 @@ def make_private(
         sampled and contributes 0 ("zero-out" neighbours, Kairouz et al. 2021, "Practical and
         private (deep) learning without sampling or shuffling"), which the Poisson
         add/remove-one analysis covers; the cap is sized for n + 1 rows.
+        With ``noise=BandMF(bands=b)`` the noise of step t is σ·C·(C⁻¹Z)_t for the b-banded C
+        (max column norm 1) and step t samples only part t mod b: the run is accounted as
+        ``PoissonSampledGaussianEvent(σ, q, count=⌈T/b⌉)`` on parts of ⌈n/b⌉ records
+        (Choquette-Choo et al. 2023, "(Amplified) banded matrix factorization", Theorem 4);
+        the noise buffers of the state are secret like its keys (``public_state`` drops them),
+        and the strategy covers T steps: steps past T are refused (NaN under ``jit``).
 
     Example:
         >>> import jax, jax.numpy as jnp, optax, dpjax
@@ -1290,7 +1296,11 @@ def make_private(
         accounting=accounting,
     )
     sampler = _sampler_for_slack(
-        records, q, steps=rounds, epsilon=eps_bound, delta=delta,
+        records,
+        q,
+        steps=rounds,
+        epsilon=eps_bound,
+        delta=delta,
         calibrated=target_epsilon is not None,
     )
     if noise is not None:

@@ -171,8 +171,12 @@ def banded_amplified_event(
     width = banded_width(c)
     b = width if bands is None else _validate.positive_int("bands", bands)
     if width > b:
-        _validate.fail("bands", b, f"≥ {width}, the number of non-zero diagonals of C (the "
-                       "amplification theorem needs a b-banded C for a b-part split)")
+        _validate.fail(
+            "bands",
+            b,
+            f"≥ {width}, the number of non-zero diagonals of C (the "
+            "amplification theorem needs a b-banded C for a b-part split)",
+        )
     sigma = _validate.positive("noise_multiplier", noise_multiplier)
     return PoissonSampledGaussianEvent(
         noise_multiplier=sigma / max_column_norm(c),

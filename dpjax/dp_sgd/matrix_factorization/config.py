@@ -85,8 +85,10 @@ class BandMF:
         part = -(-records // b)
         if batch_size > part:
             _validate.fail(
-                "batch_size", batch_size, f"≤ ⌈dataset_size/bands⌉ = {part} (each step samples "
-                f"one of the {b} parts of the cyclic split at rate batch_size/{part} ≤ 1)"
+                "batch_size",
+                batch_size,
+                f"≤ ⌈dataset_size/bands⌉ = {part} (each step samples "
+                f"one of the {b} parts of the cyclic split at rate batch_size/{part} ≤ 1)",
             )
         if self.strategy is None:
             c = banded_sqrt_matrix(n, b)
@@ -130,8 +132,11 @@ class ResolvedBandMF:
     def transform(self, noise_multiplier: float, l2_clip_norm: float, *, key: jax.Array):
         """:func:`~dpjax.dp_sgd.matrix_factorization.streaming.correlated_noise` of C."""
         return correlated_noise(
-            self.matrix, noise_multiplier=noise_multiplier, l2_clip_norm=l2_clip_norm,
-            key=key, bands=self.bands,
+            self.matrix,
+            noise_multiplier=noise_multiplier,
+            l2_clip_norm=l2_clip_norm,
+            key=key,
+            bands=self.bands,
         )
 
     def sampler(self, part_sampler: PoissonSampler, dataset_size: int) -> CyclicPoissonSampler:
@@ -181,8 +186,13 @@ class CyclicPoissonSampler(ReadOnlyAfterInit):
         mask = local.mask & (indices < self.dataset_size)
         return PaddedBatch(jnp.where(mask, indices, 0).astype(jnp.int32), mask)
 
-    def event(self, *, noise_multiplier: float, steps: int,
-              relation: NeighbouringRelation | str = ADD_OR_REMOVE_ONE):
+    def event(
+        self,
+        *,
+        noise_multiplier: float,
+        steps: int,
+        relation: NeighbouringRelation | str = ADD_OR_REMOVE_ONE,
+    ):
         """The event of ``steps`` ROUNDS (see the class): the part sampler's DP-SGD event."""
         return self.part_sampler.event(
             noise_multiplier=noise_multiplier, steps=steps, relation=relation

@@ -79,11 +79,17 @@ def _check_lower_triangular(matrix: Any) -> np.ndarray:
     if c.ndim != 2 or c.shape[0] != c.shape[1] or c.shape[0] < 1:
         _validate.fail("strategy", f"an array of shape {c.shape}", "a square n×n matrix C")
     if not np.all(np.isfinite(c)) or np.any(np.triu(c, 1) != 0.0):
-        _validate.fail("strategy", "a matrix with entries above the diagonal or non-finite",
-                       "a finite lower-triangular matrix C")
+        _validate.fail(
+            "strategy",
+            "a matrix with entries above the diagonal or non-finite",
+            "a finite lower-triangular matrix C",
+        )
     if np.any(np.diag(c) == 0.0):
-        _validate.fail("strategy", "a singular matrix (zero on the diagonal)",
-                       "an invertible lower-triangular C (non-zero diagonal)")
+        _validate.fail(
+            "strategy",
+            "a singular matrix (zero on the diagonal)",
+            "an invertible lower-triangular C (non-zero diagonal)",
+        )
     return c
 
 
@@ -125,8 +131,11 @@ def _blt_parameters(strategy: Any) -> tuple[np.ndarray, np.ndarray]:
     theta = np.atleast_1d(np.asarray(strategy.buf_decay, np.float64))
     omega = np.atleast_1d(np.asarray(strategy.output_scale, np.float64))
     if theta.ndim != 1 or theta.shape != omega.shape or theta.size < 1:
-        _validate.fail("strategy", f"a BLT with {theta.shape} decays and {omega.shape} scales",
-                       "a BLT whose buf_decay and output_scale are vectors of one length ≥ 1")
+        _validate.fail(
+            "strategy",
+            f"a BLT with {theta.shape} decays and {omega.shape} scales",
+            "a BLT whose buf_decay and output_scale are vectors of one length ≥ 1",
+        )
     if not (np.all(np.isfinite(theta)) and np.all(np.isfinite(omega))):
         _validate.fail("strategy", "a BLT with non-finite parameters", "finite θ and ω")
     if np.any(np.abs(theta) >= 1.0):
@@ -134,8 +143,9 @@ def _blt_parameters(strategy: Any) -> tuple[np.ndarray, np.ndarray]:
     return theta, omega
 
 
-def dense_correlated_noise(strategy: Any, z: np.ndarray, *, bands: int | None = None,
-                           steps: int | None = None) -> np.ndarray:
+def dense_correlated_noise(
+    strategy: Any, z: np.ndarray, *, bands: int | None = None, steps: int | None = None
+) -> np.ndarray:
     """The reference C⁻¹Z in float64 (dense solve; O(n·d) — for tests and small n only).
 
     Args:
@@ -296,9 +306,12 @@ def correlated_noise(
     def update_fn(updates: Any, state: CorrelatedNoiseState, params: Any = None):
         shapes.check(updates, params)
         if _validate.is_concrete(state.count) and int(state.count) >= n:
-            _validate.fail("state.count", int(state.count),
-                           f"< n = {n}: the strategy covers n steps (its sensitivity and "
-                           "accounting are for n); build a strategy for a longer run")
+            _validate.fail(
+                "state.count",
+                int(state.count),
+                f"< n = {n}: the strategy covers n steps (its sensitivity and "
+                "accounting are for n); build a strategy for a longer run",
+            )
         next_key, noise_key = _tx._next_keys(_tx.NoiseState(state.key, state.count), impl)
         z = _noise.tree_iid_noise_like(noise_key, updates, jax.random.normal)
         t = jnp.minimum(state.count, n - 1)
