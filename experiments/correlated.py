@@ -52,6 +52,7 @@ DELTA = 1e-5
 CLIP = 1.0
 BATCH = 64
 SCALES = {
+    "tiny": dict(epsilons=(4.0,), epochs=2, seeds=2, bands=(4,), lr=1.0, error_n=3),
     "quick": dict(epsilons=(2.0, 8.0), epochs=4, seeds=4, bands=(4,), lr=1.0, error_n=6),
     "full": dict(
         epsilons=(1.0, 2.0, 4.0, 8.0, 16.0), epochs=8, seeds=10, bands=(4, 8), lr=1.0, error_n=9
@@ -242,7 +243,7 @@ def _run_method(
     positions = np.stack([rng.permutation(n) for _ in range(seeds)]).astype(np.int32)
     q_all = BATCH / n
     q_part = BATCH / -(-n // bands)
-    index = jnp.arange(n)
+    index = jnp.arange(n, dtype=jnp.int32)
 
     def mask_at(key, t, pos):
         if method == "dpsgd":
@@ -274,9 +275,11 @@ def _run_method(
         if tx is not None:
             state = tx.init(params0)
             state = state._replace(key=jax.random.key_data(noise_key))
-        (params, _, _), _ = jax.lax.scan(body, (params0, state, train_key), jnp.arange(steps))
+        (params, _, _), _ = jax.lax.scan(
+            body, (params0, state, train_key), jnp.arange(steps, dtype=jnp.int32)
+        )
         pred = jnp.argmax(xte @ params["w"] + params["b"], axis=1)
-        return jnp.mean(pred == yte)
+        return jnp.mean(pred.astype(yte.dtype) == yte)
 
     keys = jax.random.split(jax.random.key(seed), seeds)
     per_seed = jax.vmap(train, in_axes=(None, 0, 0, 0))
@@ -345,13 +348,15 @@ def _plot_errors(path: pathlib.Path, ns: list[int], errors: dict) -> bool:
 # ----------------------------------------------------------------------------- run
 
 
-def run(out_dir: pathlib.Path, *, full: bool = False, seed: int = 0) -> dict:
+def run(
+    out_dir: pathlib.Path, *, full: bool = False, seed: int = 0, size: str | None = None
+) -> dict:
     """Train every method at every ε, compute the error curves, write
     ``correlated.{json,md,png}`` and return the summary (``report_md``)."""
     start = time.perf_counter()
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    cfg = SCALES["full" if full else "quick"]
+    cfg = SCALES["full" if full else (size or "quick")]
     data = _digits()
     n = len(data[1])
     per_epoch = n // BATCH
