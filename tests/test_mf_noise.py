@@ -277,3 +277,25 @@ def test_band_mf_bad_arguments():
         _private(BandMF(bands=20))  # parts of 11 records < batch 20
     with pytest.raises(ValueError, match="bands"):
         BandMF(bands=0)
+
+
+def test_checkpoint_resume_continues_the_noise_stream():
+    """A state saved with flax.serialization and restored into tx.init(params) continues the
+    same noise (keys and buffers restored); re-creating the transform with the same key and
+    starting again would replay step 0's noise instead."""
+    serialization = pytest.importorskip("flax.serialization")
+    n = 6
+    tx = correlated_noise(
+        _banded(n, 3), noise_multiplier=1.0, l2_clip_norm=1.0, key=jax.random.key(4)
+    )
+    update = jax.jit(tx.update)
+    state = tx.init(PARAMS)
+    for _ in range(3):
+        _, state = update(PARAMS, state)
+    blob = serialization.to_bytes(state)
+    expected, _ = update(PARAMS, state)
+    restored = serialization.from_bytes(tx.init(PARAMS), blob)
+    resumed, _ = update(PARAMS, restored)
+    np.testing.assert_array_equal(_flat(resumed), _flat(expected))
+    replay, _ = update(PARAMS, tx.init(PARAMS))
+    assert not np.allclose(_flat(replay), _flat(expected))

@@ -63,6 +63,18 @@ class BandMF:
         strategy: None (the banded square root), an n×n b-banded lower-triangular matrix for
             n = the run's steps, or a callable ``strategy(n, bands) -> C``. Normalised to max
             column norm 1 by :meth:`resolve`.
+
+    Formal guarantees:
+        With :func:`dpjax.make_private` (which resolves it and samples cyclically), the run is
+        accounted as DP-SGD over ⌈T/b⌉ rounds at rate q on parts of ⌈n/b⌉ records
+        (Choquette-Choo et al. 2023, "(Amplified) banded matrix factorization", Theorem 4;
+        add/remove-one). Covered: the parameter trajectory and the public state; NOT the
+        noise buffers and keys of the private state.
+
+    Example:
+        >>> noise = BandMF(bands=4).resolve(dataset_size=1000, batch_size=50, steps=40)
+        >>> noise.part_size, noise.sampling_rate, noise.rounds(40), noise.matrix.shape
+        (250, 0.2, 10, (40, 40))
     """
 
     bands: int
