@@ -266,6 +266,8 @@ def test_resume_under_another_strategy_is_refused():
         other, _ = _private(noise, key=5, **kw)
         with pytest.raises(ValueError, match="another plan"):
             other.step(jnp.zeros(3), state, data)
+        with pytest.raises(ValueError, match="correlated noise"):
+            other.continue_from(state)  # the buffers would carry over into another strategy
 
 
 def test_band_mf_bad_arguments():

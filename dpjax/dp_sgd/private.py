@@ -412,7 +412,8 @@ class PrivateTraining(ReadOnlyAfterInit):
             The state to pass to ``step``/``fit`` of this object.
 
         Raises:
-            ValueError: ``state`` has no valid ledger, or this object already ran.
+            ValueError: ``state`` has no valid ledger, or this object already ran, or the
+                change is from or to a correlated-noise plan (``noise=BandMF``).
         """
         state = _as_private_state(state)
         step = _steps_of(state)
@@ -420,6 +421,14 @@ class PrivateTraining(ReadOnlyAfterInit):
         self._start("continue_from")
         if phases[-1][0] == self._plan:
             return state
+        if phases[-1][0].bands or self._plan.bands:
+            _validate.fail(
+                "state",
+                "a phase change from or to correlated noise (make_private(noise=BandMF(...)))",
+                "a state of this plan: the noise buffers would carry one strategy's past noise "
+                "into another's rows, so the phases would not be the independent mechanisms "
+                "that ε composes; start a new run",
+            )
         ledger = _plan.append_phase(state.plan, self._plan, step)
         return state._replace(plan=jnp.asarray(ledger))
 
