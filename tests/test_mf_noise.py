@@ -202,10 +202,10 @@ def _private(noise, *, n=203, key=0, **kwargs):
 
 
 def test_cyclic_sampler_draws_step_t_from_part_t_mod_b():
-    from dpjax.dp_sgd import BandMF
+    from dpjax.dp_sgd import CyclicPoissonSampler, PoissonSampler
 
-    private, _ = _private(BandMF(bands=4))
-    sampler = private.sampler
+    part = PoissonSampler(dataset_size=51, sampling_rate=20 / 51, max_batch_size=45)
+    sampler = CyclicPoissonSampler(part, parts=4, dataset_size=203)  # 203 = 4·51 − 1
     sample = jax.jit(sampler.sample_at)
     seen = set()
     for t in range(12):
@@ -213,10 +213,14 @@ def test_cyclic_sampler_draws_step_t_from_part_t_mod_b():
         idx = np.asarray(batch.indices)[np.asarray(batch.mask)]
         assert np.all(idx % 4 == t % 4) and np.all(idx < 203) and idx.size > 0
         seen |= set(idx.tolist())
-    assert sampler.sampling_rate == pytest.approx(20 / 51)  # 51 = ⌈203/4⌉
-    assert 200 in seen or 201 in seen or 202 in seen  # the last, smaller parts are sampled
+    assert sampler.sampling_rate == pytest.approx(20 / 51)
+    assert sampler.expected_batch_size == pytest.approx(20.0)
+    assert {200, 201, 202} & seen  # the last slots of the parts are records too
+    with pytest.raises(ValueError, match="part_sampler"):
+        CyclicPoissonSampler(part, parts=4, dataset_size=300)
 
 
+@pytest.mark.slow
 def test_band_mf_epsilon_is_dp_sgd_over_rounds():
     import dp_accounting
 
