@@ -19,6 +19,9 @@ from dpjax.dp_sgd.matrix_factorization import strategies
 
 __all__ = ["BLT", "blt_strategy", "toeplitz_errors"]
 
+_UNSTABLE = 1e100
+_UNSTABLE_LOSS = 1e4
+
 
 class BLT(NamedTuple):
     """A buffered linear Toeplitz strategy: c_0 = 1, c_t = Σ_i ω_i θ_i^{t−1} (t ≥ 1).
@@ -82,6 +85,25 @@ def toeplitz_errors(coefficients) -> tuple[float, float]:
     return float(np.sum((n - np.arange(n)) * s**2) / n), float(np.sum(s**2))
 
 
+def _cyclic_abs_gram(c: np.ndarray, b: int, k: int) -> tuple[float, np.ndarray]:
+    """Σ_{s,t∈π₀} |(CᵀC)_st| for π₀ = {0, b, ..., (k−1)b} and Toeplitz C, and its gradient in c.
+
+    Absolute values: an example's gradients may have opposite signs at its participations, so
+    signed Gram entries must not be allowed to cancel (the optimiser would exploit it).
+    """
+    n = c.size
+    starts = np.arange(0, n, b)[:k]
+    columns = np.zeros((n, starts.size))
+    for m, s0 in enumerate(starts):
+        columns[s0:, m] = c[: n - s0]
+    gram = columns.T @ columns
+    grad_columns = 2.0 * columns @ np.sign(gram)
+    grad = np.zeros(n)
+    for m, s0 in enumerate(starts):
+        grad[: n - s0] += grad_columns[s0:, m]
+    return float(np.abs(gram).sum()), grad
+
+
 def _blt_loss(params, n, buffers, objective, pattern):
     """log(error · sensitivity²) of the BLT with θ = sigmoid(a), ω; and its gradient."""
     a, omega = params[:buffers], params[buffers:]
@@ -93,18 +115,16 @@ def _blt_loss(params, n, buffers, objective, pattern):
     s = np.cumsum(r)
     weights = (n - np.arange(n)) if objective == "mean" else np.ones(n)
     err = float(np.sum(weights * s**2))
+    if not np.isfinite(err) or err > _UNSTABLE:
+        # C⁻¹ blows up (a zero of the generating function inside the unit disk): a wall the
+        # line search backs off from.
+        return _UNSTABLE_LOSS, np.zeros_like(params)
     g_s = 2.0 * weights * s / err
     g_r = np.cumsum(g_s[::-1])[::-1]
     rr = np.convolve(r, r)[:n]
     g_c = -np.correlate(g_r, rr, mode="full")[n - 1 :]
-    b, k = pattern
-    starts = np.arange(0, n, b)[:k]
-    v = np.zeros(n)
-    for s0 in starts:
-        v[s0:] += c[: n - s0]
-    sens2 = float(v @ v)
-    for s0 in starts:
-        g_c[: n - s0] += 2.0 * v[s0:] / sens2
+    sens2, g_sens = _cyclic_abs_gram(c, *pattern)
+    g_c = g_c + g_sens / sens2
     g_tail = g_c[1:]
     g_omega = powers.T @ g_tail
     dpow = np.where(t[:, None] > 0, t[:, None] * theta[None, :] ** np.maximum(t - 1, 0)[:, None], 0)
@@ -122,6 +142,22 @@ def _initial_fit(n: int, buffers: int) -> np.ndarray:
     return np.concatenate([np.log(theta / (1.0 - theta)), omega])
 
 
+def _value(params: np.ndarray, args: tuple) -> float:
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        return _blt_loss(params, *args)[0]
+
+
+def _minimise(start: np.ndarray, args: tuple, steps: int) -> np.ndarray:
+    """L-BFGS from ``start``; ``start`` itself if the optimiser ends worse or non-finite."""
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        result = scipy.optimize.minimize(
+            _blt_loss, start, args=args, jac=True, method="L-BFGS-B", options={"maxiter": steps}
+        )
+    if np.all(np.isfinite(result.x)) and _value(result.x, args) < _value(start, args):
+        return result.x
+    return start
+
+
 def blt_strategy(
     n: int,
     buffers: int,
@@ -133,14 +169,15 @@ def blt_strategy(
 ) -> BLT:
     """A BLT with ``buffers`` buffers optimised for the prefix-sum error over ``n`` steps.
 
-    Minimises log(E(c)) + log(‖Σ_{j∈π₀} C[:, j]‖²) over θ ∈ (0, 1)^m (as sigmoids) and ω, with
+    Minimises log(E(c)) + log(Σ_{s,t∈π₀} |(CᵀC)_st|) over θ ∈ (0, 1)^m (as sigmoids) and ω, with
     E the mean (‖B‖_F²/n) or max (last row of B) squared error and π₀ = {0, b, 2b, ...} (k
     terms) the cyclic pattern from the first step — the worst pattern for the non-negative,
     decreasing coefficients these fits produce; always check with
     :func:`~dpjax.dp_sgd.matrix_factorization.sensitivity`, which certifies it. L-BFGS from
     a least-squares fit of the square-root coefficients (Dvijotham, McMahan, Pillutla, Steinke,
-    Thakurta 2024, FOCS, optimise the same parametrisation); if the optimiser fails or is
-    worse, the fit itself is returned. O(n²) per step; n up to a few thousand.
+    Thakurta 2024, FOCS, optimise the same parametrisation) and, for m > 1, also from the
+    optimum with m − 1 buffers plus an idle one, so more buffers are never worse; if the
+    optimiser fails, its start is kept. O(n²) per evaluation; n up to a few thousand.
 
     Args:
         n: number of steps, ≥ 2.
@@ -169,14 +206,12 @@ def blt_strategy(
     b = 1 if min_separation is None else _validate.positive_int("min_separation", min_separation)
     _validate.one_of("objective", objective, ("mean", "max"))
     steps = _validate.positive_int("steps", steps)
-    start = _initial_fit(n, buffers)
-    args = (n, buffers, objective, (b, k))
-    best = start
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        result = scipy.optimize.minimize(
-            _blt_loss, start, args=args, jac=True, method="L-BFGS-B", options={"maxiter": steps}
-        )
-        if np.all(np.isfinite(result.x)) and result.fun < _blt_loss(start, *args)[0]:
-            best = result.x
+    best = np.zeros(0)
+    for m in range(1, buffers + 1):
+        args = (n, m, objective, (b, k))
+        starts = [_initial_fit(n, m)]
+        if m > 1:  # the previous optimum plus an idle buffer (ω = 0): never worse
+            starts.append(np.concatenate([best[: m - 1], [0.0], best[m - 1 :], [0.0]]))
+        best = min((_minimise(x0, args, steps) for x0 in starts), key=lambda x: _value(x, args))
     theta = 1.0 / (1.0 + np.exp(-best[:buffers]))
     return BLT(buf_decay=theta, output_scale=best[buffers:].copy())
