@@ -22,6 +22,7 @@ EXPERIMENTS: dict[str, str] = {
     "utility": "experiments.utility",
     "tuning": "experiments.tuning",
     "finetune": "experiments.finetune",
+    "correlated": "experiments.correlated",
 }
 
 # The rate reproduction is the main job: it runs first and its table heads REPORT.md.

@@ -27,6 +27,8 @@ from dpjax.dp_sgd.adaptive_clip import (
 )
 from dpjax.dp_sgd.clipping import ClippedGrad, ClippingInfo, clip_pytree, clipped_grad
 from dpjax.dp_sgd.distributed import DataParallelClippedGrad, data_parallel, replicate
+from dpjax.dp_sgd.matrix_factorization.config import BandMF, CyclicPoissonSampler
+from dpjax.dp_sgd.matrix_factorization.streaming import correlated_noise
 from dpjax.dp_sgd.optimizers import (
     AccumulationState,
     DPSGDTransformation,
@@ -70,6 +72,8 @@ __all__ = [
     "AccumulationState",
     "AdaptiveClip",
     "AdaptiveClipState",
+    "BandMF",
+    "CyclicPoissonSampler",
     "ClippedGrad",
     "ClippingInfo",
     "DPSGDTransformation",
@@ -92,6 +96,7 @@ __all__ = [
     "clip_pytree",
     "clipped_grad",
     "clipped_user_sum",
+    "correlated_noise",
     "data_parallel",
     "dp_sgd_optimizer",
     "effective_noise_multiplier",

@@ -44,12 +44,15 @@ _RELATIONS = tuple(NeighbouringRelation)
 EXTENSION = 1 + 4 * 2 + 2 * 2 + 1 + 2
 #: Words per row: magic, 4 float64 (2 words each), 2 int64 (2 each), relation and phase
 #: count, start (2), then the extension (adaptive clipping: 3 float64), then the privacy
-#: unit: k examples per user (0: example level) and the grouping's fingerprint (2).
-WORDS = EXTENSION + 3 * 2 + 1 + 2
+#: unit: k examples per user (0: example level) and the grouping's fingerprint (2), then the
+#: correlated noise: bands (2) and the strategy digest (2).
+WORDS = EXTENSION + 3 * 2 + 1 + 2 + 2 * 2
 #: Rows written before the extension existed (fixed C, example level): read with zeros.
 _LEGACY_WORDS = 16
 #: The first word of the privacy unit (compared like the plan words).
 UNIT_WORD = EXTENSION + 3 * 2
+#: The first word of the correlated noise (``make_private(noise=BandMF(b))``): b, digest.
+NOISE_WORD = UNIT_WORD + 3
 #: The word holding the relation (low 8 bits) and the number k of rows of the ledger (bits
 #: 8 and up, rewritten in every row when a phase is appended): a ledger cut to fewer rows
 #: (e.g. an orbax restore into a one-row template with ``strict=False``) is refused instead
@@ -77,6 +80,10 @@ class Plan:
             the config (C_0, γ, η, σ_b) is what identifies the plan (C_t lives in the state).
         learning_rate: adaptive clipping's η (0.0: a fixed C).
         count_noise_multiplier: adaptive clipping's σ_b (0.0: a fixed C).
+        bands: b of a banded matrix-factorization noise (``make_private(noise=BandMF(b))``;
+            0: DP-SGD's independent noise). Accounted steps are then ⌈t/b⌉ rounds on parts of
+            ⌈n/b⌉ records.
+        strategy_digest: 64-bit fingerprint of (b, C) (0 for DP-SGD).
     """
 
     noise_multiplier: float
@@ -91,6 +98,16 @@ class Plan:
     target_quantile: float = 0.0
     learning_rate: float = 0.0
     count_noise_multiplier: float = 0.0
+    bands: int = 0
+    strategy_digest: int = 0
+
+    def accounted_steps(self, steps: int) -> int:
+        """The steps the accountant charges: t for DP-SGD, ⌈t/b⌉ rounds for banded MF."""
+        return steps if self.bands == 0 else -(-steps // self.bands)
+
+    def accounted_dataset_size(self) -> int:
+        """The records one sampler draws from: n, or a part's ⌈n/b⌉ for banded MF."""
+        return self.dataset_size if self.bands == 0 else -(-self.dataset_size // self.bands)
 
     def describe(self) -> str:
         unit = (
@@ -109,6 +126,11 @@ class Plan:
             f"σ={self.noise_multiplier:.6g}, q={self.sampling_rate:.6g}, {clip}"
             f", normalizer={self.normalizer:.6g}, n={self.dataset_size}, "
             f"max_batch_size={self.max_batch_size}, relation={self.relation.value}{unit}"
+            + (
+                f", noise=BandMF(bands={self.bands}, strategy {self.strategy_digest:016x})"
+                if self.bands
+                else ""
+            )
         )
 
 
@@ -132,6 +154,7 @@ def ledger_row(plan: Plan, start: int, rows: int = 1) -> np.ndarray:
     for x in (plan.target_quantile, plan.learning_rate, plan.count_noise_multiplier):
         words += _float_words(float(x))
     words += [plan.examples_per_user & 0xFFFFFFFF] + _int_words(plan.grouping)
+    words += _int_words(plan.bands) + _int_words(plan.strategy_digest)
     return np.asarray(words, np.uint32)
 
 
@@ -147,7 +170,13 @@ def _decode_row(row: np.ndarray) -> tuple[Plan, int]:
         unit = (w[UNIT_WORD], (w[UNIT_WORD + 1] << 32) | w[UNIT_WORD + 2])
     else:
         adaptive, unit = [0.0, 0.0, 0.0], (0, 0)
-    plan = Plan(*floats, ints[0], ints[1], _RELATIONS[w[RELATION_WORD] & 0xFF], *unit, *adaptive)
+    noise = (
+        [(w[i] << 32) | w[i + 1] for i in (NOISE_WORD, NOISE_WORD + 2)]
+        if len(w) > NOISE_WORD
+        else [0, 0]
+    )
+    relation = _RELATIONS[w[RELATION_WORD] & 0xFF]
+    plan = Plan(*floats, ints[0], ints[1], relation, *unit, *adaptive, *noise)
     return plan, ints[2]
 
 

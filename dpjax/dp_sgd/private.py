@@ -193,10 +193,11 @@ class PrivateState(NamedTuple):
         step: int32 scalar, noisy updates applied so far (what ``epsilon`` reads).
         key: uint32 raw key data for sampling and dropout, split at every step (SECRET).
         opt_state: the optax state of noise (its own key data, SECRET) → ÷ q·n → optimizer.
-        plan: uint32[k, 25] ledger of the run's phases (exact σ, q, C, normaliser, n, cap,
-            relation, start step, adaptive clipping's (γ, η, σ_b) and the privacy unit of
-            each; public): ``step``/``fit`` refuse a state whose current phase is another
-            plan, ``epsilon`` composes every phase
+        plan: uint32[k, 29] ledger of the run's phases (exact σ, q, C, normaliser, n, cap,
+            relation, start step, adaptive clipping's (γ, η, σ_b), the privacy unit and the
+            correlated noise (bands, strategy digest) of each; public): ``step``/``fit``
+            refuse a state whose current phase is another plan, ``epsilon`` composes every
+            phase
             (:meth:`PrivateTraining.continue_from` opens a new one).
     """
 
@@ -290,8 +291,11 @@ class PrivateTraining(ReadOnlyAfterInit):
         physical_batch_size: int | None,
         clipping: str,
         accounting: str,
+        noise: Any = None,
     ):
         self.loss_fn = loss_fn
+        #: the resolved correlated noise (``make_private(noise=BandMF(b))``), or None: DP-SGD
+        self.noise = noise
         self.sampler = sampler
         self.noise_multiplier = noise_multiplier
         self.sampling_rate = sampler.sampling_rate
@@ -320,7 +324,9 @@ class PrivateTraining(ReadOnlyAfterInit):
             loss, c = self._loss_over_clip_norm, 1.0
         else:
             self._tx = optax.chain(
-                add_gaussian_noise(noise_multiplier * l2_clip_norm, key=noise_key),
+                add_gaussian_noise(noise_multiplier * l2_clip_norm, key=noise_key)
+                if noise is None
+                else noise.transform(noise_multiplier, l2_clip_norm, key=noise_key),
                 normalize_by(self.expected_batch_size),
                 optimizer,
             )
@@ -335,6 +341,8 @@ class PrivateTraining(ReadOnlyAfterInit):
             max_batch_size=sampler.max_batch_size,
             relation=self.relation,
             **self._plan_unit(),
+            bands=0 if noise is None else noise.bands,
+            strategy_digest=0 if noise is None else noise.digest,
         )
         self._epsilons: dict[tuple[int, float], float] = {}
         self._composed: dict[tuple[Any, float], float] = {}
@@ -376,7 +384,8 @@ class PrivateTraining(ReadOnlyAfterInit):
     def event(self, steps: int | None = None) -> PoissonSampledGaussianEvent:
         """The privacy event of ``steps`` (default: the planned T) noisy updates."""
         steps = self.steps if steps is None else _validate.positive_int("steps", steps)
-        return self.sampler.event(noise_multiplier=self.noise_multiplier, steps=steps)
+        rounds = self._plan.accounted_steps(steps)  # ⌈T/b⌉ rounds for banded MF
+        return self.sampler.event(noise_multiplier=self.noise_multiplier, steps=rounds)
 
     def init(self, params: Any) -> PrivateState:
         """The initial :class:`PrivateState` (step 0; keys derived from ``make_private``'s key).
@@ -440,8 +449,8 @@ class PrivateTraining(ReadOnlyAfterInit):
 
         Raises:
             ValueError: ``state`` has no valid ledger, a phase of another privacy unit
-                (example level vs user level, or another grouping of users), or this
-                object already ran.
+                (example level vs user level, or another grouping of users), a change from
+                or to a correlated-noise plan (``noise=BandMF``), or this object already ran.
         """
         state = _as_private_state(state)
         step = _steps_of(state)
@@ -451,6 +460,14 @@ class PrivateTraining(ReadOnlyAfterInit):
         self._start("continue_from")
         if phases[-1][0] == self._plan:
             return state
+        if phases[-1][0].bands or self._plan.bands:
+            _validate.fail(
+                "state",
+                "a phase change from or to correlated noise (make_private(noise=BandMF(...)))",
+                "a state of this plan: the noise buffers would carry one strategy's past noise "
+                "into another's rows, so the phases would not be the independent mechanisms "
+                "that ε composes; start a new run",
+            )
         ledger = _plan.append_phase(state.plan, self._plan, step)
         return state._replace(plan=jnp.asarray(ledger))
 
@@ -607,7 +624,10 @@ class PrivateTraining(ReadOnlyAfterInit):
     def _step_impl(self, params: Any, count: jax.Array, key_data: jax.Array, opt: Any, data: Any):
         key = jax.random.wrap_key_data(key_data, impl=self._impl)
         next_key, sample_key, dropout_key = jax.random.split(key, 3)
-        batch = self.sampler.sample(sample_key)
+        if self.noise is None:
+            batch = self.sampler.sample(sample_key)
+        else:  # cyclic Poisson: the part of this step
+            batch = self.sampler.sample_at(sample_key, count)
         clip = opt[0].clip_norm if self._adaptive else None
         if self.physical_batch_size is None:
             clipped_sum, stats = self._clipped_part(params, data, batch, dropout_key, clip)
@@ -780,13 +800,16 @@ class PrivateTraining(ReadOnlyAfterInit):
         accounted = delta * (1.0 - SLACK_FRACTION)
         events = [_event_of(p, t) for p, t in phases]
         eps = tight_epsilon(events, accounted, method=self.accounting)
-        slack = _slack(eps, sum(t * _overflow(p) for p, t in phases))
+        slack = _slack(eps, sum(p.accounted_steps(t) * _overflow(p) for p, t in phases))
         bounds = [eps] if accounted + slack <= delta else []
         k, slacks = len(phases), [math.inf]
         if 2 * k * SLACK_FRACTION < 1.0:
             share = delta * (1.0 - 2 * k * SLACK_FRACTION) / k
             parts = [tight_epsilon([e], share, method=self.accounting) for e in events]
-            slacks = [_slack(e, t * _overflow(p)) for e, (p, t) in zip(parts, phases, strict=True)]
+            slacks = [
+                _slack(e, p.accounted_steps(t) * _overflow(p))
+                for e, (p, t) in zip(parts, phases, strict=True)
+            ]
             if k * share + sum(slacks) <= delta:
                 bounds.append(math.fsum(parts))
         if not bounds:
@@ -810,6 +833,7 @@ class PrivateTraining(ReadOnlyAfterInit):
         within_plan = t <= self.steps and delta == self.delta
         if within_plan and _plan_is_not_private(self, accounted):
             return math.inf  # not private (warned at construction): claim nothing
+        t = self._plan.accounted_steps(t)  # banded MF: ⌈t/b⌉ rounds of its part
         try:
             eps = cached_dp_sgd_epsilon(
                 noise_multiplier=self.noise_multiplier,
@@ -971,7 +995,7 @@ def _event_of(plan: _plan.Plan, steps: int) -> PoissonSampledGaussianEvent:
     return PoissonSampledGaussianEvent(
         noise_multiplier=plan.noise_multiplier,
         sampling_rate=plan.sampling_rate,
-        count=steps,
+        count=plan.accounted_steps(steps),
         relation=plan.relation,
     )
 
@@ -979,7 +1003,9 @@ def _event_of(plan: _plan.Plan, steps: int) -> PoissonSampledGaussianEvent:
 def _overflow(plan: _plan.Plan) -> float:
     """p̄ = P[Binomial(n + 1, q) > cap]: overflow chance per step of ``plan``'s sampler."""
     capped = dataclasses.replace(
-        _event_of(plan, 1), dataset_size=plan.dataset_size, max_batch_size=plan.max_batch_size
+        _event_of(plan, 1),
+        dataset_size=plan.accounted_dataset_size(),
+        max_batch_size=plan.max_batch_size,
     )
     return capped.overflow_probability
 
@@ -1145,7 +1171,7 @@ def _plan_is_not_private(private: PrivateTraining, accounted: float) -> bool:
         bound = _epsilon_bound(
             private.noise_multiplier,
             private.sampling_rate,
-            private.steps,
+            private._plan.accounted_steps(private.steps),
             accounted,
             private.accounting,
         )
@@ -1194,6 +1220,7 @@ def make_private(
     clipping: str = "auto",
     accounting: str = "pld",
     user_ids: Any = None,
+    noise: Any = None,
 ) -> PrivateTraining:
     r"""DP-SGD in one call: Poisson sampling, per-example clipping, noise once, accounting.
 
@@ -1256,6 +1283,12 @@ def make_private(
             number of rows, ``physical_batch_size`` counts rows (micro-batches of
             ⌊physical_batch_size/k⌋ users), ``clipping`` must be "auto" or "vmap", and ε is
             user-level: see :class:`~dpjax.dp_sgd.UserLevelTraining`.
+        noise: None (DP-SGD: independent noise, Poisson sampling of all n records) or
+            ``dpjax.dp_sgd.BandMF(bands=b)``: the correlated noise σ·C·(C⁻¹Z)_t of a b-banded
+            strategy C (:mod:`dpjax.dp_sgd.matrix_factorization`) with cyclic Poisson
+            sampling — step t samples part t mod b of the records (i mod b = part) at rate
+            q = batch_size/⌈n/b⌉, and ε is that of DP-SGD over ⌈T/b⌉ rounds at σ (C has max
+            column norm 1). ``batch_size`` must be ≤ ⌈n/b⌉.
 
     Returns:
         A :class:`PrivateTraining` with ``noise_multiplier``, ``sampling_rate``, ``steps``,
@@ -1321,6 +1354,12 @@ def make_private(
         noisy releases: public, published in ``public_state`` and covered by the guarantee;
         the plan ledger records (C_0, γ, η, σ_b), so a resume under another config is refused
         (see :mod:`dpjax.dp_sgd.adaptive_clip`).
+        With ``noise=BandMF(bands=b)`` the noise of step t is σ·C·(C⁻¹Z)_t for the b-banded C
+        (max column norm 1) and step t samples only part t mod b: the run is accounted as
+        ``PoissonSampledGaussianEvent(σ, q, count=⌈T/b⌉)`` on parts of ⌈n/b⌉ records
+        (Choquette-Choo et al. 2023, "(Amplified) banded matrix factorization", Theorem 4);
+        the noise buffers of the state are secret like its keys (``public_state`` drops them),
+        and the strategy covers T steps: steps past T are refused (NaN under ``jit``).
 
     Example:
         >>> import jax, jax.numpy as jnp, optax, dpjax
@@ -1366,19 +1405,38 @@ def make_private(
     if physical_batch_size is not None:
         physical_batch_size = _validate.positive_int("physical_batch_size", physical_batch_size)
     steps = _resolve_steps(n, batch_size, epochs, steps)
-    q = batch_size / n
+    q, records, rounds = batch_size / n, n, steps
+    if noise is not None and (
+        grouping is not None or isinstance(l2_clip_norm, adaptive_clip.AdaptiveClip)
+    ):
+        _validate.fail(
+            "noise",
+            noise,
+            "None with user_ids or an AdaptiveClip (correlated noise is analysed here for "
+            "example-level DP-SGD with a fixed C only)",
+        )
+    if noise is not None:  # banded MF: DP-SGD over ⌈T/b⌉ rounds of parts of ⌈n/b⌉ records
+        noise = _resolve_mf_noise(noise, dataset_size=n, batch_size=batch_size, steps=steps)
+        q, records, rounds = noise.sampling_rate, noise.part_size, noise.rounds(steps)
     sigma, eps_bound = _resolve_noise(
         noise_multiplier,
         target_epsilon,
         delta=delta,
         q=realised_sampling_rate(q),
-        steps=steps,
+        steps=rounds,
         accounting=accounting,
     )
     adaptive_clip.check_budget(l2_clip_norm, sigma)
     sampler = _sampler_for_slack(
-        n, q, steps=steps, epsilon=eps_bound, delta=delta, calibrated=target_epsilon is not None
+        records,
+        q,
+        steps=rounds,
+        epsilon=eps_bound,
+        delta=delta,
+        calibrated=target_epsilon is not None,
     )
+    if noise is not None:
+        sampler = noise.sampler(sampler, n)
     cls, unit = PrivateTraining, {}
     if grouping is not None:
         cls, unit = user_level.UserLevelTraining, {"grouping": grouping}
@@ -1395,4 +1453,14 @@ def make_private(
         physical_batch_size=physical_batch_size,
         clipping=clipping,
         accounting=accounting,
+        noise=noise,
     )
+
+
+def _resolve_mf_noise(noise: Any, **kwargs: Any) -> Any:
+    """The ``noise=`` switch fixed for this run (see :mod:`~dpjax.dp_sgd.matrix_factorization`)."""
+    from dpjax.dp_sgd.matrix_factorization.config import BandMF  # noqa: PLC0415
+
+    if not isinstance(noise, BandMF):
+        _validate.fail("noise", noise, "None (DP-SGD) or dpjax.dp_sgd.BandMF(bands=b)")
+    return noise.resolve(**kwargs)

@@ -82,7 +82,10 @@ _RUNNING_SUM_FIELDS = ("clipped_sum", "clipped_sum_low", "acc_grads", "grad_acc"
 
 
 def _is_noise_state(x: Any) -> bool:
-    return isinstance(x, NoiseState)
+    """A :class:`NoiseState`, or a state class that declares itself one (class attribute
+    ``dpjax_secret_noise_state``, e.g. the correlated noise's state, whose past-noise buffers
+    are secret too): published as its count only."""
+    return isinstance(x, NoiseState) or getattr(type(x), "dpjax_secret_noise_state", False)
 
 
 def _field_names(path: Any) -> list[str]:
