@@ -45,6 +45,12 @@ least significant bits for differential privacy", CCS): an attacker who sees the
 tell D from D′ with a probability no noise scale removes. DP-SGD's guarantee is stated for the
 model trained with the real-number mechanism; releases of real data to untrusted parties need
 OS-seeded keys and non-porous noise (:func:`dpjax.mechanisms.discrete_laplace`).
+The float32 normal's grid (measured on windows of 64 float32 ulps, every attainable output
+enumerated): near 0 it is denser than the two-word sampler's (U and 1 − U from the integer
+bits: ≥ 20% of the float32 values below |z| = 0.01 where the two-word sampler reaches < 2%;
+70–100% up to |z| = 3.4 against 3–90%), beyond |z| ≈ 3.6 sparser (2⁻³¹ cells: under 30%
+beyond 4, none of a 64-ulp window beyond 5; mass 3·10⁻⁴). Mass-weighted, the share of float32
+values within reach of a draw that the draw cannot produce is 9% against 49% before.
 """
 
 from __future__ import annotations
