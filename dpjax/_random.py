@@ -201,6 +201,7 @@ def _normal_of_words(hi: jax.Array, lo: jax.Array, dtype: Any) -> jax.Array:
 _BLOCK = 4096
 _REFINED_PER_BLOCK = 2
 _TAIL_LANE_PROBABILITY = 2.0**-31  # P[m = 0]: the 31 magnitude bits all zero
+_MAX_FLOAT32_DRAW = 2**31 - 2**21  # lane positions, and the padded out-of-range ones, in int32
 
 # Giles (2010), "Approximating the erfinv function" (GPU Computing Gems), single precision,
 # central branch (w < 5): erfinv(x) = x·P₁(w − 2.5).
@@ -324,7 +325,13 @@ def normal(key: jax.Array, shape: tuple[int, ...] = (), dtype: Any = np.float32)
     dtype = _check_wide(dtype)
     shape = tuple(shape)
     if dtype == np.float32:
-        return _normal32(key, math.prod(shape)).reshape(shape)
+        size = math.prod(shape)
+        if size > _MAX_FLOAT32_DRAW:
+            raise ValueError(
+                f"shape must have at most {_MAX_FLOAT32_DRAW} coordinates per float32 normal "
+                f"draw (int32 lane positions); got {shape} ({size}): split the draw"
+            )
+        return _normal32(key, size).reshape(shape)
     return _sample_words(key, shape, dtype, _normal_of_words)
 
 

@@ -238,3 +238,8 @@ def test_small_and_empty_shapes():
     assert R.normal(jax.random.key(0), (0,)).shape == (0,)
     assert R.normal(jax.random.key(0), (2, 0, 3)).shape == (2, 0, 3)
     assert np.isfinite(float(R.normal(jax.random.key(0), ())))
+
+
+def test_a_draw_too_large_for_int32_lane_positions_is_refused():
+    with pytest.raises(ValueError, match="shape must have at most"):
+        R.normal(jax.random.key(0), (2**16, 2**15))
