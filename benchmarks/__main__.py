@@ -18,7 +18,9 @@ and in the process's CPU time. Writes ``bench.json`` and ``bench.md`` with the i
 * compile time of the DP step ≤ 3 × the non-private step's.
 
 The full run (no ``--quick``) adds the vmap paths and a peak-memory process per method.
-Both end with the throughput of the exact integer samplers (:mod:`benchmarks.integer_noise`).
+Both end with the throughput of the exact integer samplers (:mod:`benchmarks.integer_noise`)
+and the bare sound sampler against ``jax.random.normal`` (:mod:`benchmarks.sampler`: target
+sampler / jax.random.normal ≤ 1.3, issue 24).
 The same program is the console script ``dpjax-bench`` (from any directory once dpjax is
 installed).
 """
@@ -35,7 +37,7 @@ import subprocess
 import sys
 import time
 
-from benchmarks import integer_noise
+from benchmarks import integer_noise, sampler
 from benchmarks.models import CONFIGS, load_plugins
 from benchmarks.steps import available_methods
 
@@ -276,6 +278,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         "records": records,
     }
     payload["integer_noise"] = integer = integer_noise.run(args.quick)  # issue 26
+    payload["sampler"] = bare = sampler.run(args.quick)  # issue 24: sampler / jax.random.normal
+    rows.append(bare["target"])
     (args.out / "bench.json").write_text(json.dumps(payload, indent=2))
     md = ["# dpjax benchmarks", "", f"`{json.dumps(meta)}`", ""]
     md += _summary_table(records, opacus=no_opacus is None)
@@ -284,6 +288,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     md += _target_lines(rows)
     md += ["", "## Every method", ""] + _method_table(records)
     md += integer_noise.section(integer)
+    md += sampler.section(bare)
     (args.out / "bench.md").write_text("\n".join(md) + "\n")
     print("\n".join(md), flush=True)
     return 0

@@ -176,8 +176,12 @@ def test_chunked_transform_equals_the_unchunked_compiled_transform(name):
         for size in SIZES:
             shape = (size,) if size != 2049 else (3, 683)
             out = np.asarray(jax.jit(lambda k, s=shape, d=dtype: sampler(k, s, d))(key))
-            hi, lo = jax.random.bits(key, (2, *shape), jnp.uint32)
-            want = np.asarray(transform(hi, lo, np.dtype(dtype)))
+            if name == "normal" and dtype == np.float32:  # one word a lane (issue 24)
+                words = R._normal32_words(key, size)
+                want = np.asarray(jax.jit(R._normal32_of_words)(*words)).reshape(shape)
+            else:
+                hi, lo = jax.random.bits(key, (2, *shape), jnp.uint32)
+                want = np.asarray(transform(hi, lo, np.dtype(dtype)))
             assert out.shape == shape and out.dtype == dtype
             np.testing.assert_array_equal(out, want)
             assert np.all(np.isfinite(out))
@@ -195,7 +199,18 @@ def test_chunked_draws_reach_the_same_extremes_and_no_further(name):
             for size in (2048, 2049, 2**20 + 1):
                 draw = np.asarray(jax.jit(lambda k, s=size, d=dtype: sampler(k, (s,), d))(key))
                 assert draw.shape == (size,)
-                np.testing.assert_array_equal(draw, np.full(size, single))
+                if name == "normal" and dtype == np.float32:
+                    # every lane is a tail lane: the first and last of each block of 4096 are
+                    # refined (the extreme), the others keep the body value at m = 0 (6.338)
+                    assert np.abs(draw).max() == abs(single)
+                    refined = np.zeros(size, bool)
+                    refined[0::4096] = refined[
+                        np.minimum(np.arange(4095, size + 4095, 4096), size - 1)
+                    ] = True
+                    np.testing.assert_array_equal(draw[refined], single)
+                    assert np.all(np.abs(draw[~refined]) == pytest.approx(6.338, abs=1e-3))
+                else:
+                    np.testing.assert_array_equal(draw, np.full(size, single))
     if name == "normal":
         assert R.gaussian_support_max(np.float32) == pytest.approx(9.1553, abs=1e-4)
     if name == "laplace":

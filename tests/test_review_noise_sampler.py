@@ -76,6 +76,8 @@ def test_magnitude_matches_mpmath_at_extreme_and_switch_uniforms(dtype, rel):
 @pytest.mark.parametrize("hi_word", [0x0, 0x1, 0x00ABCDEF, 0x3FFFFFFF, 0x7FFFFFFF])
 def test_complemented_words_give_exactly_the_negated_value(dtype, sampler, hi_word):
     """Sign bit 0 with bits (hi, lo) vs sign bit 1 with (~hi, ~lo): same magnitude, exactly."""
+    if sampler is _random.normal and dtype == np.float32:
+        pytest.skip("one word a lane: tests/test_random_normal32.py checks the mirror symmetry")
     n = 512
     pos = sampler(jax.random.key(0, impl=_pattern_impl(hi_word, False)), (n,), dtype)
     neg = sampler(jax.random.key(0, impl=_pattern_impl(hi_word, True)), (n,), dtype)
@@ -104,6 +106,15 @@ def test_support_reaches_both_ends_on_every_dtype_path_under_jit_and_vmap(draw, 
     for word, sign in ((0, 1.0), (0xFFFFFFFF, -1.0)):
         keys = jnp.stack([_random.constant_bits_key(word)] * 2)
         out = jax.jit(jax.vmap(lambda k: draw(k, LEAVES, sampler)))(keys)
+        wide = np.concatenate([np.asarray(z, np.float64).ravel() for z in out.values()])
         for name, z in out.items():
             assert z.dtype in (jnp.float32, jnp.float64), name
-            np.testing.assert_allclose(np.asarray(z, np.float64), sign * reach, rtol=2e-7)
+            float32_normal = sampler is jax.random.normal and z.dtype == jnp.float32
+            z = np.asarray(z, np.float64)
+            if float32_normal:
+                # float32 normal, constant words: every lane is a tail lane, the first and
+                # last of a block reach the extreme, the others stay at 6.338 (issue 24)
+                assert np.all(np.abs(z) <= reach * (1 + 2e-7)) and np.all(sign * z > 6.3)
+            else:
+                np.testing.assert_allclose(z, sign * reach, rtol=2e-7)
+        np.testing.assert_allclose(np.max(sign * wide), reach, rtol=2e-7)
