@@ -4,10 +4,11 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
-# pytest-xdist workers for the test targets: one per core (`make test WORKERS=0` runs serially).
-# --dist loadscope keeps a module's tests (and its module-scoped fixtures) on one worker.
+# pytest-xdist workers for the test targets: one per core, at most 4 (each worker is a JAX
+# process of ~1.5 GB); `make test WORKERS=0` runs serially. --dist loadscope keeps a module's
+# tests (and its module-scoped fixtures: the docs build, the notebook kernel) on one worker.
 WORKERS ?= auto
-XDIST   := -n $(WORKERS) --dist loadscope
+XDIST   := -n $(WORKERS) --maxprocesses 4 --dist loadscope
 
 .PHONY: reproduce notebooks docs test test-slow test-torch test-all lint bench bench-full bench-torch venv clean
 
