@@ -4,6 +4,11 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
+# pytest-xdist workers for the test targets: one per core, at most 4 (each worker is a JAX
+# process of ~1.5 GB); `make test WORKERS=0` runs serially. --dist loadscope keeps a module's
+# tests (and its module-scoped fixtures: the docs build, the notebook kernel) on one worker.
+WORKERS ?= auto
+XDIST   := -n $(WORKERS) --maxprocesses 4 --dist loadscope
 
 .PHONY: reproduce notebooks docs test test-slow test-torch test-all lint bench bench-full bench-torch venv clean
 
@@ -46,14 +51,14 @@ docs: $(VENV)/.installed-docs
 
 ## Run the default test suite (statistical heavy suites are marked `slow` and excluded).
 test: $(VENV)/.installed-dev
-	$(PY) -m pytest -m "not slow and not torch" -q
+	$(PY) -m pytest -m "not slow and not torch" -q $(XDIST)
 
 ## The heavy statistical suites (audits with many trials, full-scale checks).
 test-slow: $(VENV)/.installed-dev
-	$(PY) -m pytest -m "slow and not torch" -q
+	$(PY) -m pytest -m "slow and not torch" -q $(XDIST)
 
 test-all: $(VENV)/.installed-dev
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(XDIST)
 
 lint: $(VENV)/.installed-dev
 	$(PY) -m ruff check dpjax tests experiments benchmarks

@@ -239,7 +239,9 @@ def int_feature_loss(w, x, y):
     return 0.5 * (h - y) ** 2
 
 
-@pytest.mark.parametrize("method", ["vmap", "ghost", "auto"])
+# "auto" (= ghost here) in the slow suite; its integer case stays in the default suite in
+# tests/adversarial/test_adv_contribution.py::test_integer_features_are_clipped.
+@pytest.mark.parametrize("method", ["vmap", "ghost", pytest.param("auto", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("int_dtype", [jnp.int32, jnp.int64])
 def test_integer_features_are_clipped(method, int_dtype):
     """Finding 1: int activations made ‖a‖²‖g‖² = 2³² wrap to 0 (contribution 65536 C)."""

@@ -153,6 +153,7 @@ def test_x64_is_handled_inside_and_global_flag_untouched():
     assert stdout.split() == ["False", "float64", "float64"]
 
 
+@pytest.mark.slow  # a fresh interpreter (~8 s of imports and compiles); a packaging check
 def test_dpjax_imports_without_sklearn():
     stdout = _run(
         """

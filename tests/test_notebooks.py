@@ -1,4 +1,5 @@
-"""Execute every tutorial notebook top to bottom and fail on any error.
+"""Execute every tutorial notebook top to bottom and fail on any error (`make test` executes the
+lightest one, `make test-slow` the other four).
 
 The notebooks run in a fresh ipykernel started with *this* interpreter (the .venv's), through a
 kernel spec written to a temporary directory, so a user-level ``python3`` kernel spec pointing at
@@ -79,7 +80,13 @@ def test_notebook_cites_the_lectures_by_topic_and_starts_with_parameters(name):
     assert "assert " in "\n".join(c.source for c in code), f"{name} checks nothing"
 
 
-@pytest.mark.parametrize("name", EXPECTED)
+# `make test` executes the lightest notebook (the kernel, the execution and the HTML export);
+# the four heavier ones (up to 4x its time each) run in the slow suite, which CI runs too.
+FAST_NOTEBOOK = "02_accounting.ipynb"
+RENDERED = [n if n == FAST_NOTEBOOK else pytest.param(n, marks=pytest.mark.slow) for n in EXPECTED]
+
+
+@pytest.mark.parametrize("name", RENDERED)
 def test_notebook_runs_clean_and_renders_to_html(name, kernel_spec_manager):
     """The path of `make notebooks`: execute with the builder's kernel, export HTML."""
     builder = _load_builder()

@@ -26,6 +26,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 import dpjax
@@ -33,6 +34,11 @@ import dpjax
 C = 1.0
 TOLERANCE = 1e-6  # the claim: contribution ≤ C·(1 + 1e-6)
 METHODS = ("vmap", "ghost", "auto")
+# The parametrisation of the searches in `make test`: "auto" runs ghost where ghost supports the
+# model and vmap otherwise, both searched here; its own searches run in the slow suite (the
+# dispatch itself stays in the default suite: test_integer_features_are_clipped).
+METHODS_DEFAULT = ("vmap", "ghost", pytest.param("auto", marks=pytest.mark.slow))
+GHOST_AND_AUTO = ("ghost", pytest.param("auto", marks=pytest.mark.slow))
 DTYPES = {
     "f64": jnp.float64,
     "f32": jnp.float32,

@@ -16,11 +16,15 @@ import pytest
 
 from tests.adversarial import adv_harness as H
 
+_SLOW = pytest.mark.slow  # "auto" searches: the slow suite (H.METHODS_DEFAULT explains why)
 CASES = [
-    (kind, p_dtype, x_dtype, method)
+    pytest.param(kind, p_dtype, x_dtype, method, marks=_SLOW if method == "auto" else ())
     for kind, p_dtype, x_dtype in [("dense", "f64", "i64"), ("smallseq", "f32", "f32")]
     for method in H.METHODS
-] + [("seq8", "f32", "f32", "ghost"), ("seq8", "f32", "f32", "auto")]  # seq8 vmap: slow sweep
+] + [
+    ("seq8", "f32", "f32", "ghost"),
+    pytest.param("seq8", "f32", "f32", "auto", marks=_SLOW),
+]  # seq8 vmap: slow sweep
 
 
 def _neighbour_batches(target: H.Target, seed: int, trials: int, rows: int = 4):
@@ -44,7 +48,7 @@ def test_add_remove_difference_within_clip(kind, p_dtype, x_dtype, method):
     "kind, p_dtype, x_dtype, method",
     [
         ("seq8", "f32", "f32", "ghost"),
-        ("seq8", "f32", "f32", "auto"),
+        pytest.param("seq8", "f32", "f32", "auto", marks=_SLOW),
         ("dense", "f64", "i64", "vmap"),
     ],
 )

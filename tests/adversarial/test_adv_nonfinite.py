@@ -39,7 +39,7 @@ def _bad_batches(target: H.Target, seed: int):
             yield f"{name}/{where}", x, y, row
 
 
-@pytest.mark.parametrize("method", H.METHODS)
+@pytest.mark.parametrize("method", H.METHODS_DEFAULT)
 @pytest.mark.parametrize(
     "kind, dtype",
     [("dense", "f32"), ("seq8", "f32"), ("smallseq", "f32"), ("dense", "bf16")],
