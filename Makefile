@@ -36,7 +36,7 @@ venv: $(VENV)/.installed-dev
 
 ## Reproduce the excess-risk rates (and the other experiments) at the quick default scale.
 reproduce: $(VENV)/.installed-experiments
-	$(PY) -m experiments all --out results
+	$(PY) -m experiments all --jobs 2 --out results
 
 ## Execute the tutorial notebooks into results/notebooks/ (.ipynb with outputs + .html); the
 ## stored notebooks stay output-free.

@@ -14,17 +14,22 @@ own section in an existing ``REPORT.md`` and keeps the others (or starts the fil
 whose ``run`` returns ``{"report_md": ...}`` gets a section; nothing here names an experiment.
 After each experiment the command prints the files it wrote and, where the summary has one, its
 ``verdict`` line (the rates: ``N/M rows ✓``, counting rows whose 95% CI contains the theory's
-slope and whose bound held).
+slope and whose bound held). ``--jobs J`` runs ``all``'s experiments in J spawned processes
+(each experiment is seeded on its own, so the results do not depend on J).
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import importlib
 import inspect
+import multiprocessing
 import pathlib
 import re
 import sys
 import time
+from typing import Any
 
 from experiments import registry
 
@@ -65,6 +70,15 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         help=f"output folder for JSON, PNG and {REPORT_NAME} (created; default: results)",
     )
     parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help=(
+            "experiments run at once, each in its own process (default 1; `make reproduce` "
+            "uses 2: the experiments are independent and single-threaded)"
+        ),
+    )
+    parser.add_argument(
         "--size",
         choices=("tiny", "quick", "full"),
         default=None,
@@ -79,6 +93,48 @@ def _run_one(name: str, args: argparse.Namespace) -> dict:
     if args.size is not None and "size" in inspect.signature(module.run).parameters:
         kwargs["size"] = args.size
     return module.run(args.out, **kwargs)
+
+
+def _run_in_child(module_path: str, out: pathlib.Path, full: bool, seed: int, size: Any) -> dict:
+    """One experiment in a worker process (``--jobs`` > 1): its report section and verdict."""
+    module = importlib.import_module(module_path)
+    kwargs: dict[str, Any] = {"full": full, "seed": seed}
+    if size is not None and "size" in inspect.signature(module.run).parameters:
+        kwargs["size"] = size
+    start = time.perf_counter()
+    summary = module.run(out, **kwargs)
+    keep = {k: summary[k] for k in ("report_md", "verdict") if summary.get(k)}
+    return keep | {"seconds": time.perf_counter() - start}
+
+
+def _longest_first(names: list[str]) -> list[str]:
+    """Submission order for the worker pool: the long experiments first (fewer idle cores)."""
+    first = [n for n in registry.LONGEST_FIRST if n in names]
+    return first + [n for n in names if n not in first]
+
+
+def _run_parallel(names: list[str], args: argparse.Namespace, report: pathlib.Path) -> list[str]:
+    """Run ``names`` in ``args.jobs`` spawned processes; write each section as it finishes."""
+    verdicts: dict[str, str] = {}
+    fresh = True
+    context = multiprocessing.get_context("spawn")  # JAX is not fork-safe
+    with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=context) as pool:
+        futures = {}
+        for name in _longest_first(names):
+            print(f"[experiments] running {name} ...", flush=True)
+            child = (registry.EXPERIMENTS[name], args.out, args.full, args.seed, args.size)
+            futures[pool.submit(_run_in_child, *child)] = name
+        for future in concurrent.futures.as_completed(futures):
+            name = futures[future]
+            summary = future.result()
+            print(f"[experiments] {name} done in {summary['seconds']:.1f}s", flush=True)
+            if summary.get("report_md"):
+                update_report(report, {name: summary["report_md"]}, replace_all=fresh)
+                fresh = False
+            if summary.get("verdict"):
+                verdicts[name] = f"[experiments] {name}: {summary['verdict']}"
+                print(verdicts[name], flush=True)
+    return [verdicts[n] for n in names if n in verdicts]
 
 
 def _begin(name: str) -> str:
@@ -133,7 +189,12 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     out = args.out.resolve()
     report = args.out / REPORT_NAME
     verdicts = []
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be >= 1; got {args.jobs}")
     fresh = args.name == "all"  # `all` starts REPORT.md afresh; one experiment updates it
+    if args.jobs > 1 and len(names) > 1:
+        verdicts = _run_parallel(names, args, report)
+        names = []
     for name in names:
         start = time.perf_counter()
         print(f"[experiments] running {name} ...", flush=True)

@@ -10,6 +10,7 @@ tests check that every subcommand writes (or updates its section of) REPORT.md.
 
 import json
 import math
+import os
 import re
 import sys
 import types
@@ -262,3 +263,32 @@ def test_an_unknown_experiment_fails_before_writing(tmp_path, fake_experiments):
     with pytest.raises(ValueError, match="experiment must be one of"):
         cli.main(["gamma", "--out", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
+
+
+def test_jobs_runs_all_in_worker_processes_and_keeps_the_report_order(tmp_path, monkeypatch):
+    """``all --jobs 2`` (what ``make reproduce`` runs): every experiment runs once in a spawned
+    worker, and REPORT.md holds the sections in registry order whatever finishes first."""
+    package = tmp_path / "fakepkg_jobs"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for name, pause in (("slow_one", 0.5), ("quick_one", 0.0)):
+        (package / f"{name}.py").write_text(
+            "import os, time\n"
+            f"DESCRIPTION = 'fake {name}'\n"
+            "def run(out_dir, *, full=False, seed=0):\n"
+            f"    time.sleep({pause})\n"
+            f"    (out_dir / '{name}.pid').write_text(str(os.getpid()))\n"
+            f"    return {{'report_md': '## {name}', 'verdict': '{name} ok'}}\n"
+        )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    experiments = {n: f"fakepkg_jobs.{n}" for n in ("slow_one", "quick_one")}
+    monkeypatch.setattr(registry, "EXPERIMENTS", experiments)
+    monkeypatch.setattr(registry, "ORDER", ("slow_one", "quick_one"))
+    out = tmp_path / "out"
+    assert cli.main(["all", "--jobs", "2", "--out", str(out)]) == 0
+    sections = cli.read_sections((out / "REPORT.md").read_text())
+    assert list(sections) == ["slow_one", "quick_one"]
+    pids = {(out / f"{n}.pid").read_text() for n in experiments}
+    assert str(os.getpid()) not in pids  # ran in workers, not in this process
+    with pytest.raises(ValueError, match="--jobs"):
+        cli.main(["all", "--jobs", "0", "--out", str(out)])
