@@ -22,14 +22,12 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import importlib
 import inspect
 import multiprocessing
 import pathlib
 import re
 import sys
 import time
-from typing import Any
 
 from experiments import registry
 
@@ -95,18 +93,6 @@ def _run_one(name: str, args: argparse.Namespace) -> dict:
     return module.run(args.out, **kwargs)
 
 
-def _run_in_child(module_path: str, out: pathlib.Path, full: bool, seed: int, size: Any) -> dict:
-    """One experiment in a worker process (``--jobs`` > 1): its report section and verdict."""
-    module = importlib.import_module(module_path)
-    kwargs: dict[str, Any] = {"full": full, "seed": seed}
-    if size is not None and "size" in inspect.signature(module.run).parameters:
-        kwargs["size"] = size
-    start = time.perf_counter()
-    summary = module.run(out, **kwargs)
-    keep = {k: summary[k] for k in ("report_md", "verdict") if summary.get(k)}
-    return keep | {"seconds": time.perf_counter() - start}
-
-
 def _longest_first(names: list[str]) -> list[str]:
     """Submission order for the worker pool: the long experiments first (fewer idle cores)."""
     first = [n for n in registry.LONGEST_FIRST if n in names]
@@ -123,7 +109,7 @@ def _run_parallel(names: list[str], args: argparse.Namespace, report: pathlib.Pa
         for name in _longest_first(names):
             print(f"[experiments] running {name} ...", flush=True)
             child = (registry.EXPERIMENTS[name], args.out, args.full, args.seed, args.size)
-            futures[pool.submit(_run_in_child, *child)] = name
+            futures[pool.submit(registry.run_module, *child)] = name
         for future in concurrent.futures.as_completed(futures):
             name = futures[future]
             summary = future.result()

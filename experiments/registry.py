@@ -12,7 +12,11 @@ Each experiment module defines
 from __future__ import annotations
 
 import importlib
+import inspect
+import pathlib
+import time
 from types import ModuleType
+from typing import Any
 
 # name -> module path. Add new experiments here.
 EXPERIMENTS: dict[str, str] = {
@@ -37,3 +41,17 @@ def load(name: str) -> ModuleType:
     if name not in EXPERIMENTS:
         raise ValueError(f"experiment must be one of {sorted(EXPERIMENTS)!r}; got {name!r}")
     return importlib.import_module(EXPERIMENTS[name])
+
+
+def run_module(module_path: str, out: pathlib.Path, full: bool, seed: int, size: Any) -> dict:
+    """Run the experiment module ``module_path`` (in a worker process of ``--jobs`` > 1: this
+    function lives here, not in ``__main__``, so that spawned workers can import it); returns
+    its report section, verdict and wall seconds."""
+    module = importlib.import_module(module_path)
+    kwargs: dict[str, Any] = {"full": full, "seed": seed}
+    if size is not None and "size" in inspect.signature(module.run).parameters:
+        kwargs["size"] = size
+    start = time.perf_counter()
+    summary = module.run(out, **kwargs)
+    keep = {k: summary[k] for k in ("report_md", "verdict") if summary.get(k)}
+    return keep | {"seconds": time.perf_counter() - start}

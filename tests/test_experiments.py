@@ -11,7 +11,9 @@ tests check that every subcommand writes (or updates its section of) REPORT.md.
 import json
 import math
 import os
+import pathlib
 import re
+import subprocess
 import sys
 import types
 
@@ -265,9 +267,10 @@ def test_an_unknown_experiment_fails_before_writing(tmp_path, fake_experiments):
     assert not (tmp_path / "out").exists()
 
 
-def test_jobs_runs_all_in_worker_processes_and_keeps_the_report_order(tmp_path, monkeypatch):
-    """``all --jobs 2`` (what ``make reproduce`` runs): every experiment runs once in a spawned
-    worker, and REPORT.md holds the sections in registry order whatever finishes first."""
+def test_jobs_runs_all_in_worker_processes_and_keeps_the_report_order(tmp_path):
+    """``python -m experiments all --jobs 2`` (what ``make reproduce`` runs): every experiment
+    runs once in a spawned worker (which must be able to import the worker function although
+    the CLI is ``__main__``), and REPORT.md holds the sections in registry order."""
     package = tmp_path / "fakepkg_jobs"
     package.mkdir()
     (package / "__init__.py").write_text("")
@@ -280,15 +283,36 @@ def test_jobs_runs_all_in_worker_processes_and_keeps_the_report_order(tmp_path, 
             f"    (out_dir / '{name}.pid').write_text(str(os.getpid()))\n"
             f"    return {{'report_md': '## {name}', 'verdict': '{name} ok'}}\n"
         )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    experiments = {n: f"fakepkg_jobs.{n}" for n in ("slow_one", "quick_one")}
-    monkeypatch.setattr(registry, "EXPERIMENTS", experiments)
-    monkeypatch.setattr(registry, "ORDER", ("slow_one", "quick_one"))
     out = tmp_path / "out"
-    assert cli.main(["all", "--jobs", "2", "--out", str(out)]) == 0
+    driver = tmp_path / "driver.py"
+    driver.write_text(
+        "import os, runpy, sys\n"
+        "if __name__ == '__main__':\n"
+        "    from experiments import registry\n"
+        "    names = ('slow_one', 'quick_one')\n"
+        "    registry.EXPERIMENTS = {n: f'fakepkg_jobs.{n}' for n in names}\n"
+        "    registry.ORDER = names\n"
+        f"    sys.argv = ['experiments', 'all', '--jobs', '2', '--out', {str(out)!r}]\n"
+        "    print('driver', os.getpid())\n"
+        "    runpy.run_module('experiments', run_name='__main__')\n"
+    )
+    root = pathlib.Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(root)]))
+    done = subprocess.run(
+        [sys.executable, str(driver)], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
     sections = cli.read_sections((out / "REPORT.md").read_text())
     assert list(sections) == ["slow_one", "quick_one"]
-    pids = {(out / f"{n}.pid").read_text() for n in experiments}
-    assert str(os.getpid()) not in pids  # ran in workers, not in this process
+    driver_pid = done.stdout.split("driver ")[1].split()[0]
+    pids = {(out / f"{n}.pid").read_text() for n in ("slow_one", "quick_one")}
+    assert driver_pid not in pids  # ran in workers, not in the CLI's process
+    assert done.stdout.rstrip().splitlines()[-2:] == [
+        "[experiments] slow_one: slow_one ok",
+        "[experiments] quick_one: quick_one ok",
+    ]
+
+
+def test_jobs_must_be_positive(tmp_path):
     with pytest.raises(ValueError, match="--jobs"):
-        cli.main(["all", "--jobs", "0", "--out", str(out)])
+        cli.main(["all", "--jobs", "0", "--out", str(tmp_path)])
