@@ -55,9 +55,10 @@ def test_bandmf_resumed_on_reordered_rows_is_refused():
 @pytest.mark.xfail(
     strict=True,
     reason="open (review2): a user-level run's event() is a PoissonSampledGaussianEvent tagged "
-    "add_or_remove_one like an example-level one; a PrivacyAccountant composes the two into an "
-    "ε that holds for neither unit (user level: the example-level run gives only group "
-    "privacy; example level: removing one row of a user REPLACES its vector, sensitivity 2C). "
+    "add_or_remove_one exactly like an example-level one, so a PrivacyAccountant composes the "
+    "two into one ε that holds for neither unit: as a user-level claim the example-level "
+    "run only gives group privacy (kε); as an example-level claim removing one row of a user "
+    "with more rows than the cap k shifts which rows are kept (its vector moves by up to 2C). "
     "Fix: a privacy-unit field on the events (example / user + grouping fingerprint) that the "
     "accountant refuses to mix.",
 )

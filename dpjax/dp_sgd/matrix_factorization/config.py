@@ -69,7 +69,10 @@ class BandMF:
         accounted as DP-SGD over ⌈T/b⌉ rounds at rate q on parts of ⌈n/b⌉ records
         (Choquette-Choo et al. 2023, "(Amplified) banded matrix factorization", Theorem 4;
         add/remove-one). Covered: the parameter trajectory and the public state; NOT the
-        noise buffers and keys of the private state.
+        noise buffers and keys of the private state. The part of a record is its ROW INDEX
+        mod b: every step of a run (resumed or not) must see the rows in one fixed order —
+        a record whose index changes mid-run can be sampled in steps less than b apart, and
+        the ⌈T/b⌉-round accounting no longer holds.
 
     Example:
         >>> noise = BandMF(bands=4).resolve(dataset_size=1000, batch_size=50, steps=40)
