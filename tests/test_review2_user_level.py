@@ -125,3 +125,26 @@ def test_a_row_outside_the_data_is_refused(bad_row):
     fields["dataset_size"] = 4
     with pytest.raises(ValueError, match=r"rows in \[0, 4\)"):
         UserGrouping(**fields)
+
+
+def test_a_batch_naming_one_user_twice_is_refused():
+    # clipped_user_sum is public and promises "removing one user moves the sum by ≤ C"; a
+    # batch [0, 0] (e.g. a with-replacement sampler) sums user 0 twice: removing it moves 2C
+    g = group_users(np.array([10, 10, 11]))
+    rows = jnp.array([[1e3, 0.0], [1e3, 0.0], [0.0, 0.0]])
+    loss = lambda w, x: x @ w  # noqa: E731
+    with pytest.raises(ValueError, match="users"):
+        clipped_user_sum(loss, jnp.zeros(2), rows, g, jnp.array([0, 0]), l2_clip_norm=C)
+    with pytest.raises(ValueError, match=r"slots in \[0, 2\)"):
+        clipped_user_sum(loss, jnp.zeros(2), rows, g, jnp.array([0, 2]), l2_clip_norm=C)
+    # padding slots may repeat (they contribute exactly 0)
+    s = clipped_user_sum(
+        loss,
+        jnp.zeros(2),
+        rows,
+        g,
+        jnp.array([0, 0, 1]),
+        l2_clip_norm=C,
+        user_mask=jnp.array([True, False, True]),
+    )
+    assert float(jnp.linalg.norm(s)) <= C * (1 + 1e-6)

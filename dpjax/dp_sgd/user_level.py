@@ -320,6 +320,22 @@ def _round(pairs: list, params: Any) -> Any:
     )
 
 
+def _check_distinct_users(users: jax.Array, mask: jax.Array, num_users: int) -> None:
+    """Refuse (when concrete) a batch naming one user twice or a slot outside [0, U): a
+    repeated user enters the sum twice, and removing it moves the sum by 2C, not C."""
+    if not (_validate.is_concrete(users) and _validate.is_concrete(mask)):
+        return
+    real = np.asarray(users)[np.asarray(mask, bool)]
+    if real.size and (real.min() < 0 or real.max() >= num_users):
+        _validate.fail("users", "a user slot outside the grouping", f"slots in [0, {num_users})")
+    if np.unique(real).size != real.size:
+        _validate.fail(
+            "users",
+            "a batch naming one user twice",
+            "distinct user slots (a repeated user is summed twice: sensitivity 2C, not C)",
+        )
+
+
 def clipped_user_sum(
     loss_fn: Callable[[Any, Any], jax.Array],
     params: Any,
@@ -349,6 +365,10 @@ def clipped_user_sum(
     Returns:
         The clipped sum (a pytree like ``params``, float32 at least).
 
+    Raises:
+        ValueError: ``users`` (when concrete) names a user twice among its real slots, or a
+            slot outside [0, U).
+
     Formal guarantees:
         Each user's vector, rounding included, has ℓ2 norm ≤ f·C (certified upper bound of
         the stored aggregate's norm, :mod:`dpjax.dp_sgd._certified`) and the fixed-order
@@ -368,6 +388,7 @@ def clipped_user_sum(
     c = _validate.positive("l2_clip_norm", l2_clip_norm)
     users = jnp.asarray(users, jnp.int32)
     mask = jnp.ones(users.shape, bool) if user_mask is None else jnp.asarray(user_mask, bool)
+    _check_distinct_users(users, mask, grouping.num_users)
     table, row_mask = jnp.asarray(grouping.table), jnp.asarray(grouping.mask)
     rows, row_mask = jnp.take(table, users, axis=0), jnp.take(row_mask, users, axis=0)
     release = user_release(int(users.shape[0]), c)
