@@ -208,7 +208,14 @@ class CyclicPoissonSampler(ReadOnlyAfterInit):
         steps: int,
         relation: NeighbouringRelation | str = ADD_OR_REMOVE_ONE,
     ):
-        """The event of ``steps`` ROUNDS (see the class): the part sampler's DP-SGD event."""
+        """The event of ``steps`` ROUNDS (see the class): the part sampler's DP-SGD event.
+
+        Valid for independent noise σ·C_clip per step, or for the correlated noise of a
+        b-banded C (b ≤ ``parts``) with max column norm ≤ 1, as ``make_private`` builds it.
+        With your own :func:`correlated_noise` strategy, pass σ / max_j‖C e_j‖ here, or use
+        :func:`~dpjax.dp_sgd.matrix_factorization.accounting.banded_amplified_event`, which
+        divides by it and checks the band width (an unnormalised C would be under-charged).
+        """
         return self.part_sampler.event(
             noise_multiplier=noise_multiplier, steps=steps, relation=relation
         )
