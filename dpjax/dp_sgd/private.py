@@ -1288,7 +1288,10 @@ def make_private(
             strategy C (:mod:`dpjax.dp_sgd.matrix_factorization`) with cyclic Poisson
             sampling — step t samples part t mod b of the records (i mod b = part) at rate
             q = batch_size/⌈n/b⌉, and ε is that of DP-SGD over ⌈T/b⌉ rounds at σ (C has max
-            column norm 1). ``batch_size`` must be ≤ ⌈n/b⌉.
+            column norm 1). ``batch_size`` must be ≤ ⌈n/b⌉. The parts are ROW INDICES, so
+            the order of ``data``'s rows is part of the plan: resume such a run only on the
+            same rows in the same order (a record moved to another part can be sampled in
+            adjacent steps, which the ⌈T/b⌉-round accounting does not cover).
 
     Returns:
         A :class:`PrivateTraining` with ``noise_multiplier``, ``sampling_rate``, ``steps``,

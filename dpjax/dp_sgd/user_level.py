@@ -83,6 +83,58 @@ class UserGrouping:
     max_examples_per_user: int
     fingerprint: int
 
+    def __post_init__(self) -> None:
+        """Check the invariants the per-user sensitivity rests on, and freeze the arrays.
+
+        Every real slot holds a row in [0, n) and no row is in two slots: a row shared by two
+        users (a hand-built grouping) would move both users' vectors when one user is
+        removed (sensitivity 2C, not C). The fingerprint must be that of the table (the plan
+        ledger records it), and the arrays are read-only copies: a table edited after
+        ``make_private`` would no longer be the grouping the ledger names.
+
+        Raises:
+            ValueError: a grouping that violates one of these (named, with the valid range).
+        """
+        n = _validate.positive_int("dataset_size", self.dataset_size)
+        k = _validate.positive_int("max_examples_per_user", self.max_examples_per_user)
+        table, mask = np.array(self.table), np.array(self.mask)
+        keys = np.array(self.user_keys)
+        if (
+            table.ndim != 2
+            or table.shape[1] != k
+            or mask.shape != table.shape
+            or mask.dtype != np.bool_
+            or not np.issubdtype(table.dtype, np.integer)
+            or keys.shape != (table.shape[0],)
+            or table.shape[0] < 1
+        ):
+            _validate.fail(
+                "grouping",
+                f"table {table.dtype}{table.shape}, mask {mask.dtype}{mask.shape}, "
+                f"user_keys {keys.shape}, k={k}",
+                "an int table [U, k] with a bool mask [U, k] and U user keys (group_users)",
+            )
+        rows = table[mask]
+        if rows.size and (rows.min() < 0 or rows.max() >= n):
+            _validate.fail("grouping.table", "a row index outside the data", f"rows in [0, {n})")
+        if np.unique(rows).size != rows.size:
+            _validate.fail(
+                "grouping.table",
+                "a row in two user slots",
+                "each row in at most one user (a shared row moves two users' vectors: "
+                "sensitivity 2C); build it with group_users",
+            )
+        table = np.where(mask, table, 0).astype(np.int32)
+        if self.fingerprint != _fingerprint(n, k, table, mask):
+            _validate.fail(
+                "grouping.fingerprint",
+                self.fingerprint,
+                "the fingerprint of its table (build the grouping with group_users)",
+            )
+        for name, value in (("table", table), ("mask", mask), ("user_keys", keys)):
+            value.flags.writeable = False
+            object.__setattr__(self, name, value)
+
     @property
     def num_users(self) -> int:
         """U, the number of distinct users."""
@@ -144,18 +196,23 @@ def group_users(user_ids: Any, *, max_examples_per_user: int | None = None) -> U
     pos = np.where(m <= k, i, (i * m) // k)
     mask = i < np.minimum(m, k)
     table = np.where(mask, order[starts[:, None] + np.where(mask, pos, 0)], 0).astype(np.int32)
-    digest = hashlib.blake2b(digest_size=8)
-    digest.update(np.asarray([ids.shape[0], k], "<i8").tobytes())
-    digest.update(table.astype("<i4").tobytes())
-    digest.update(mask.astype(np.uint8).tobytes())
     return UserGrouping(
         table=table,
         mask=mask,
         user_keys=keys,
         dataset_size=int(ids.shape[0]),
         max_examples_per_user=k,
-        fingerprint=int.from_bytes(digest.digest(), "little") or 1,
+        fingerprint=_fingerprint(int(ids.shape[0]), k, table, mask),
     )
+
+
+def _fingerprint(n: int, k: int, table: np.ndarray, mask: np.ndarray) -> int:
+    """The 64-bit fingerprint of a grouping (n, k, table, mask) that the plan ledger records."""
+    digest = hashlib.blake2b(digest_size=8)
+    digest.update(np.asarray([n, k], "<i8").tobytes())
+    digest.update(np.asarray(table).astype("<i4").tobytes())
+    digest.update(np.asarray(mask).astype(np.uint8).tobytes())
+    return int.from_bytes(digest.digest(), "little") or 1
 
 
 def as_grouping(user_ids: Any, dataset_size: int) -> UserGrouping:
@@ -263,6 +320,22 @@ def _round(pairs: list, params: Any) -> Any:
     )
 
 
+def _check_distinct_users(users: jax.Array, mask: jax.Array, num_users: int) -> None:
+    """Refuse (when concrete) a batch naming one user twice or a slot outside [0, U): a
+    repeated user enters the sum twice, and removing it moves the sum by 2C, not C."""
+    if not (_validate.is_concrete(users) and _validate.is_concrete(mask)):
+        return
+    real = np.asarray(users)[np.asarray(mask, bool)]
+    if real.size and (real.min() < 0 or real.max() >= num_users):
+        _validate.fail("users", "a user slot outside the grouping", f"slots in [0, {num_users})")
+    if np.unique(real).size != real.size:
+        _validate.fail(
+            "users",
+            "a batch naming one user twice",
+            "distinct user slots (a repeated user is summed twice: sensitivity 2C, not C)",
+        )
+
+
 def clipped_user_sum(
     loss_fn: Callable[[Any, Any], jax.Array],
     params: Any,
@@ -292,6 +365,10 @@ def clipped_user_sum(
     Returns:
         The clipped sum (a pytree like ``params``, float32 at least).
 
+    Raises:
+        ValueError: ``users`` (when concrete) names a user twice among its real slots, or a
+            slot outside [0, U).
+
     Formal guarantees:
         Each user's vector, rounding included, has ℓ2 norm ≤ f·C (certified upper bound of
         the stored aggregate's norm, :mod:`dpjax.dp_sgd._certified`) and the fixed-order
@@ -311,6 +388,7 @@ def clipped_user_sum(
     c = _validate.positive("l2_clip_norm", l2_clip_norm)
     users = jnp.asarray(users, jnp.int32)
     mask = jnp.ones(users.shape, bool) if user_mask is None else jnp.asarray(user_mask, bool)
+    _check_distinct_users(users, mask, grouping.num_users)
     table, row_mask = jnp.asarray(grouping.table), jnp.asarray(grouping.mask)
     rows, row_mask = jnp.take(table, users, axis=0), jnp.take(row_mask, users, axis=0)
     release = user_release(int(users.shape[0]), c)

@@ -69,7 +69,10 @@ class BandMF:
         accounted as DP-SGD over ⌈T/b⌉ rounds at rate q on parts of ⌈n/b⌉ records
         (Choquette-Choo et al. 2023, "(Amplified) banded matrix factorization", Theorem 4;
         add/remove-one). Covered: the parameter trajectory and the public state; NOT the
-        noise buffers and keys of the private state.
+        noise buffers and keys of the private state. The part of a record is its ROW INDEX
+        mod b: every step of a run (resumed or not) must see the rows in one fixed order —
+        a record whose index changes mid-run can be sampled in steps less than b apart, and
+        the ⌈T/b⌉-round accounting no longer holds.
 
     Example:
         >>> noise = BandMF(bands=4).resolve(dataset_size=1000, batch_size=50, steps=40)
@@ -205,7 +208,14 @@ class CyclicPoissonSampler(ReadOnlyAfterInit):
         steps: int,
         relation: NeighbouringRelation | str = ADD_OR_REMOVE_ONE,
     ):
-        """The event of ``steps`` ROUNDS (see the class): the part sampler's DP-SGD event."""
+        """The event of ``steps`` ROUNDS (see the class): the part sampler's DP-SGD event.
+
+        Valid for independent noise σ·C_clip per step, or for the correlated noise of a
+        b-banded C (b ≤ ``parts``) with max column norm ≤ 1, as ``make_private`` builds it.
+        With your own :func:`correlated_noise` strategy, pass σ / max_j‖C e_j‖ here, or use
+        :func:`~dpjax.dp_sgd.matrix_factorization.accounting.banded_amplified_event`, which
+        divides by it and checks the band width (an unnormalised C would be under-charged).
+        """
         return self.part_sampler.event(
             noise_multiplier=noise_multiplier, steps=steps, relation=relation
         )
