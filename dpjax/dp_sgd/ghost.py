@@ -445,45 +445,59 @@ def _tree_sums(rows: list[jax.Array]) -> list[tuple[jax.Array, jax.Array]]:
     return out
 
 
-# T = 1 layers: Σ_i a_i (s_i g_i)ᵀ is contracted over groups of this many examples inside one
-# batched matrix product (error ≤ γ_c·Σ_i s_i‖a_i‖‖g_i‖, counted in the summation shrink),
-# then the groups' sums are added by a plain fixed-order pairwise tree. 32 keeps the cost near
-# one matrix product at B = 256 (16: 3× slower; 64: the shrink doubles) and the shrink at
-# ≈ 2·(32 + log2 B)·u·B (float32: 1.1·10⁻³ at B = 256, 1.9·10⁻² at B = 4096).
+# T = 1 layers: Σ_i a_i (s_i g_i)ᵀ is contracted over groups of this many examples, one matrix
+# product per group (error ≤ γ_c·Σ_i s_i‖a_i‖‖g_i‖, counted in the summation shrink), and the
+# groups' products are added one after the other in double-float (a scan: no (B/c, K, N) stack
+# of partial sums in memory, whose fresh pages cost more than the products at B = 1024; the
+# ⌈B/c⌉ sequential merges are added to the summation depth, see _stream_steps). 32 keeps the
+# shrink at ≈ 2·(32 + log2 B)·u·B (float32: 1.1·10⁻³ at B = 256, 1.9·10⁻² at B = 4096).
 _T1_GROUP = 32
+
+
+_T1_MERGE = 4
 
 
 def _group_size(b: int) -> int:
     return min(_T1_GROUP, b)
 
 
+def _merge_size(b: int) -> int:
+    """Groups whose products are added in plain float before each double-float merge."""
+    return max(1, min(_T1_MERGE, b // _group_size(b)))
+
+
 def _dense_clipped_sum(a: jax.Array, g_scaled: jax.Array, keep: jax.Array, sanitize: bool):
     """``Σ_i aᵢᵀ (sᵢ gᵢ)`` as a ``(K, N)`` double-float pair, in a controlled order.
 
-    T = 1: groups of :data:`_T1_GROUP` examples contracted in a batched product, the groups
-    added by the tree. T > 1: every example's ``aᵢᵀ(sᵢgᵢ)`` formed on its own (a contraction
-    over its T positions, whose rounding the certified factor covers), then the tree.
+    T = 1: groups of :data:`_T1_GROUP` examples, one product each, added in a double-float
+    scan. T > 1: every example's ``aᵢᵀ(sᵢgᵢ)`` formed on its own (a contraction over its T
+    positions, whose rounding the certified factor covers), then the tree.
     """
     b, t, k = a.shape
     if sanitize:
         a = _row_where(keep, a)
     if t > 1:
         return _per_example_stream(a, g_scaled)
-    c = _group_size(b)
-    pad = -b % c
+    c, m = _group_size(b), _merge_size(b)
+    pad = -b % (c * m)
     a2, g2 = a.reshape(b, k), g_scaled.reshape(b, -1)
     if pad:
         a2 = jnp.pad(a2, ((0, pad), (0, 0)))
         g2 = jnp.pad(g2, ((0, pad), (0, 0)))
-    groups = (b + pad) // c
-    parts = jnp.einsum(
-        "gck,gcn->gkn",
-        a2.reshape(groups, c, k),
-        g2.reshape(groups, c, -1),
-        precision=HIGHEST,
-    )
-    total = _certified.pairwise_sum(parts)  # error γ_{⌈log2 groups⌉}, counted in _pre_rel
-    return total, jnp.zeros((), total.dtype)
+    steps = (b + pad) // (c * m)
+    n = g2.shape[1]
+
+    def body(carry, chunk):
+        # m products of c examples each (γ_c), added in order in plain float (γ_m): _pre_rel
+        part = jnp.dot(chunk[0][0].T, chunk[1][0], precision=HIGHEST)
+        for j in range(1, m):
+            part = part + jnp.dot(chunk[0][j].T, chunk[1][j], precision=HIGHEST)
+        return _certified.df_add(carry, (part, jnp.zeros_like(part))), None
+
+    dt = jnp.result_type(a2.dtype, g2.dtype)
+    xs = (a2.reshape(steps, m, c, k), g2.reshape(steps, m, c, n))
+    out, _ = jax.lax.scan(body, _certified.df_zeros((k, n), dt), xs)
+    return out
 
 
 # T > 1: examples whose (K, N) matrices are formed at once (≤ this many entries in memory); the
@@ -496,11 +510,15 @@ def _stream_rows(b: int, k: int, n: int) -> int:
 
 
 def _stream_steps(taps: Sequence, b: int) -> int:
-    """Sequential chunk merges of the T > 1 dense taps (added to the summation depth)."""
+    """Sequential double-float merges of the dense taps' sums (added to the summation depth).
+
+    T > 1: one per chunk of :func:`_stream_rows` examples; T = 1: one per group of
+    :func:`_group_size` examples.
+    """
     steps = [
-        -(-b // _stream_rows(b, t.k, t.n))
+        -(-b // (_stream_rows(b, t.k, t.n) if t.t > 1 else _group_size(b) * _merge_size(b)))
         for t in taps
-        if isinstance(t, DenseTap) and t.t > 1 and not _materialise(t)
+        if isinstance(t, DenseTap) and not _materialise(t)
     ]
     return max(steps, default=0)
 
@@ -533,21 +551,19 @@ def _per_example_stream(a: jax.Array, g_scaled: jax.Array) -> tuple[jax.Array, j
 
 
 def _pre_rel(taps: Sequence[DenseTap | EmbeddingTap], b: int, dtype: Any) -> float:
-    """Relative error (per coordinate, against Σ_i|x_i|) made before the tree.
+    """Relative error (per coordinate, against Σ_i|x_i|) made before the double-float sums.
 
-    T = 1 dense taps: γ_c of the grouped product. Embedding tables: the scatter-add adds at
-    most one vector per example to a table row in an unknown order, γ_B.
+    T = 1 dense taps: γ_c of one group's product (the groups are then added in double-float,
+    counted in the depth). Embedding tables: the scatter-add adds at most one vector per
+    example to a table row in an unknown order, γ_B.
     """
     rel = 0.0
     for tap in taps:
         if isinstance(tap, EmbeddingTap):
             rel = max(rel, _certified.gamma(b, dtype))
         elif tap.t == 1 and not _materialise(tap):
-            levels = _certified.tree_depth(-(-b // _group_size(b)))
-            grouped = _certified.compose(
-                _certified.gamma(_group_size(b), dtype), _certified.gamma(max(levels, 1), dtype)
-            )
-            rel = max(rel, grouped)
+            group = _certified.gamma(_group_size(b), dtype)
+            rel = max(rel, _certified.compose(group, _certified.gamma(_merge_size(b), dtype)))
     return rel
 
 
