@@ -252,15 +252,27 @@ _LOOSE = 1.0201
 _ACCURATE_RETRY = True  # False only for timing experiments: keeps the (certified) fast bound
 
 
-def _materialise(tap: DenseTap) -> bool:
-    """Form per-example layer gradients (B, K, N) instead of ghost norms: T > 1 and K·N small.
+# book-keeping layers (per-example gradients formed once, for the norm and the sum) may hold up
+# to this many entries (B·K·N) each; larger layers keep the Gram trick (B·T² memory)
+_MATERIALISE_BUDGET = 2**23
 
-    Then the norms cost B·T·K·N flops and the clipped sum reuses them (B·K·N); the Gram trick
-    costs B·T²·(K+N) plus a second B·T·K·N contraction for the sum.
+
+def _materialise(tap: DenseTap, b: int = 1) -> bool:
+    """Form per-example layer gradients (B, K, N) instead of ghost norms (mixed ghost clipping).
+
+    T > 1 only. The clipped sum forms every example's ``aᵀ(s·g)`` anyway (B·T·K·N flops), so
+    forming them once and reusing them for the norms (book-keeping, Bu et al. 2023) saves the
+    Gram norms' B·T²·(K+N) flops and their cancellation retry, at B·K·N memory. Taken when
+    K·N is small (≤ 8192, or ≤ T·(K+N)), or when the Gram norms would cost at least half the
+    formation (2·T·(K+N) ≥ K·N: the transformer's attention and MLP kernels at T = 128) and
+    B·K·N ≤ :data:`_MATERIALISE_BUDGET` (Bu, Mao, Xu 2022 choose per layer from the shapes).
     """
-    if not isinstance(tap, DenseTap):
+    if not isinstance(tap, DenseTap) or tap.t <= 1:
         return False
-    return tap.t > 1 and (tap.k * tap.n <= tap.t * (tap.k + tap.n) or tap.k * tap.n <= _SMALL_LAYER)
+    kn, gram = tap.k * tap.n, tap.t * (tap.k + tap.n)
+    if kn <= gram or kn <= _SMALL_LAYER:
+        return True
+    return 2 * gram >= kn and b * kn <= _MATERIALISE_BUDGET
 
 
 class _Bound(NamedTuple):
@@ -532,7 +544,7 @@ def _stream_steps(taps: Sequence, b: int) -> int:
     steps = [
         -(-b // (_stream_rows(b, t.k, t.n) if t.t > 1 else _group_size(b) * _merge_size(b)))
         for t in taps
-        if isinstance(t, DenseTap) and not _materialise(t)
+        if isinstance(t, DenseTap) and not _materialise(t, b)
     ]
     return max(steps, default=0)
 
@@ -575,7 +587,7 @@ def _pre_rel(taps: Sequence[DenseTap | EmbeddingTap], b: int, dtype: Any) -> flo
     for tap in taps:
         if isinstance(tap, EmbeddingTap):
             rel = max(rel, _certified.gamma(b, dtype))
-        elif tap.t == 1 and not _materialise(tap):
+        elif tap.t == 1 and not _materialise(tap, b):
             group = _certified.gamma(_group_size(b), dtype)
             rel = max(rel, _certified.compose(group, _certified.gamma(_merge_size(b), dtype)))
     return rel
@@ -740,7 +752,9 @@ def _ghost_impl(loss_fn, nan_safe, params, batch, clip, mask):
     segs = jax.lax.optimization_barrier(segs)
     tap_sd = [wide if j in segs else sd for j, sd in enumerate(tap_sd)]
     layer = {
-        j: _dot("btk,btn->bkn", *wide_ag[j]) for j, tap in enumerate(taps) if _materialise(tap)
+        j: _dot("btk,btn->bkn", *wide_ag[j])
+        for j, tap in enumerate(taps)
+        if _materialise(tap, mask.shape[0])
     }
     ghost_js = [j for j in range(len(taps)) if j not in layer and j not in segs]
 
