@@ -500,28 +500,30 @@ def _dense_clipped_sum(a: jax.Array, g_scaled: jax.Array, keep: jax.Array, sanit
     positions, whose rounding the certified factor covers), then the tree.
     """
     b, t, k = a.shape
-    if sanitize:
-        a = _row_where(keep, a)
     if t > 1:
-        return _per_example_stream(a, g_scaled)
+        return _per_example_stream(_row_where(keep, a) if sanitize else a, g_scaled)
     c, m = _group_size(b), _merge_size(b)
     pad = -b % (c * m)
-    a2, g2 = a.reshape(b, k), g_scaled.reshape(b, -1)
+    a2, g2, keep2 = a.reshape(b, k), g_scaled.reshape(b, -1), keep
     if pad:
         a2 = jnp.pad(a2, ((0, pad), (0, 0)))
         g2 = jnp.pad(g2, ((0, pad), (0, 0)))
+        keep2 = jnp.pad(keep, (0, pad))
     steps = (b + pad) // (c * m)
     n = g2.shape[1]
 
     def body(carry, chunk):
+        a_c, g_c, keep_c = chunk
+        if sanitize:  # per chunk: no full copy of the activations
+            a_c = jnp.where(keep_c[..., None], a_c, jnp.zeros((), a_c.dtype))
         # m products of c examples each (γ_c), added in order in plain float (γ_m): _pre_rel
-        part = jnp.dot(chunk[0][0].T, chunk[1][0], precision=HIGHEST)
+        part = jnp.dot(a_c[0].T, g_c[0], precision=HIGHEST)
         for j in range(1, m):
-            part = part + jnp.dot(chunk[0][j].T, chunk[1][j], precision=HIGHEST)
+            part = part + jnp.dot(a_c[j].T, g_c[j], precision=HIGHEST)
         return _certified.df_add(carry, (part, jnp.zeros_like(part))), None
 
     dt = jnp.result_type(a2.dtype, g2.dtype)
-    xs = (a2.reshape(steps, m, c, k), g2.reshape(steps, m, c, n))
+    xs = (a2.reshape(steps, m, c, k), g2.reshape(steps, m, c, n), keep2.reshape(steps, m, c))
     out, _ = jax.lax.scan(body, _certified.df_zeros((k, n), dt), xs)
     return out
 
