@@ -77,15 +77,14 @@ static shapes at trace time, the Gram trick (B·T²·(K+N) flops) or per-example
 (B·T·K·N, reused for the sum: book-keeping, Bu et al. 2023), whichever is cheaper
 (:func:`_materialise`); T = 1 layers need neither (‖a‖‖g‖).
 
-T = 1 bounds are always computed on a and g scaled by powers of two per example (exact; no
-intermediate overflow or underflow: ‖a‖² = inf with ‖aᵀg‖ finite does not drop an example
-that vmap keeps). Where the Gram bound of a T > 1 layer is loose by more than 1% on an example
-that is clipped (Gram cancellation: Σ_t a_t ≈ 0 with large a_t), or not finite, one
-batch-level ``lax.cond`` takes the accurate branch for the batch: Gram layers materialised one
-example at a time (``lax.map``, K·N memory) on power-of-two scaled operands. Models without a
-Gram layer compile no branch at all, and the sums are compiled once (dropped rows are zeroed
-before every contraction instead of retrying non-finite sums in a second branch). Both
-branches give certified bounds; the reported norms are the estimates (not U).
+Where this fast bound is loose by more than 1% on an example that is clipped (Gram
+cancellation: Σ_t a_t ≈ 0 with large a_t), or not finite, one batch-level ``lax.cond`` takes
+the accurate branch for the batch: a and g scaled by powers of two per example (no
+intermediate overflow or underflow: ‖a‖² = inf with ‖aᵀg‖ finite no longer drops an example
+that vmap keeps), and Gram layers materialised one example at a time (``lax.map``, K·N
+memory). The sums are compiled once (dropped rows are zeroed before every contraction instead
+of retrying non-finite sums in a second branch). Both branches give certified bounds; the
+reported norms are the estimates (not U).
 
 Formal guarantees:
     Same as the vmap path (:mod:`dpjax.dp_sgd.clipping`): every example's contribution to the
@@ -713,12 +712,11 @@ def _tap_bounds(
     """One :class:`_Bound` per non-materialised tap (fast or accurate formulas)."""
     out = []
     for tap, (a, g), sd in zip(taps, dense, sum_dts, strict=True):
-        if tap.t == 1:  # always on exactly rescaled operands: no retry needed for these
-            out.append(_scaled(_rank_one_bound, a, g, sd))
-        elif accurate:
-            out.append(_scaled(_materialised_gram_bound, a, g, sd))
+        if tap.t == 1:
+            fn = _rank_one_bound
         else:
-            out.append(_gram_bound(a, g, sd))
+            fn = _materialised_gram_bound if accurate else _gram_bound
+        out.append(_scaled(fn, a, g, sd) if accurate else fn(a, g, sd))
     return out
 
 
@@ -777,8 +775,7 @@ def _ghost_impl(loss_fn, nan_safe, params, batch, clip, mask):
         )
 
     bounds = ghost_bounds(False)
-    gram = any(taps[j].t > 1 for j in ghost_js)  # the only bounds the accurate branch improves
-    if gram and _ACCURATE_RETRY:
+    if bounds and _ACCURATE_RETRY:
         fast_total = _totals(bounds + fixed)
         loose = (~jnp.isfinite(fast_total.u2)) | (
             (fast_total.u2 > jnp.square(clip)) & (fast_total.n2 > _LOOSE * fast_total.sq)
