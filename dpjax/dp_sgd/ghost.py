@@ -68,8 +68,8 @@ dtype): float32, dense T = 1, B = 256: f = 0.9989, 1024: 0.995, 4096: 0.981, 327
 Cost (2-core CPU, loaded, CPU time, issue 24): the certified sum of a 784×512 layer at B = 1024
 takes 21 ms against 8 ms for one plain matrix product (47 ms when the B/32 partial sums were
 stacked in memory and added by a tree: their fresh pages cost more than the products); the
-MLP 784-512-512-10's clipped sum at B = 1024, 90 ms against 37 ms for its non-private gradient
-(123 ms before).
+MLP 784-512-512-10's clipped sum at B = 1024, 62 ms against 29 ms for its non-private gradient
+(124 ms before).
 
 Mixed ghost clipping (Bu, Mao, Xu 2022, "Scalable and efficient training of large
 convolutional neural networks with differential privacy"): each T > 1 layer picks, from its
