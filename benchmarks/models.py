@@ -148,12 +148,56 @@ def _logistic(dim: int) -> Model:
     return Model(f"logreg{dim}", init, loss, batch_loss, data)
 
 
+LORA_RANK = 8
+
+
+def _lora_mlp(rank: int = LORA_RANK) -> Model:
+    """784-512-512-10 whose two hidden layers are frozen ``W0`` plus trainable ``A·B`` (LoRA).
+
+    ``h = relu(x·W0 + b0 + (x·A)·B)`` (Hu et al. 2022, "LoRA: Low-Rank Adaptation of Large
+    Language Models"): ``W0`` and ``b0`` are constants closed over by the loss (a public
+    pre-trained model, never clipped or noised), ``A`` (d_in × r) and ``B`` (r × d_out, zero at
+    init) are the private parameters, with the 512-10 head. Under ghost clipping every
+    trainable weight is a tapped dense layer (``x·A``, then ``(x·A)·B``).
+    """
+    widths = (784, 512, 512)
+    frozen_keys = jax.random.split(jax.random.key(1234), len(widths) - 1)
+    frozen = [
+        (jax.random.normal(k, (i, o), jnp.float32) / jnp.sqrt(float(i)), jnp.zeros((o,)))
+        for k, i, o in zip(frozen_keys, widths[:-1], widths[1:], strict=True)
+    ]
+
+    def init(key: jax.Array) -> Any:
+        keys = jax.random.split(key, len(frozen) + 1)
+        params: dict[str, Any] = {}
+        for j, (k, (w0, _)) in enumerate(zip(keys, frozen, strict=False)):
+            d_in, d_out = w0.shape
+            params[f"A{j}"] = jax.random.normal(k, (d_in, rank), jnp.float32) / jnp.sqrt(d_in)
+            params[f"B{j}"] = jnp.zeros((rank, d_out), jnp.float32)
+        params["head"] = jax.random.normal(keys[-1], (widths[-1], 10), jnp.float32) * 0.01
+        return params
+
+    def logits(params: Any, x: jax.Array) -> jax.Array:
+        for j, (w0, b0) in enumerate(frozen):
+            x = jax.nn.relu(x @ w0 + b0 + (x @ params[f"A{j}"]) @ params[f"B{j}"])
+        return x @ params["head"]
+
+    def loss(params: Any, x: jax.Array, y: jax.Array) -> jax.Array:
+        return _xent(logits(params, x), y)
+
+    def batch_loss(params: Any, xs: jax.Array, ys: jax.Array) -> jax.Array:
+        return jnp.mean(_xent(logits(params, xs), ys))
+
+    return Model("lora_mlp", init, loss, batch_loss, lambda key, b: _images(key, b, (784,)))
+
+
 MODELS: dict[str, Callable[[], Model]] = {
     "mlp": lambda: _flax_model("mlp", MLP(), (784,)),
     "cnn": lambda: _flax_model("cnn", CNN(), (28, 28, 1)),
     "cnn_tanh": lambda: _flax_model("cnn_tanh", TemperedSigmoidCNN(), (28, 28, 1)),
     "cnn_im2col": lambda: _flax_model("cnn_im2col", CNNIm2col(), (28, 28, 1)),
     "logreg": lambda: _logistic(10_000),
+    "lora_mlp": _lora_mlp,
 }
 
 # (model, batch, in the --quick run too): the rows of the table, in order.
@@ -163,6 +207,7 @@ CONFIGS: list[tuple[str, int, bool]] = [
     ("cnn", 256, True),
     ("cnn_tanh", 256, True),
     ("logreg", 1024, True),
+    ("lora_mlp", 256, True),
 ]
 
 PLUGINS = ("benchmarks.transformer",)

@@ -67,6 +67,25 @@ def _logreg() -> nn.Module:
     return nn.Sequential(nn.Linear(10_000, 1), nn.Flatten(0))
 
 
+class _LoRALayer(nn.Module):
+    """relu(x·W0 + b0 + (x·A)·B) with W0, b0 frozen (``requires_grad=False``)."""
+
+    def __init__(self, d_in: int, d_out: int, rank: int = 8):
+        super().__init__()
+        self.base = nn.Linear(d_in, d_out)
+        self.base.requires_grad_(False)
+        self.a = nn.Linear(d_in, rank, bias=False)
+        self.b = nn.Linear(rank, d_out, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.base(x) + self.b(self.a(x)))
+
+
+def _lora_mlp() -> nn.Module:
+    """benchmarks.models' LoRA MLP: two frozen 784-512-512 layers with rank-8 adapters, head."""
+    return nn.Sequential(_LoRALayer(784, 512), _LoRALayer(512, 512), nn.Linear(512, 10, bias=False))
+
+
 def _images(batch: int, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(1)
     return torch.randn(batch, *shape, generator=gen), torch.randint(0, 10, (batch,), generator=gen)
@@ -84,6 +103,7 @@ TORCH_MODELS: dict[str, tuple[Callable, Callable, Callable]] = {
     "cnn": (_cnn, lambda b: _images(b, (1, 28, 28)), nn.CrossEntropyLoss),
     "cnn_tanh": (_cnn_tanh, lambda b: _images(b, (1, 28, 28)), nn.CrossEntropyLoss),
     "logreg": (_logreg, _logreg_data, nn.BCEWithLogitsLoss),
+    "lora_mlp": (_lora_mlp, lambda b: _images(b, (784,)), nn.CrossEntropyLoss),
 }
 
 

@@ -558,3 +558,73 @@ def test_bfloat16_dense_with_bias_norm_and_sum_see_the_same_activations():
             norm = np.sqrt(sum(np.sum(np.asarray(u, np.float64) ** 2) for u in s.values()))
             worst = max(worst, norm)
     assert worst <= 1.0 + 1e-6, worst
+
+
+def test_lora_frozen_constant_and_stacked_adapters(key):
+    """LoRA: ``x·W0 + (x·A)·B`` with W0 a closed-over constant (never a parameter, so never
+    clipped or noised) and the two stacked adapters both ghost taps; equals per-example vmap."""
+    k0, ka, kb, kx, kh = jax.random.split(key, 5)
+    w0 = jax.random.normal(k0, (12, 16)) / 4.0  # public pre-trained weight
+
+    def loss(p, x, y):
+        h = jnp.tanh(x @ w0 + (x @ p["A"]) @ p["B"])
+        return xent(h @ p["head"], y)
+
+    params = {
+        "A": jax.random.normal(ka, (12, 3)),
+        "B": jax.random.normal(kb, (3, 16)) / 2.0,
+        "head": jax.random.normal(kh, (16, 5)),
+    }
+    x = 2.0 * jax.random.normal(kx, (40, 12))
+    y = jnp.arange(40) % 5
+    taps = ghost.plan(loss, params, x, y)[0].taps
+    assert sorted((t.k, t.n) for t in taps) == [(3, 16), (12, 3), (16, 5)]
+    total, norms, _ = run(loss, params, (x, y), clip=2.0)
+    f = shrink_of(loss, params, (x, y))
+    ref_sum, ref_norms = reference(loss, params, (x, y), 2.0 * f)
+    assert np.sum(ref_norms > 2.0) >= 5 and np.sum(ref_norms < 2.0) >= 5
+    np.testing.assert_allclose(np.asarray(norms), ref_norms, rtol=1e-10)
+    assert_close(total, ref_sum, 1e-10)
+    assert set(total) == {"A", "B", "head"}  # W0 gets no gradient, clipped or noised
+
+
+@pytest.mark.parametrize("batch", [100, 300])
+def test_dense_sum_in_merged_groups_equals_vmap(key, batch):
+    """T = 1 sums: groups of 32 products, 4 added per double-float merge, padded batches."""
+    k1, k2, k3 = jax.random.split(key, 3)
+
+    def loss(p, x, y):
+        return xent(jnp.tanh(x @ p["w1"] + p["b1"]) @ p["w2"], y)
+
+    params = {
+        "w1": jax.random.normal(k1, (6, 7)),
+        "b1": jnp.zeros(7),
+        "w2": jax.random.normal(k2, (7, 5)),
+    }
+    x = 3.0 * jax.random.normal(k3, (batch, 6))
+    y = jnp.arange(batch) % 5
+    clip = float(np.median(reference(loss, params, (x, y), 1.0)[1]))  # half the rows clipped
+    total, norms, _ = run(loss, params, (x, y), clip=clip)
+    f = ghost.ghost_clipped_pairs(loss, params, (x, y), l2_clip_norm=clip)[3]
+    ref_sum, ref_norms = reference(loss, params, (x, y), clip * f)
+    np.testing.assert_allclose(np.asarray(norms), ref_norms, rtol=1e-10)
+    assert_close(total, ref_sum, 1e-10)
+
+
+def _conditionals(loss_fn, params, batch):
+    fn = jax.jit(lambda p, b: ghost.ghost_clipped_sum(loss_fn, p, b, l2_clip_norm=1.0))
+    return fn.lower(params, batch).as_text().count("stablehlo.case")
+
+
+def test_sums_compiled_once_per_step(linen_mlp, key):
+    """Compile time (issue 24): the clipped sums are compiled once (dropped rows are zeroed
+    before the contractions; a second, NaN-retry branch of every sum doubled the compile
+    time); one cond remains, the accurate retry of the norm bounds."""
+    loss_fn, params, batch = linen_mlp
+    assert _conditionals(loss_fn, params, batch) == 1
+
+    def seq_loss(p, x):
+        return jnp.sum(jnp.tanh(x @ p["w"]))
+
+    w = jax.random.normal(key, (96, 96))
+    assert _conditionals(seq_loss, {"w": w}, (jnp.ones((4, 3, 96)),)) == 1

@@ -60,8 +60,9 @@ f = 0.99997, 4096: 0.9995, 32768: 0.996, 2²⁰: 0.89 (:meth:`ClippedGrad.summat
 f < 1/4, B ≳ 2.5·10⁷ rows in float32, is refused). ``microbatch_size`` keeps one rounding
 (the chunks' double-float sums are added before it); a sum that is added up once more
 (``rows_per_release``, :func:`dpjax.data_parallel`) is certified for two (2²⁰: f = 0.80).
-The ghost path contracts groups of 32 examples inside one matrix product for T = 1 layers and
-scatters embedding rows in an unknown order; it adds ≈ γ_{32 + log2 B} resp. γ_m per row to
+The ghost path contracts groups of 32 examples inside one matrix product for T = 1 layers (4
+such products added in plain float per double-float merge) and
+scatters embedding rows in an unknown order; it adds ≈ γ_{32 + 4} resp. γ_m per row to
 rel, m the rows of one call (or of one micro-batch): float32, dense T = 1: B = 256:
 f = 0.9989, 4096: 0.981, 32768: 0.856; with an embedding table and m = 256 rows per micro-batch,
 B = 4096: f ≈ 0.89 (pass ``microbatch_size`` to keep m small; f < 1/4 is refused).

@@ -54,24 +54,37 @@ and low-precision activations are converted first — never a dtype picked by it
 
 Certified batch sum (issue 20; Casacuberta et al. 2022, CCS). The clipped sum over the batch
 never goes through one matrix product of unknown order over B·T rows (error γ_{BT}·Σ, B²·u·C
-in the worst case). T > 1 layers form each example's matrix, T = 1 layers contract groups of
-32 examples in a batched product whose B/32 partial sums a plain fixed-order pairwise tree
-adds (γ_32 and γ_{⌈log2(B/32)⌉} per row), materialised layers and vmap leaves multiply per
-example; the rows are then added by the fixed-order double-float tree of
-:func:`dpjax.dp_sgd._certified.tree_sum` and rounded once. Embedding tables scatter each
+in the worst case). T > 1 layers form each example's matrix; T = 1 layers contract groups of
+32 examples in one matrix product each (γ_32 per row), add 4 such products in order in plain
+float (γ_4) and merge them into a double-float accumulator in a scan (⌈B/128⌉ merges, added
+to the summation depth); materialised layers and vmap leaves multiply per example and are
+added by the fixed-order double-float tree of :func:`dpjax.dp_sgd._certified.tree_sum` (leaves
+of ≤ 2¹⁶ entries per example share one tree over their concatenation: the same operations per
+coordinate); everything is rounded once. Embedding tables scatter each
 example's clipped segment sums (≤ one vector per example and table row, γ_m for m rows per
 call). C is multiplied by the public factor f = 1/(1 + 2·rel) covering all of it
 (:func:`dpjax.dp_sgd._certified.summation_shrink`, computed for the least precise output
 dtype): float32, dense T = 1, B = 256: f = 0.9989, 1024: 0.995, 4096: 0.981, 32768: 0.856.
-Cost (MLP 784-512-512-10, 2-core CPU, clipped sum without noise): ≈ 1× the previous single
-matrix product at B = 256, ≈ 3.5× at B = 1024 (the B/32 partial (K, N) sums are formed).
+Cost (2-core CPU, loaded, CPU time, issue 24): the certified sum of a 784×512 layer at B = 1024
+takes 21 ms against 8 ms for one plain matrix product (47 ms when the B/32 partial sums were
+stacked in memory and added by a tree: their fresh pages cost more than the products); the
+MLP 784-512-512-10's clipped sum at B = 1024, 62 ms against 29 ms for its non-private gradient
+(124 ms before).
 
-Where this fast bound is loose by more than 1% on an example that is clipped (Gram cancellation:
-Σ_t a_t ≈ 0 with large a_t), or not finite, one batch-level ``lax.cond`` takes the accurate
-branch for the batch: a and g scaled by powers of two per example (no intermediate overflow or
-underflow: ‖a‖² = inf with ‖aᵀg‖ finite no longer drops an example that vmap keeps), and Gram
-layers materialised one example at a time (``lax.map``, K·N memory). Both branches give
-certified bounds; the reported norms are the estimates (not U).
+Mixed ghost clipping (Bu, Mao, Xu 2022, "Scalable and efficient training of large
+convolutional neural networks with differential privacy"): each T > 1 layer picks, from its
+static shapes at trace time, the Gram trick (B·T²·(K+N) flops) or per-example gradients
+(B·T·K·N, reused for the sum: book-keeping, Bu et al. 2023), whichever is cheaper
+(:func:`_materialise`); T = 1 layers need neither (‖a‖‖g‖).
+
+Where this fast bound is loose by more than 1% on an example that is clipped (Gram
+cancellation: Σ_t a_t ≈ 0 with large a_t), or not finite, one batch-level ``lax.cond`` takes
+the accurate branch for the batch: a and g scaled by powers of two per example (no
+intermediate overflow or underflow: ‖a‖² = inf with ‖aᵀg‖ finite no longer drops an example
+that vmap keeps), and Gram layers materialised one example at a time (``lax.map``, K·N
+memory). The sums are compiled once (dropped rows are zeroed before every contraction instead
+of retrying non-finite sums in a second branch). Both branches give certified bounds; the
+reported norms are the estimates (not U).
 
 Formal guarantees:
     Same as the vmap path (:mod:`dpjax.dp_sgd.clipping`): every example's contribution to the
@@ -88,6 +101,7 @@ Formal guarantees:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -237,15 +251,27 @@ _LOOSE = 1.0201
 _ACCURATE_RETRY = True  # False only for timing experiments: keeps the (certified) fast bound
 
 
-def _materialise(tap: DenseTap) -> bool:
-    """Form per-example layer gradients (B, K, N) instead of ghost norms: T > 1 and K·N small.
+# book-keeping layers (per-example gradients formed once, for the norm and the sum) may hold up
+# to this many entries (B·K·N) each; larger layers keep the Gram trick (B·T² memory)
+_MATERIALISE_BUDGET = 2**23
 
-    Then the norms cost B·T·K·N flops and the clipped sum reuses them (B·K·N); the Gram trick
-    costs B·T²·(K+N) plus a second B·T·K·N contraction for the sum.
+
+def _materialise(tap: DenseTap, b: int = 1) -> bool:
+    """Form per-example layer gradients (B, K, N) instead of ghost norms (mixed ghost clipping).
+
+    T > 1 only. The clipped sum forms every example's ``aᵀ(s·g)`` anyway (B·T·K·N flops), so
+    forming them once and reusing them for the norms (book-keeping, Bu et al. 2023) saves the
+    Gram norms' B·T²·(K+N) flops and their cancellation retry, at B·K·N memory. Taken when
+    K·N is small (≤ 8192, or ≤ T·(K+N)), or when the Gram norms would cost at least half the
+    formation (2·T·(K+N) ≥ K·N: the transformer's attention and MLP kernels at T = 128) and
+    B·K·N ≤ :data:`_MATERIALISE_BUDGET` (Bu, Mao, Xu 2022 choose per layer from the shapes).
     """
-    if not isinstance(tap, DenseTap):
+    if not isinstance(tap, DenseTap) or tap.t <= 1:
         return False
-    return tap.t > 1 and (tap.k * tap.n <= tap.t * (tap.k + tap.n) or tap.k * tap.n <= _SMALL_LAYER)
+    kn, gram = tap.k * tap.n, tap.t * (tap.k + tap.n)
+    if kn <= gram or kn <= _SMALL_LAYER:
+        return True
+    return 2 * gram >= kn and b * kn <= _MATERIALISE_BUDGET
 
 
 class _Bound(NamedTuple):
@@ -402,56 +428,103 @@ def _scaled(bound_fn: Callable, a: jax.Array, g: jax.Array, sum_dt: Any) -> _Bou
     return _Bound(*(jnp.ldexp(x, e2) for x in inner))
 
 
-def _weighted_rows(per_example: jax.Array, weights: jax.Array, keep: jax.Array, sanitize: bool):
-    """``Σ_i wᵢ xᵢ`` over materialised per-example gradients ``(B, ...)``, in weights' dtype.
+def _weighted_rows(per_example: jax.Array, weights: jax.Array, keep: jax.Array) -> jax.Array:
+    """``wᵢ xᵢ`` per example over materialised per-example gradients ``(B, ...)``.
 
-    Products per example, then the fixed-order double-float tree: a ``(hi, lo)`` pair.
+    In weights' dtype, dropped rows zeroed (their entries may be NaN); the caller adds the
+    rows with :func:`_tree_sums`.
     """
-    if sanitize:
-        per_example = _row_where(keep, per_example)
-    x = per_example.astype(weights.dtype)
-    return _certified.tree_sum(x * weights.reshape((-1,) + (1,) * (x.ndim - 1)))
+    x = _row_where(keep, per_example).astype(weights.dtype)
+    return x * weights.reshape((-1,) + (1,) * (x.ndim - 1))
 
 
-# T = 1 layers: Σ_i a_i (s_i g_i)ᵀ is contracted over groups of this many examples inside one
-# batched matrix product (error ≤ γ_c·Σ_i s_i‖a_i‖‖g_i‖, counted in the summation shrink),
-# then the groups' sums are added by a plain fixed-order pairwise tree. 32 keeps the cost near
-# one matrix product at B = 256 (16: 3× slower; 64: the shrink doubles) and the shrink at
-# ≈ 2·(32 + log2 B)·u·B (float32: 1.1·10⁻³ at B = 256, 1.9·10⁻² at B = 4096).
+# per-example sizes up to this many entries share one double-float tree (see _tree_sums)
+_MERGE_SIZE = 2**16
+
+
+def _tree_sums(rows: list[jax.Array]) -> list[tuple[jax.Array, jax.Array]]:
+    """:func:`dpjax.dp_sgd._certified.tree_sum` of each ``(B, ...)`` array, as ``(hi, lo)``.
+
+    Small arrays of one dtype are concatenated along their flattened feature axis and summed by
+    ONE tree: every level of the tree is elementwise, so each coordinate sees exactly the
+    operations of its own tree (same values, same error bound), while the compiled program has
+    one fusion per level instead of one per level and leaf (bias and scale leaves: a third of
+    the ghost step's compile time on the MLP).
+    """
+    out: list[Any] = [None] * len(rows)
+    groups: dict[Any, list[int]] = {}
+    for i, x in enumerate(rows):
+        if math.prod(x.shape[1:]) <= _MERGE_SIZE:
+            groups.setdefault(jnp.dtype(x.dtype), []).append(i)
+        else:
+            out[i] = _certified.tree_sum(x)
+    for idx in groups.values():
+        b = rows[idx[0]].shape[0]
+        hi, lo = _certified.tree_sum(jnp.concatenate([rows[i].reshape(b, -1) for i in idx], 1))
+        start = 0
+        for i in idx:
+            shape = rows[i].shape[1:]
+            stop = start + math.prod(shape)
+            out[i] = (hi[start:stop].reshape(shape), lo[start:stop].reshape(shape))
+            start = stop
+    return out
+
+
+# T = 1 layers: Σ_i a_i (s_i g_i)ᵀ is contracted over groups of this many examples, one matrix
+# product per group (error ≤ γ_c·Σ_i s_i‖a_i‖‖g_i‖, counted in the summation shrink), and the
+# groups' products are added one after the other in double-float (a scan: no (B/c, K, N) stack
+# of partial sums in memory, whose fresh pages cost more than the products at B = 1024; the
+# ⌈B/c⌉ sequential merges are added to the summation depth, see _stream_steps). 32 keeps the
+# shrink at ≈ 2·(32 + log2 B)·u·B (float32: 1.1·10⁻³ at B = 256, 1.9·10⁻² at B = 4096).
 _T1_GROUP = 32
+
+
+_T1_MERGE = 4
 
 
 def _group_size(b: int) -> int:
     return min(_T1_GROUP, b)
 
 
+def _merge_size(b: int) -> int:
+    """Groups whose products are added in plain float before each double-float merge."""
+    return max(1, min(_T1_MERGE, b // _group_size(b)))
+
+
 def _dense_clipped_sum(a: jax.Array, g_scaled: jax.Array, keep: jax.Array, sanitize: bool):
     """``Σ_i aᵢᵀ (sᵢ gᵢ)`` as a ``(K, N)`` double-float pair, in a controlled order.
 
-    T = 1: groups of :data:`_T1_GROUP` examples contracted in a batched product, the groups
-    added by the tree. T > 1: every example's ``aᵢᵀ(sᵢgᵢ)`` formed on its own (a contraction
-    over its T positions, whose rounding the certified factor covers), then the tree.
+    T = 1: groups of :data:`_T1_GROUP` examples, one product each, added in a double-float
+    scan. T > 1: every example's ``aᵢᵀ(sᵢgᵢ)`` formed on its own (a contraction over its T
+    positions, whose rounding the certified factor covers), then the tree.
     """
     b, t, k = a.shape
-    if sanitize:
-        a = _row_where(keep, a)
     if t > 1:
-        return _per_example_stream(a, g_scaled)
-    c = _group_size(b)
-    pad = -b % c
-    a2, g2 = a.reshape(b, k), g_scaled.reshape(b, -1)
+        return _per_example_stream(_row_where(keep, a) if sanitize else a, g_scaled)
+    c, m = _group_size(b), _merge_size(b)
+    pad = -b % (c * m)
+    a2, g2, keep2 = a.reshape(b, k), g_scaled.reshape(b, -1), keep
     if pad:
         a2 = jnp.pad(a2, ((0, pad), (0, 0)))
         g2 = jnp.pad(g2, ((0, pad), (0, 0)))
-    groups = (b + pad) // c
-    parts = jnp.einsum(
-        "gck,gcn->gkn",
-        a2.reshape(groups, c, k),
-        g2.reshape(groups, c, -1),
-        precision=HIGHEST,
-    )
-    total = _certified.pairwise_sum(parts)  # error γ_{⌈log2 groups⌉}, counted in _pre_rel
-    return total, jnp.zeros((), total.dtype)
+        keep2 = jnp.pad(keep, (0, pad))
+    steps = (b + pad) // (c * m)
+    n = g2.shape[1]
+
+    def body(carry, chunk):
+        a_c, g_c, keep_c = chunk
+        if sanitize:  # per chunk: no full copy of the activations
+            a_c = jnp.where(keep_c[..., None], a_c, jnp.zeros((), a_c.dtype))
+        # m products of c examples each (γ_c), added in order in plain float (γ_m): _pre_rel
+        part = jnp.dot(a_c[0].T, g_c[0], precision=HIGHEST)
+        for j in range(1, m):
+            part = part + jnp.dot(a_c[j].T, g_c[j], precision=HIGHEST)
+        return _certified.df_add(carry, (part, jnp.zeros_like(part))), None
+
+    dt = jnp.result_type(a2.dtype, g2.dtype)
+    xs = (a2.reshape(steps, m, c, k), g2.reshape(steps, m, c, n), keep2.reshape(steps, m, c))
+    out, _ = jax.lax.scan(body, _certified.df_zeros((k, n), dt), xs)
+    return out
 
 
 # T > 1: examples whose (K, N) matrices are formed at once (≤ this many entries in memory); the
@@ -464,11 +537,15 @@ def _stream_rows(b: int, k: int, n: int) -> int:
 
 
 def _stream_steps(taps: Sequence, b: int) -> int:
-    """Sequential chunk merges of the T > 1 dense taps (added to the summation depth)."""
+    """Sequential double-float merges of the dense taps' sums (added to the summation depth).
+
+    T > 1: one per chunk of :func:`_stream_rows` examples; T = 1: one per group of
+    :func:`_group_size` examples.
+    """
     steps = [
-        -(-b // _stream_rows(b, t.k, t.n))
+        -(-b // (_stream_rows(b, t.k, t.n) if t.t > 1 else _group_size(b) * _merge_size(b)))
         for t in taps
-        if isinstance(t, DenseTap) and t.t > 1 and not _materialise(t)
+        if isinstance(t, DenseTap) and not _materialise(t, b)
     ]
     return max(steps, default=0)
 
@@ -501,21 +578,19 @@ def _per_example_stream(a: jax.Array, g_scaled: jax.Array) -> tuple[jax.Array, j
 
 
 def _pre_rel(taps: Sequence[DenseTap | EmbeddingTap], b: int, dtype: Any) -> float:
-    """Relative error (per coordinate, against Σ_i|x_i|) made before the tree.
+    """Relative error (per coordinate, against Σ_i|x_i|) made before the double-float sums.
 
-    T = 1 dense taps: γ_c of the grouped product. Embedding tables: the scatter-add adds at
-    most one vector per example to a table row in an unknown order, γ_B.
+    T = 1 dense taps: γ_c of one group's product (the groups are then added in double-float,
+    counted in the depth). Embedding tables: the scatter-add adds at most one vector per
+    example to a table row in an unknown order, γ_B.
     """
     rel = 0.0
     for tap in taps:
         if isinstance(tap, EmbeddingTap):
             rel = max(rel, _certified.gamma(b, dtype))
-        elif tap.t == 1 and not _materialise(tap):
-            levels = _certified.tree_depth(-(-b // _group_size(b)))
-            grouped = _certified.compose(
-                _certified.gamma(_group_size(b), dtype), _certified.gamma(max(levels, 1), dtype)
-            )
-            rel = max(rel, grouped)
+        elif tap.t == 1 and not _materialise(tap, b):
+            group = _certified.gamma(_group_size(b), dtype)
+            rel = max(rel, _certified.compose(group, _certified.gamma(_merge_size(b), dtype)))
     return rel
 
 
@@ -540,20 +615,6 @@ def _to_weight_layout(tap: DenseTap, total: tuple[jax.Array, jax.Array]) -> tupl
         return jnp.transpose(x, np.argsort(tap.weight_perm))
 
     return one(total[0]), one(total[1])
-
-
-def _nan_proof(sums_fn: Callable[[bool], list]) -> list:
-    """``sums_fn(False)``, or ``sums_fn(True)`` if any entry is not finite.
-
-    Dropped rows (mask False, non-finite example) have weight 0, but their activations may hold
-    NaN/inf and ``NaN · 0`` is NaN. Zeroing them (``sanitize``) writes a copy of every
-    activation each step, so contract directly and recompute with zeroed rows only when the
-    result is not finite (kept rows are finite, so only a dropped row can cause that). Both
-    branches are exact; one ``cond`` for all layers (traced once: the caller is jitted).
-    """
-    fast = sums_fn(False)
-    ok = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(fast)]))
-    return jax.lax.cond(ok, lambda: fast, lambda: sums_fn(True))
 
 
 def _row_where(keep: jax.Array, x: jax.Array) -> jax.Array:
@@ -691,7 +752,9 @@ def _ghost_impl(loss_fn, nan_safe, params, batch, clip, mask):
     segs = jax.lax.optimization_barrier(segs)
     tap_sd = [wide if j in segs else sd for j, sd in enumerate(tap_sd)]
     layer = {
-        j: _dot("btk,btn->bkn", *wide_ag[j]) for j, tap in enumerate(taps) if _materialise(tap)
+        j: _dot("btk,btn->bkn", *wide_ag[j])
+        for j, tap in enumerate(taps)
+        if _materialise(tap, mask.shape[0])
     }
     ghost_js = [j for j in range(len(taps)) if j not in layer and j not in segs]
 
@@ -738,9 +801,19 @@ def _ghost_impl(loss_fn, nan_safe, params, batch, clip, mask):
 
     def clipped_sums(sanitize: bool) -> list:
         sums: list[Any] = [None] * len(p_leaves)
+        # materialised layers and vmap leaves: weighted rows, added by shared trees below
+        tree_rows = [_weighted_rows(layer[j], weights, keep) for j in layer]
+        tree_rows += [
+            _weighted_rows(g, weights.astype(sd), keep)
+            for g, sd in zip(g_other, other_sd, strict=True)
+        ]
+        trees = _tree_sums(tree_rows)
+        layer_total = dict(zip(layer, trees[: len(layer)], strict=True))
+        for i, total in zip(other, trees[len(layer) :], strict=True):
+            sums[i] = total
         for j, tap in enumerate(taps):
             if j in layer:
-                total = _weighted_rows(layer[j], weights, keep, sanitize)
+                total = layer_total[j]
             elif j in segs:
                 seg_scaled = _row_where(keep, segs[j] * weights[:, None, None])
                 table = _embedding_clipped_sum(tap, raw[j][0], seg_scaled)
@@ -755,11 +828,13 @@ def _ghost_impl(loss_fn, nan_safe, params, batch, clip, mask):
                 g_scaled = _row_where(keep, g.astype(sd) * scale.astype(sd)[:, None, None])
                 total = _dense_clipped_sum(a.astype(sd), g_scaled, keep, sanitize)
             sums[tap.leaf] = _to_weight_layout(tap, total)
-        for i, g, sd in zip(other, g_other, other_sd, strict=True):
-            sums[i] = _weighted_rows(g, weights.astype(sd), keep, sanitize)
         return sums
 
-    sums = _nan_proof(clipped_sums)
+    # dropped rows (mask False, non-finite example) have weight 0, but their activations may
+    # hold NaN/inf and NaN·0 is NaN: they are zeroed before every contraction (one select,
+    # fused into the product's operand; a cond that retried only when the fast sums were not
+    # finite compiled every sum twice)
+    sums = clipped_sums(True)
     reported = jnp.where(mask, norms, jnp.zeros((), wide))
     pairs = (
         jax.tree.unflatten(p_tree, [x[0] for x in sums]),
