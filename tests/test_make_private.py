@@ -301,6 +301,7 @@ def test_nnx_dropout_masks_differ_across_examples_and_steps():
     assert len({tuple(kd) for kd in keys}) == 4
 
 
+@pytest.mark.slow  # ~22 s; nnx + dropout also runs in tests/test_flax_example.py (default)
 def test_nnx_mlp_with_dropout_trains_under_make_private(key):
     data = classification_data(key)
     model = NnxDropoutMLP(nnx.Rngs(0))
