@@ -69,8 +69,15 @@ def run(quick: bool = False, size: int = SIZE) -> dict:
             "ratio": ratio,
             "cpu_ratio": None,
             "status": "holds" if ratio <= TARGET[0] else "MISSED",
+            "device": _device_name(),
         },
     }
+
+
+def _device_name() -> str:
+    """The device the draws ran on (the same field every bench.json target carries)."""
+    device = jax.devices()[0]
+    return str(getattr(device, "device_kind", device.platform))
 
 
 def section(result: dict) -> list[str]:
