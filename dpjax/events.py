@@ -29,6 +29,9 @@ from scipy import stats
 from dpjax import _validate
 from dpjax.relation import ADD_OR_REMOVE_ONE, REPLACE_ONE, NeighbouringRelation, as_relation
 
+#: The default privacy unit of an event: one record (example-level DP).
+EXAMPLE_UNIT = "example"
+
 __all__ = [
     "PrivacyEvent",
     "GaussianEvent",
@@ -122,6 +125,11 @@ class PoissonSampledGaussianEvent(PrivacyEvent):
     then charge its truncation: with p̄ = :attr:`overflow_probability` per step, the run is
     (ε, δ′ + (1 + e^ε)·count·p̄)-DP where (ε, δ′) is the guarantee of the untruncated
     sampling. Without them the event is exact Poisson sampling (no cap).
+
+    ``privacy_unit`` names what one neighbour differs in: ``"example"`` (one record, the
+    default) or ``"user:<grouping fingerprint>"`` (every record of one user, written by
+    user-level DP-SGD, :mod:`dpjax.dp_sgd.user_level`). The accountant refuses to compose
+    events of different units: their ε would hold for neither.
     """
 
     noise_multiplier: float
@@ -130,6 +138,7 @@ class PoissonSampledGaussianEvent(PrivacyEvent):
     relation: NeighbouringRelation = ADD_OR_REMOVE_ONE
     dataset_size: int | None = None
     max_batch_size: int | None = None
+    privacy_unit: str = EXAMPLE_UNIT
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -142,6 +151,10 @@ class PoissonSampledGaussianEvent(PrivacyEvent):
                 self.max_batch_size,
                 "given together with dataset_size (a padded sampler) or both None",
             )
+        if not isinstance(self.privacy_unit, str) or not (
+            self.privacy_unit == EXAMPLE_UNIT or self.privacy_unit.startswith("user:")
+        ):
+            _validate.fail("privacy_unit", self.privacy_unit, "'example' or 'user:<fingerprint>'")
         if self.dataset_size is not None:
             self._coerce_int("dataset_size", "max_batch_size")
             _validate.positive_int("dataset_size", self.dataset_size)
@@ -359,6 +372,18 @@ def count_is_additive(event: PrivacyEvent) -> bool:
     return not (isinstance(event, FixedBatchGaussianEvent) and event.sampling == "shuffle")
 
 
+def privacy_units(event: PrivacyEvent) -> frozenset[str]:
+    """The privacy units of an event and of the events nested in it (``base_event``):
+    ``{"example"}`` unless a user-level DP-SGD event says ``"user:<fingerprint>"``."""
+    units = {getattr(event, "privacy_unit", EXAMPLE_UNIT)}
+    base = getattr(event, "base_event", None)
+    for inner in base if isinstance(base, tuple) else (() if base is None else (base,)):
+        units |= privacy_units(inner)
+    if len(units) > 1 and not hasattr(event, "privacy_unit"):
+        units.discard(EXAMPLE_UNIT)  # a wrapper without a unit of its own takes its inner one
+    return frozenset(units)
+
+
 def merge(first: PrivacyEvent, second: PrivacyEvent) -> PrivacyEvent | None:
     """One event equivalent to ``first`` then ``second``, or None if they cannot be merged.
 
@@ -412,7 +437,9 @@ def event_to_dict(event: PrivacyEvent) -> dict[str, Any]:
 
 
 #: Fields that records written before they existed lack (read as None: no padded sampler).
-_OPTIONAL_FIELDS = {"PoissonSampledGaussianEvent": {"dataset_size", "max_batch_size"}}
+_OPTIONAL_FIELDS = {
+    "PoissonSampledGaussianEvent": {"dataset_size", "max_batch_size", "privacy_unit"}
+}
 
 
 def event_from_dict(data: dict[str, Any]) -> PrivacyEvent:

@@ -4,12 +4,15 @@ Each test is the attack; it fails on main today (hence ``xfail(strict=True)``), 
 the fix described in its reason lands.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
+import dpjax
 from dpjax.accounting import PrivacyAccountant
 from dpjax.dp_sgd import BandMF, make_private
 from dpjax.events import PoissonSampledGaussianEvent
@@ -52,16 +55,8 @@ def test_bandmf_resumed_on_reordered_rows_is_refused():
         private.step(w, state, swapped)  # step 1 samples part 1: record 0 again, 1 step apart
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open (review2): a user-level run's event() is a PoissonSampledGaussianEvent tagged "
-    "add_or_remove_one exactly like an example-level one, so a PrivacyAccountant composes the "
-    "two into one ε that holds for neither unit: as a user-level claim the example-level "
-    "run only gives group privacy (kε); as an example-level claim removing one row of a user "
-    "with more rows than the cap k shifts which rows are kept (its vector moves by up to 2C). "
-    "Fix: a privacy-unit field on the events (example / user + grouping fingerprint) that the "
-    "accountant refuses to mix.",
-)
+# Was open (review2); fixed: events carry their privacy unit and the accountant refuses
+# to mix units (the test failed before the fix: DID NOT RAISE).
 def test_user_level_event_does_not_compose_with_example_level_events():
     ids = np.repeat(np.arange(N // 3), 3)
     private = make_private(
@@ -79,3 +74,27 @@ def test_user_level_event_does_not_compose_with_example_level_events():
     example_level = PoissonSampledGaussianEvent(noise_multiplier=1.0, sampling_rate=0.01, count=10)
     with pytest.raises(ValueError):
         PrivacyAccountant([private.event(), example_level]).epsilon(1e-5)
+
+
+def test_privacy_unit_is_validated_and_round_trips():
+    unit = "user:00000000deadbeef"
+    event = PoissonSampledGaussianEvent(1.0, 0.01, count=3, privacy_unit=unit)
+    back = dpjax.events.event_from_dict(dpjax.events.event_to_dict(event))
+    assert back == event and back.privacy_unit == unit
+    old = dpjax.events.event_to_dict(PoissonSampledGaussianEvent(1.0, 0.01))
+    del old["privacy_unit"]  # a record written before the field existed: example level
+    assert dpjax.events.event_from_dict(old).privacy_unit == "example"
+    with pytest.raises(ValueError, match="privacy_unit"):
+        PoissonSampledGaussianEvent(1.0, 0.01, privacy_unit="household")
+
+
+def test_user_level_events_compose_with_each_other_and_inside_a_selection():
+    unit = "user:00000000deadbeef"
+    user = PoissonSampledGaussianEvent(1.0, 0.01, count=10, privacy_unit=unit)
+    twice = PrivacyAccountant([user, user]).epsilon(1e-5)
+    assert twice == PrivacyAccountant([dataclasses.replace(user, count=20)]).epsilon(1e-5)
+    selected = dpjax.events.RepeatAndSelectEvent(base_event=user, mean=3.0, shape=1.0)
+    assert dpjax.events.privacy_units(selected) == {unit}
+    plain = PoissonSampledGaussianEvent(1.0, 0.01, count=10)
+    with pytest.raises(ValueError, match="privacy_unit"):
+        PrivacyAccountant([plain]).record(selected)

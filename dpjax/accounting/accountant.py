@@ -386,6 +386,16 @@ class PrivacyAccountant:
                 "refused: restate the event's sensitivity under one relation, or turn an "
                 "add/remove-one accountant into a replace-one event with as_event)",
             )
+        units = ev.privacy_units(event)
+        known = set().union(*(ev.privacy_units(e) for e in self._events))
+        if len(units) > 1 or (known and units != known):
+            _validate.fail(
+                "event.privacy_unit",
+                sorted(units),
+                f"the accountant's privacy unit {sorted(known or units)} (an example-level and "
+                "a user-level guarantee do not compose: account them separately, or bound one "
+                "by the other through group privacy)",
+            )
         merged = ev.merge(self._events[-1], event) if self._events else None
         if merged is not None:
             self._events[-1] = merged

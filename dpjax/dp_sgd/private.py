@@ -385,7 +385,8 @@ class PrivateTraining(ReadOnlyAfterInit):
         """The privacy event of ``steps`` (default: the planned T) noisy updates."""
         steps = self.steps if steps is None else _validate.positive_int("steps", steps)
         rounds = self._plan.accounted_steps(steps)  # ⌈T/b⌉ rounds for banded MF
-        return self.sampler.event(noise_multiplier=self.noise_multiplier, steps=rounds)
+        event = self.sampler.event(noise_multiplier=self.noise_multiplier, steps=rounds)
+        return dataclasses.replace(event, privacy_unit=_privacy_unit(self._plan))
 
     def init(self, params: Any) -> PrivateState:
         """The initial :class:`PrivateState` (step 0; keys derived from ``make_private``'s key).
@@ -997,7 +998,14 @@ def _event_of(plan: _plan.Plan, steps: int) -> PoissonSampledGaussianEvent:
         sampling_rate=plan.sampling_rate,
         count=plan.accounted_steps(steps),
         relation=plan.relation,
+        privacy_unit=_privacy_unit(plan),
     )
+
+
+def _privacy_unit(plan: _plan.Plan) -> str:
+    """The event's privacy unit: one record, or (user level) every record of one user of
+    the plan's grouping."""
+    return f"user:{plan.grouping:016x}" if plan.examples_per_user else "example"
 
 
 def _overflow(plan: _plan.Plan) -> float:
