@@ -23,6 +23,7 @@ def test_registered_and_run_by_all():
     assert "utility" in registry.ORDER
 
 
+@pytest.mark.slow  # the tiny utility run (~30 s); make reproduce runs it at quick scale
 def test_one_record_per_dataset_method_epsilon(tiny):
     out, summary = tiny
     payload = json.loads((out / "utility.json").read_text())
@@ -43,6 +44,7 @@ def test_one_record_per_dataset_method_epsilon(tiny):
     assert (out / "utility.png").exists()
 
 
+@pytest.mark.slow  # the tiny utility run (~30 s); make reproduce runs it at quick scale
 def test_report_section_has_the_table_and_the_public_preprocessing(tiny):
     _, summary = tiny
     md = summary["report_md"]
@@ -52,6 +54,7 @@ def test_report_section_has_the_table_and_the_public_preprocessing(tiny):
     assert "(data set, ε) cells" in md
 
 
+@pytest.mark.slow  # the tiny utility run (~30 s); make reproduce runs it at quick scale
 def test_private_fits_beat_chance_where_the_signal_is_strong(tiny):
     # breast cancer at ε = 1 (n_train = 426): the objective perturbations reached 0.84-0.87
     # over 50 splits in the quick run; 3 splits of sd ≈ 0.05 sit far above majority (0.627).

@@ -163,6 +163,7 @@ def wide_dtypes():
     return [np.float32] + ([np.float64] if jax.config.jax_enable_x64 else [])
 
 
+@pytest.mark.slow  # 8–14 s a case (compiles of d-sized draws); make test-slow
 @pytest.mark.parametrize("name", sorted(TRANSFORMS))
 def test_chunked_transform_equals_the_unchunked_compiled_transform(name):
     """Bit-identical to the compiled elementwise transform of the same words, every size.
@@ -187,6 +188,7 @@ def test_chunked_transform_equals_the_unchunked_compiled_transform(name):
             assert np.all(np.isfinite(out))
 
 
+@pytest.mark.slow  # 8–14 s a case (compiles of d-sized draws); make test-slow
 @pytest.mark.parametrize("name", sorted(TRANSFORMS))
 def test_chunked_draws_reach_the_same_extremes_and_no_further(name):
     """All-zero / all-one words: every lane of a chunked draw (padding cut off) equals the
