@@ -371,3 +371,35 @@ def test_bad_user_level_arguments_are_refused():
     private = user_private()
     with pytest.raises(ValueError, match="data"):
         private.step(jnp.zeros(3), private.init(jnp.zeros(3)), {"x": jnp.zeros((NUM_USERS, 3))})
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32, jnp.float64])
+@pytest.mark.parametrize("data_dtype", [jnp.int32, "same"])
+def test_a_user_moves_the_sum_by_at_most_c_in_every_dtype(dtype, data_dtype):
+    """Low-precision params and integer features (60 000-sized — float16's largest is 65 504 —,
+    aligned, cancelling): the released (float32-at-least) sum still moves by ≤ C when one
+    whole user is removed, and an aligned user still moves it by about C (not dropped)."""
+    rng = np.random.default_rng(3)
+    m = 24
+    x = np.zeros((3 * m, DIM))
+    x[:m, 0] = 60000.0  # user 0: aligned, huge
+    x[m : 2 * m] = rng.choice([-60000.0, 59999.0], size=(m, DIM))  # user 1: cancelling
+    x[2 * m :] = rng.integers(-3, 4, size=(m, DIM))  # user 2: small
+    data = jnp.asarray(x, jnp.int32 if data_dtype == jnp.int32 else dtype)
+    grouping = group_users(np.repeat(np.arange(3), m))
+    params = jnp.zeros(DIM, dtype)
+
+    def loss(w, row):
+        return row.astype(w.dtype) @ w
+
+    def released(mask):
+        users = jnp.arange(3)
+        return clipped_user_sum(
+            loss, params, data, grouping, users, l2_clip_norm=0.5, user_mask=mask
+        )
+
+    masks = np.concatenate([np.ones((1, 3), bool), ~np.eye(3, dtype=bool)])
+    sums = np.stack([np.asarray(released(jnp.asarray(k)), np.float64) for k in masks])
+    moves = np.linalg.norm(sums[1:] - sums[0], axis=1)
+    assert moves.max() <= 0.5 * (1 + TOLERANCE)
+    assert moves[0] >= 0.5 * (1 - 1e-2)  # the aligned user is clipped to C, not zeroed
