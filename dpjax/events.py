@@ -375,13 +375,12 @@ def count_is_additive(event: PrivacyEvent) -> bool:
 def privacy_units(event: PrivacyEvent) -> frozenset[str]:
     """The privacy units of an event and of the events nested in it (``base_event``):
     ``{"example"}`` unless a user-level DP-SGD event says ``"user:<fingerprint>"``."""
-    units = {getattr(event, "privacy_unit", EXAMPLE_UNIT)}
+    if hasattr(event, "privacy_unit"):
+        return frozenset({event.privacy_unit})
     base = getattr(event, "base_event", None)
-    for inner in base if isinstance(base, tuple) else (() if base is None else (base,)):
-        units |= privacy_units(inner)
-    if len(units) > 1 and not hasattr(event, "privacy_unit"):
-        units.discard(EXAMPLE_UNIT)  # a wrapper without a unit of its own takes its inner one
-    return frozenset(units)
+    inner = base if isinstance(base, tuple) else (() if base is None else (base,))
+    # a wrapper has the units of the events it wraps (several: a mix the accountant refuses)
+    return frozenset().union(*(privacy_units(e) for e in inner)) or frozenset({EXAMPLE_UNIT})
 
 
 def merge(first: PrivacyEvent, second: PrivacyEvent) -> PrivacyEvent | None:

@@ -98,3 +98,13 @@ def test_user_level_events_compose_with_each_other_and_inside_a_selection():
     plain = PoissonSampledGaussianEvent(1.0, 0.01, count=10)
     with pytest.raises(ValueError, match="privacy_unit"):
         PrivacyAccountant([plain]).record(selected)
+
+
+def test_a_selection_over_a_mix_of_units_is_refused():
+    """A wrapper over example- and user-level runs must not hide the mix behind one unit."""
+    user = PoissonSampledGaussianEvent(1.0, 0.01, count=10, privacy_unit="user:00000000deadbeef")
+    plain = PoissonSampledGaussianEvent(1.0, 0.01, count=10)
+    mixed = dpjax.events.RepeatAndSelectEvent(base_event=(user, plain), mean=3.0, shape=1.0)
+    assert dpjax.events.privacy_units(mixed) == {"example", "user:00000000deadbeef"}
+    with pytest.raises(ValueError, match="privacy_unit"):
+        PrivacyAccountant([mixed])
