@@ -317,3 +317,30 @@ def test_band_mf_is_refused_at_user_level_and_with_adaptive_clipping():
     )
     with pytest.raises(ValueError, match="noise"):
         _private(BandMF(bands=2), l2_clip_norm=clip)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_low_precision_updates_get_float32_correlated_noise(dtype):
+    """bf16/fp16 models: the correlated noise is drawn and solved in float32 (the sound
+    sampler's law and reach, not the 128-value bf16 draw) and cast back once, like
+    add_gaussian_noise: every release equals add_gaussian_noise's on C = I, and a banded
+    stream has far more than 2⁸ distinct values."""
+    params = jnp.zeros(4096, dtype)
+    ident = correlated_noise(
+        np.eye(2), noise_multiplier=1.0, l2_clip_norm=1.0, key=jax.random.key(4)
+    )
+    ref = add_gaussian_noise(1.0, key=jax.random.key(4))
+    s_mf, s_ref = ident.init(params), ref.init(params)
+    for _ in range(2):
+        a, s_mf = jax.jit(ident.update)(params, s_mf)
+        b, s_ref = jax.jit(ref.update)(params, s_ref)
+        assert a.dtype == dtype
+        np.testing.assert_array_equal(np.asarray(a, np.float64), np.asarray(b, np.float64))
+    banded = correlated_noise(
+        _banded(6, 3), noise_multiplier=1.0, l2_clip_norm=1.0, key=jax.random.key(4)
+    )
+    state = banded.init(params)
+    for _ in range(3):
+        out, state = jax.jit(banded.update)(params, state)
+    assert jax.tree.leaves(state.noise_buffers)[0].dtype == jnp.float32
+    assert np.unique(np.asarray(out, np.float64)).size > 256
