@@ -110,7 +110,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dpjax import _validate
-from dpjax.dp_sgd import _certified
+from dpjax.dp_sgd import _certified, _ghost_policy
 from dpjax.dp_sgd._certified import HIGHEST
 from dpjax.dp_sgd._ghost_trace import (
     DenseTap,
@@ -271,7 +271,8 @@ def _materialise(tap: DenseTap, b: int = 1) -> bool:
     kn, gram = tap.k * tap.n, tap.t * (tap.k + tap.n)
     if kn <= gram or kn <= _SMALL_LAYER:
         return True
-    return 2 * gram >= kn and b * kn <= _MATERIALISE_BUDGET
+    budget = _ghost_policy.budget(_ghost_policy.current().materialise_budget, _MATERIALISE_BUDGET)
+    return 2 * gram >= kn and b * kn <= budget
 
 
 class _Bound(NamedTuple):
@@ -373,7 +374,7 @@ def _materialised_gram_bound(a: jax.Array, g: jax.Array, sum_dt: Any) -> _Bound:
         sq, up = _certified.row_sq_norms(m[None], wide)
         return sq[0], up[0]
 
-    sq, sq_up = jax.lax.map(one, (a, g))
+    sq, sq_up = jax.lax.map(one, (a, g), batch_size=_ghost_policy.current().map_batch)
     p_up = _certified.inflate(
         jnp.sum(_row_norms_up(a) * _row_norms_up(g), axis=1),
         _certified.compose(_certified.gamma(t, wide), _certified.unit_roundoff(wide)),
@@ -533,7 +534,8 @@ _STREAM_BUDGET = 2**24
 
 
 def _stream_rows(b: int, k: int, n: int) -> int:
-    return max(1, min(b, _STREAM_BUDGET // max(k * n, 1)))
+    budget = _ghost_policy.budget(_ghost_policy.current().stream_budget, _STREAM_BUDGET)
+    return max(1, min(b, budget // max(k * n, 1)))
 
 
 def _stream_steps(taps: Sequence, b: int) -> int:
@@ -861,4 +863,5 @@ def _totals(parts: list[_Bound]) -> _Bound:
     return _Bound(sq, n2, u2)
 
 
-_ghost_jitted = jax.jit(_ghost_impl, static_argnums=(0, 1))
+# the backend policy (budgets, see _ghost_policy) is part of the jit key and of the trace
+_ghost_jitted = _ghost_policy.keyed_jit(_ghost_impl, static_argnums=(0, 1))

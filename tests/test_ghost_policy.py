@@ -1,0 +1,155 @@
+"""Ghost clipping's per-backend policy (issue 24): the accelerator path, exercised on the CPU.
+
+On a GPU ghost forms large sequence layers for the whole batch (book-keeping), streams bigger
+chunks and batches the accurate branch's per-example products. The policy is forced here with
+:func:`dpjax.dp_sgd._ghost_policy.use`, so these choices run on the CPU: results must equal an
+independent vmap reference, the clip shrink must follow the policy the program was traced
+under, and one example must move the released sum by ≤ C.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dpjax.dp_sgd import _ghost_policy, ghost
+from dpjax.dp_sgd._ghost_trace import DenseTap
+
+# every T > 1 layer on the Gram path, the streamed sum 2 examples per chunk, the accurate
+# branch 3 examples per batched product: the CPU's choices, shrunk to test sizes
+GRAM = _ghost_policy.GhostPolicy("gram", 0, 2 * 96 * 96, 3)
+
+
+def reference(loss_fn, params, batch, clip, mask=None):
+    """(clipped sum, norms) from per-example gradients by vmap(grad), in float64 NumPy."""
+    grads = jax.vmap(jax.grad(loss_fn), in_axes=(None,) + (0,) * len(batch))(params, *batch)
+    leaves = [np.asarray(g, np.float64) for g in jax.tree.leaves(grads)]
+    rows = np.concatenate([g.reshape(g.shape[0], -1) for g in leaves], axis=1)
+    norms = np.linalg.norm(rows, axis=1)
+    scale = np.minimum(1.0, clip / norms)
+    if mask is not None:
+        scale = np.where(mask, scale, 0.0)
+    sums = [np.tensordot(scale, g, axes=1) for g in leaves]
+    return jax.tree.unflatten(jax.tree.structure(grads), sums), norms
+
+
+def ghost_sum(loss_fn, params, batch, clip, mask=None):
+    """(sum, norms, f) of ghost under the policy in force; f is the shrink applied to C."""
+    pairs, norms, _, f = ghost.ghost_clipped_pairs(
+        loss_fn, params, batch, l2_clip_norm=clip, mask=mask
+    )
+    total = jax.tree.map(lambda h, lo: np.asarray(h, np.float64) + np.asarray(lo), *pairs)
+    return total, np.asarray(norms), f
+
+
+def assert_close(actual, expected, rtol):
+    for a, e in zip(jax.tree.leaves(actual), jax.tree.leaves(expected), strict=True):
+        assert np.max(np.abs(a - e)) <= rtol * np.max(np.abs(e)), (a, e)
+
+
+def seq_loss(p, x):
+    """A 96×96 kernel on T = 32 positions (Gram or book-keeping by budget), linear head."""
+    return jnp.sum(jnp.tanh(x @ p["w"]) @ p["head"])
+
+
+@pytest.fixture
+def seq_model(key):
+    k1, k2, k3 = jax.random.split(key, 3)
+    params = {
+        "w": jax.random.normal(k1, (96, 96)) / 10.0,
+        "head": jax.random.normal(k2, (96, 4)),
+    }
+    return params, (jax.random.normal(k3, (6, 32, 96)),)
+
+
+def test_cpu_is_the_default_and_accelerators_get_the_large_budgets():
+    assert _ghost_policy.current() == _ghost_policy.CPU  # the test suite runs on the CPU
+    assert _ghost_policy.for_platform("cpu") == _ghost_policy.CPU
+    assert _ghost_policy.for_platform("gpu") == _ghost_policy.ACCELERATOR
+    assert _ghost_policy.for_platform("tpu") == _ghost_policy.ACCELERATOR
+    with pytest.raises(ValueError, match="policy must be a GhostPolicy"):
+        with _ghost_policy.use("gpu"):
+            pass
+
+
+def test_accelerator_forms_the_transformer_head_for_the_whole_batch():
+    """Issue 24's GPU row: the head (T = 128, K·N = 256·8192, B = 32) took the Gram path and
+    its 19%-loose bound sent every step to the sequential accurate branch; on an accelerator
+    it is formed once for the batch (no Gram, no retry, no streamed scan)."""
+    head = DenseTap(0, 0, 1, (0, 1), (0, 1), (0, 1), 128, 256, 8192, (128, 8192), "f", (256, 8192))
+    assert not ghost._materialise(head, 32)
+    assert ghost._stream_steps([head], 32) == 4
+    with _ghost_policy.use(_ghost_policy.ACCELERATOR):
+        assert ghost._materialise(head, 32)
+        assert ghost._materialise(head, 128)  # 2²⁸ entries: the full bench's batch
+        assert ghost._stream_steps([head], 32) == 0
+    assert not ghost._materialise(head, 32)  # restored on exit
+
+
+@pytest.mark.parametrize("policy", [_ghost_policy.ACCELERATOR, GRAM], ids=lambda p: p.name)
+def test_forced_policy_equals_vmap_reference(seq_model, policy):
+    params, batch = seq_model
+    mask = np.array([True, True, False, True, True, True])
+    clip = float(np.median(reference(seq_loss, params, batch, 1.0)[1]))
+    with _ghost_policy.use(policy):
+        total, norms, f = ghost_sum(seq_loss, params, batch, clip, mask)
+    ref_sum, ref_norms = reference(seq_loss, params, batch, clip * f, mask)
+    assert np.sum(ref_norms > clip) >= 2 and np.sum(ref_norms < clip) >= 2
+    np.testing.assert_allclose(norms, np.where(mask, ref_norms, 0.0), rtol=1e-10)
+    assert_close(total, ref_sum, 1e-10)
+
+
+def test_shrink_and_program_follow_the_policy_they_were_traced_under(seq_model):
+    """The attack: a program traced under one policy reused under another (plain jax.jit
+    cache on shapes) would release a streamed sum certified with the depth of a book-kept one.
+    The policy is a static jit key, so each policy gets its own program and its own f (float32
+    sums: f64 rounding is too fine to show the depth)."""
+    params, batch = jax.tree.map(lambda v: v.astype(jnp.float32), seq_model)
+
+    def program(policy):
+        with _ghost_policy.use(policy):
+            fn = jax.jit(lambda p, b: ghost.ghost_clipped_sum(seq_loss, p, b, l2_clip_norm=1.0))
+            return fn.lower(params, batch).as_text()
+
+    gram, accel = program(GRAM), program(_ghost_policy.ACCELERATOR)
+    assert "stablehlo.while" in gram and "stablehlo.case" in gram  # stream scan, retry cond
+    assert "stablehlo.while" not in accel and "stablehlo.case" not in accel
+    with _ghost_policy.use(GRAM):
+        f_gram = ghost.ghost_clipped_pairs(seq_loss, params, batch, l2_clip_norm=1.0)[3]
+    with _ghost_policy.use(_ghost_policy.ACCELERATOR):
+        f_accel = ghost.ghost_clipped_pairs(seq_loss, params, batch, l2_clip_norm=1.0)[3]
+    assert f_gram < f_accel < 1.0  # 3 sequential merges deepen the certified sum
+
+
+@pytest.mark.parametrize("policy", [_ghost_policy.ACCELERATOR, GRAM], ids=lambda p: p.name)
+def test_removing_one_example_moves_the_sum_by_at_most_c(seq_model, policy):
+    """Add/remove-one under each policy, huge and tiny examples mixed (every row clipped)."""
+    params, (x,) = seq_model
+    x = x * jnp.array([1e3, 1.0, 1e-3, 30.0, 1e2, 5.0])[:, None, None]
+    clip = 0.05
+    with _ghost_policy.use(policy):
+        full, _, _ = ghost_sum(seq_loss, params, (x,), clip)
+        for i in (0, 3):
+            mask = np.arange(6) != i
+            less, _, _ = ghost_sum(seq_loss, params, (x,), clip, mask)
+            moved = np.sqrt(
+                sum(np.sum((a - b) ** 2) for a, b in zip(*map(jax.tree.leaves, (full, less))))
+            )
+            assert clip * 0.99 <= moved <= clip * (1.0 + 1e-6), (i, moved)
+
+
+def test_batched_accurate_branch_equals_one_at_a_time(key):
+    """The accurate branch forms per-example matrices 16 at a time on an accelerator (20 rows:
+    one batch and a remainder of 4): the same norms and bounds as one at a time."""
+    ka, kg = jax.random.split(key)
+    a = jax.random.normal(ka, (20, 5, 24)) * jnp.logspace(-3, 3, 20)[:, None, None]
+    g = jax.random.normal(kg, (20, 5, 40))
+    bound = jax.jit(ghost._materialised_gram_bound, static_argnums=2)  # traced on each call
+    one = bound(a, g, jnp.float64)
+    with _ghost_policy.use(_ghost_policy.ACCELERATOR):
+        batched = jax.jit(ghost._materialised_gram_bound, static_argnums=2)(a, g, jnp.float64)
+    exact = np.sum(np.einsum("btk,btn->bkn", np.asarray(a), np.asarray(g)) ** 2, axis=(1, 2))
+    for x, y in zip(one, batched, strict=True):
+        np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-13)
+    np.testing.assert_allclose(np.asarray(batched.sq), exact, rtol=1e-12)
+    assert np.all(np.asarray(batched.n2) >= exact) and np.all(np.asarray(batched.u2) >= exact)
