@@ -83,19 +83,55 @@ CPU = GhostPolicy("cpu", None, None, None)
 # transformer's head at B = 128 (2²⁸) fits, and an 80 GB card holds several such layers.
 ACCELERATOR = GhostPolicy("accelerator", 2**28, 2**28, 16)
 
+# a device with less memory gets per-layer budgets of memory/256 bytes entries (1/64 of it in
+# float32: every book-kept layer stays alive until the clipped sums), never below the CPU's
+_BYTES_PER_ENTRY = 256
+_LEAST_BUDGET = 2**23
+
 _FORCED: list[GhostPolicy] = []
 
 
-def for_platform(platform: str) -> GhostPolicy:
-    """:data:`CPU` for ``"cpu"``, :data:`ACCELERATOR` for every other platform (gpu, tpu)."""
-    return CPU if platform == "cpu" else ACCELERATOR
+def for_platform(platform: str, memory_bytes: int | None = None) -> GhostPolicy:
+    """:data:`CPU` for ``"cpu"``, else :data:`ACCELERATOR` sized to the device's memory.
+
+    Args:
+        platform: ``jax.default_backend()`` (``"cpu"``, ``"gpu"``, ``"tpu"``, ...).
+        memory_bytes: the device's memory limit where known; budgets are capped at
+            ``memory_bytes / 256`` entries (at least 2²³, at most :data:`ACCELERATOR`'s).
+
+    Returns:
+        The policy.
+    """
+    if platform == "cpu":
+        return CPU
+    if memory_bytes is None:
+        return ACCELERATOR
+    top = ACCELERATOR.materialise_budget
+    per_layer = int(max(_LEAST_BUDGET, min(top, int(memory_bytes) // _BYTES_PER_ENTRY)))
+    if per_layer == top:
+        return ACCELERATOR
+    return ACCELERATOR._replace(materialise_budget=per_layer, stream_budget=per_layer)
+
+
+@functools.lru_cache(maxsize=8)
+def _device_memory(platform: str) -> int | None:
+    """``bytes_limit`` of the default device where the runtime reports it, else None."""
+    try:
+        stats = jax.devices()[0].memory_stats() or {}
+    except Exception:  # noqa: BLE001 - not every backend reports memory
+        return None
+    limit = stats.get("bytes_limit")
+    return int(limit) if limit else None
 
 
 def current() -> GhostPolicy:
     """The policy in force: the innermost :func:`use`, else the default backend's."""
     if _FORCED:
         return _FORCED[-1]
-    return for_platform(jax.default_backend())
+    platform = jax.default_backend()
+    if platform == "cpu":
+        return CPU
+    return for_platform(platform, _device_memory(platform))
 
 
 @contextlib.contextmanager
