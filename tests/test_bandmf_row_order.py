@@ -100,6 +100,7 @@ def test_the_record_is_secret_and_a_state_without_it_is_refused(stepped):
         private.step(w, stripped, data)
 
 
+@pytest.mark.slow  # two make_private steps compiled
 def test_the_ledger_and_the_released_step_do_not_depend_on_the_record():
     """Two runs of one key whose records differ (digest key) release the same parameters
     and write the same public ledger: the record changes no released value."""

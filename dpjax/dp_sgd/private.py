@@ -574,7 +574,10 @@ class PrivateTraining(ReadOnlyAfterInit):
                 not this plan (a template's zero key data, whose noise is public; another
                 plan, which ``epsilon`` would charge at the wrong σ, q) returns NaN
                 parameters and optimizer state instead, so nothing computed from it is
-                released.
+                released. With ``noise=BandMF(b)``: ``data`` other than the rows of the
+                run's first step in the same order (a record's part is its row index mod b;
+                a keyed digest in the secret state records them; NaN under your own
+                ``jax.jit``), or a state without that record.
         """
         self._check_plan(state)
         self._check_data(data)
@@ -931,9 +934,11 @@ class PrivateTraining(ReadOnlyAfterInit):
 
         Raises:
             ValueError: before any step runs: ``state`` omitted on an object that already
-                ran, a state of another plan (see :meth:`continue_from`), bad ``data``, or
-                a run whose final step count would leave no room in δ for the truncation
-                slack. Running past the planned ``steps`` warns once.
+                ran, a state of another plan (see :meth:`continue_from`), bad ``data``
+                (with ``noise=BandMF``: other rows, or another order, than the run's first
+                step saw; see :meth:`step`), or a run whose final step count would leave no
+                room in δ for the truncation slack. Running past the planned ``steps`` warns
+                once.
         """
         if state is None:
             if self._host["started"]:
@@ -1401,7 +1406,11 @@ def make_private(
         ``PoissonSampledGaussianEvent(σ, q, count=⌈T/b⌉)`` on parts of ⌈n/b⌉ records
         (Choquette-Choo et al. 2023, "(Amplified) banded matrix factorization", Theorem 4);
         the noise buffers of the state are secret like its keys (``public_state`` drops them),
-        and the strategy covers T steps: steps past T are refused (NaN under ``jit``).
+        and the strategy covers T steps: steps past T are refused (NaN under ``jit``). A
+        record's part is its row index mod b, so the guarantee covers a run whose every step
+        sees the rows of its first step in the same order: the SECRET state records a digest
+        of the rows keyed by the run's key (never the public ledger) and ``step``/``fit``
+        refuse other data or another row order (NaN under ``jit``).
 
     Example:
         >>> import jax, jax.numpy as jnp, optax, dpjax
