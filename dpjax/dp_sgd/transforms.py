@@ -20,6 +20,12 @@ and count; ``from_bytes(tx.init(params), blob)`` restores a state whose next upd
 noise stream bit for bit. Re-initialising with the original key instead replays noise already
 released.
 
+Per-example gradients are refused: ``update`` checks that the updates are shaped like the
+params, and (since a row of per-example gradients under ``jax.vmap`` IS shaped like them) that
+no ``jax.vmap`` batches the updates without batching the noise state: one unbatched key would
+add ONE noise draw to every row (:mod:`dpjax.dp_sgd._vmap_guard`; a vmap over independent runs
+batches the states, with distinct keys, and is unchanged).
+
 Secret and public: a :class:`NoiseState` holds the key data from which every later noise draw is
 derived, so an optimizer state holding one is a SECRET checkpoint (given the key, one later
 model reveals a noise-free clipped sum). Publish :func:`public_opt_state` ``(opt_state)``
@@ -337,7 +343,7 @@ def _checked_next_keys(updates: Any, state: Any, impl: Any) -> tuple[jax.Array, 
     next_key, noise_key = _next_keys(NoiseState(key_data, state.count), impl)
 
     def release(noisy: Any) -> Any:
-        if _validate.is_concrete(ok) and bool(ok):
+        if _validate.is_concrete(ok):  # no vmap, no jit: nothing to void (no sync either)
             return noisy
         return _vmap_guard.void_unless(ok, noisy)
 
