@@ -149,3 +149,18 @@ def test_the_digest_sees_every_row_bit_and_index():
         assert np.any(np.asarray(digest(key, other)) != base)
     other_key = init_row_order(jax.random.key(6)).key
     assert np.any(np.asarray(digest(other_key, tree)) != base)
+
+
+def test_fit_digests_its_data_once(stepped):
+    """One pass over the data per fit (not per step): the digest is cached for the same
+    immutable arrays and carried in the state ``step`` returns."""
+    private, w, state, data = stepped
+    check = private._row_check
+    calls = []
+    digest = check._digest
+    check._digest = lambda *a: calls.append(1) or digest(*a)
+    try:
+        _, after, _ = private.fit(w, np.asarray(data), state=state, steps=3, progress=False)
+    finally:
+        check._digest = digest
+    assert len(calls) == 1 and int(after.step) == 4
