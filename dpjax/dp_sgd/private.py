@@ -194,6 +194,9 @@ class PrivateState(NamedTuple):
         step: int32 scalar, noisy updates applied so far (what ``epsilon`` reads).
         key: uint32 raw key data for sampling and dropout, split at every step (SECRET).
         opt_state: the optax state of noise (its own key data, SECRET) → ÷ q·n → optimizer.
+            With ``noise=BandMF(b)`` the noise state also holds the past noise and the keyed
+            digest of the data's row order (both SECRET; see
+            :mod:`~dpjax.dp_sgd.matrix_factorization.row_order`).
         plan: uint32[k, 29] ledger of the run's phases (exact σ, q, C, normaliser, n, cap,
             relation, start step, adaptive clipping's (γ, η, σ_b), the privacy unit and the
             correlated noise (bands, strategy digest) of each; public): ``step``/``fit``
