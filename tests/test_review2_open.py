@@ -24,15 +24,8 @@ def _linear(w, x):
     return x @ w
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open (review2): BandMF's parts are ROW INDICES mod b, so the data's row order is "
-    "part of the plan; a run resumed on the same records in another order lets a record "
-    "participate in adjacent steps (b-separation, hence the ⌈T/b⌉-round accounting of "
-    "Choquette-Choo et al. 2023 Thm 4, broken). Fix: record a keyed digest of the data's row "
-    "order in the secret state (keyed by the run's key, never in the public ledger) and "
-    "refuse other data in step/fit; at least document it in BandMF and make_private.",
-)
+# Was open (review2); fixed: the secret state records a keyed digest of the data's row order
+# and step/fit refuse other data (the test failed before the fix: DID NOT RAISE).
 def test_bandmf_resumed_on_reordered_rows_is_refused():
     private = make_private(
         _linear,

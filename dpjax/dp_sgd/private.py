@@ -50,6 +50,7 @@ from dpjax.dp_sgd import _plan, adaptive_clip
 from dpjax.dp_sgd._frozen import ReadOnlyAfterInit
 from dpjax.dp_sgd.clipping import BACKENDS as CLIPPING_BACKENDS
 from dpjax.dp_sgd.clipping import clipped_grad
+from dpjax.dp_sgd.matrix_factorization import row_order as _row_order
 from dpjax.dp_sgd.samplers import (
     PaddedBatch,
     PoissonSampler,
@@ -193,6 +194,9 @@ class PrivateState(NamedTuple):
         step: int32 scalar, noisy updates applied so far (what ``epsilon`` reads).
         key: uint32 raw key data for sampling and dropout, split at every step (SECRET).
         opt_state: the optax state of noise (its own key data, SECRET) → ÷ q·n → optimizer.
+            With ``noise=BandMF(b)`` the noise state also holds the past noise and the keyed
+            digest of the data's row order (both SECRET; see
+            :mod:`~dpjax.dp_sgd.matrix_factorization.row_order`).
         plan: uint32[k, 29] ledger of the run's phases (exact σ, q, C, normaliser, n, cap,
             relation, start step, adaptive clipping's (γ, η, σ_b), the privacy unit and the
             correlated noise (bands, strategy digest) of each; public): ``step``/``fit``
@@ -312,6 +316,9 @@ class PrivateTraining(ReadOnlyAfterInit):
         self._uses_rng = _wants_rng(loss_fn)
         self._impl = jax.random.key_impl(key)
         noise_key, self._train_key = jax.random.split(key)
+        #: banded MF: the record of the data's row order a new state starts with (SECRET)
+        self._row_record = None if noise is None else _row_order.init_row_order(key)
+        self._row_check = None if noise is None else _row_order.HostCheck()
         self._adaptive = isinstance(l2_clip_norm, adaptive_clip.AdaptiveClip)
         if self._adaptive:  # clip at 1 the loss ÷ C_t; noise σ_Δ; × C_t after the noise
             self._tx = adaptive_clip.AdaptiveUpdate(
@@ -416,10 +423,13 @@ class PrivateTraining(ReadOnlyAfterInit):
         self._host["started"] = True
 
     def _fresh_state(self, params: Any) -> PrivateState:
+        opt_state = self._tx.init(params)
+        if self._row_record is not None:  # banded MF: the data's row order, set at step 0
+            opt_state = _row_order.attach(opt_state, self._row_record)
         return PrivateState(
             step=jnp.zeros((), jnp.int32),
             key=jax.random.key_data(self._train_key),
-            opt_state=self._tx.init(params),
+            opt_state=opt_state,
             plan=jnp.asarray(_plan.ledger_row(self._plan, 0)[None, :]),
         )
 
@@ -567,13 +577,22 @@ class PrivateTraining(ReadOnlyAfterInit):
                 not this plan (a template's zero key data, whose noise is public; another
                 plan, which ``epsilon`` would charge at the wrong σ, q) returns NaN
                 parameters and optimizer state instead, so nothing computed from it is
-                released.
+                released. With ``noise=BandMF(b)``: ``data`` other than the rows of the
+                run's first step in the same order (a record's part is its row index mod b;
+                a keyed digest in the secret state records them; NaN under your own
+                ``jax.jit``), or a state without that record.
         """
         self._check_plan(state)
         self._check_data(data)
+        digest = None
+        if self.noise is not None:  # banded MF: the rows must keep the first step's order
+            record = _row_order.record_of(state.opt_state)
+            digest = self._row_check.digest(record, data, lambda: _steps_of(state))
         params, (count, key, opt_state), metrics = self._jitted_step(
-            params, state.step, state.key, state.opt_state, data
+            params, state.step, state.key, state.opt_state, data, digest
         )
+        if digest is not None and _validate.is_concrete(digest):  # checked on the host: keep
+            opt_state = _row_order.attach(opt_state, _row_order.RowOrder(record.key, digest))
         if not _validate.is_concrete(state.plan):
             params, opt_state = self._void_unless_this_plan(state.plan, (params, opt_state))
         return params, PrivateState(count, key, opt_state, state.plan), metrics
@@ -592,12 +611,7 @@ class PrivateTraining(ReadOnlyAfterInit):
         tail = ledger[-1, ext:] if ledger.shape[1] > ext else jnp.zeros_like(row[ext:])
         ok = ok & jnp.all(tail == jnp.asarray(row[ext:]))
 
-        def void(x: Any) -> Any:
-            if not jnp.issubdtype(jnp.result_type(x), jnp.inexact):
-                return x
-            return jnp.where(ok, x, jnp.full(jnp.shape(x), jnp.nan, jnp.result_type(x)))
-
-        return jax.tree.map(void, released)
+        return _void_unless(ok, released)
 
     def _check_plan(self, state: Any) -> None:
         """Refuse a state whose current phase is not this object's plan (host-side).
@@ -622,7 +636,15 @@ class PrivateTraining(ReadOnlyAfterInit):
         self._host["verified"] = ledger
         self._host["started"] = True
 
-    def _step_impl(self, params: Any, count: jax.Array, key_data: jax.Array, opt: Any, data: Any):
+    def _step_impl(
+        self,
+        params: Any,
+        count: jax.Array,
+        key_data: jax.Array,
+        opt: Any,
+        data: Any,
+        digest: jax.Array | None = None,
+    ):
         key = jax.random.wrap_key_data(key_data, impl=self._impl)
         next_key, sample_key, dropout_key = jax.random.split(key, 3)
         if self.noise is None:
@@ -640,6 +662,10 @@ class PrivateTraining(ReadOnlyAfterInit):
         else:
             updates, opt_state = self._tx.update(clipped_sum, opt, params)
         params = optax.apply_updates(params, updates)
+        if digest is not None:  # banded MF: another row order voids the step (NaN)
+            record = _row_order.record_of(opt)
+            opt_state, ok = _row_order.checked_in_graph(count, opt_state, record, digest)
+            params, opt_state = _void_unless(ok, (params, opt_state))
         metrics = {
             "loss": loss_sum / jnp.maximum(size, 1).astype(loss_sum.dtype),
             "batch_size": size,
@@ -911,9 +937,11 @@ class PrivateTraining(ReadOnlyAfterInit):
 
         Raises:
             ValueError: before any step runs: ``state`` omitted on an object that already
-                ran, a state of another plan (see :meth:`continue_from`), bad ``data``, or
-                a run whose final step count would leave no room in δ for the truncation
-                slack. Running past the planned ``steps`` warns once.
+                ran, a state of another plan (see :meth:`continue_from`), bad ``data``
+                (with ``noise=BandMF``: other rows, or another order, than the run's first
+                step saw; see :meth:`step`), or a run whose final step count would leave no
+                room in δ for the truncation slack. Running past the planned ``steps`` warns
+                once.
         """
         if state is None:
             if self._host["started"]:
@@ -990,6 +1018,17 @@ class PrivateTraining(ReadOnlyAfterInit):
             f"l2_clip_norm={self.l2_clip_norm}, expected_batch_size={self.expected_batch_size:.4g}"
             f", max_batch_size={self.max_batch_size}, delta={self.delta})"
         )
+
+
+def _void_unless(ok: jax.Array, released: Any) -> Any:
+    """``released`` with every float leaf NaN unless ``ok`` (a traced bool scalar)."""
+
+    def void(x: Any) -> Any:
+        if not jnp.issubdtype(jnp.result_type(x), jnp.inexact):
+            return x
+        return jnp.where(ok, x, jnp.full(jnp.shape(x), jnp.nan, jnp.result_type(x)))
+
+    return jax.tree.map(void, released)
 
 
 def _event_of(plan: _plan.Plan, steps: int) -> PoissonSampledGaussianEvent:
@@ -1370,7 +1409,11 @@ def make_private(
         ``PoissonSampledGaussianEvent(σ, q, count=⌈T/b⌉)`` on parts of ⌈n/b⌉ records
         (Choquette-Choo et al. 2023, "(Amplified) banded matrix factorization", Theorem 4);
         the noise buffers of the state are secret like its keys (``public_state`` drops them),
-        and the strategy covers T steps: steps past T are refused (NaN under ``jit``).
+        and the strategy covers T steps: steps past T are refused (NaN under ``jit``). A
+        record's part is its row index mod b, so the guarantee covers a run whose every step
+        sees the rows of its first step in the same order: the SECRET state records a digest
+        of the rows keyed by the run's key (never the public ledger) and ``step``/``fit``
+        refuse other data or another row order (NaN under ``jit``).
 
     Example:
         >>> import jax, jax.numpy as jnp, optax, dpjax

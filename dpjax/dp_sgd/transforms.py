@@ -20,6 +20,12 @@ and count; ``from_bytes(tx.init(params), blob)`` restores a state whose next upd
 noise stream bit for bit. Re-initialising with the original key instead replays noise already
 released.
 
+Per-example gradients are refused: ``update`` checks that the updates are shaped like the
+params, and (since a row of per-example gradients under ``jax.vmap`` IS shaped like them) that
+no ``jax.vmap`` batches the updates without batching the noise state: one unbatched key would
+add ONE noise draw to every row (:mod:`dpjax.dp_sgd._vmap_guard`; a vmap over independent runs
+batches the states, with distinct keys, and is unchanged).
+
 Secret and public: a :class:`NoiseState` holds the key data from which every later noise draw is
 derived, so an optimizer state holding one is a SECRET checkpoint (given the key, one later
 model reveals a noise-free clipped sum). Publish :func:`public_opt_state` ``(opt_state)``
@@ -36,6 +42,7 @@ import numpy as np
 import optax
 
 from dpjax import _noise, _random, _validate
+from dpjax.dp_sgd import _vmap_guard
 
 __all__ = [
     "NoiseState",
@@ -322,6 +329,27 @@ def _next_keys(state: NoiseState, impl: Any) -> tuple[jax.Array, jax.Array]:
     return jax.random.key_data(next_key), noise_key
 
 
+def _checked_next_keys(updates: Any, state: Any, impl: Any) -> tuple[jax.Array, jax.Array, Any]:
+    """:func:`_next_keys` of ``state`` after the vmap check of :mod:`._vmap_guard`, and a
+    function that voids (NaN) the noisy updates of a vmapped batch with repeated keys.
+
+    Raises:
+        ValueError: ``updates`` batched by a ``jax.vmap`` that the noise key is not (e.g.
+            ``jax.vmap(tx.update, in_axes=(0, None, None))`` over per-example gradients: one
+            noise draw would be added to every row), or, eagerly, batched together with keys
+            that repeat.
+    """
+    key_data, ok = _vmap_guard.guard_key(updates, state.key)
+    next_key, noise_key = _next_keys(NoiseState(key_data, state.count), impl)
+
+    def release(noisy: Any) -> Any:
+        if _validate.is_concrete(ok):  # no vmap, no jit: nothing to void (no sync either)
+            return noisy
+        return _vmap_guard.void_unless(ok, noisy)
+
+    return next_key, noise_key, release
+
+
 def add_gaussian_noise(stddev: float, *, key: jax.Array) -> optax.GradientTransformation:
     r"""Add N(0, stddev²) independently to every coordinate of every leaf.
 
@@ -346,7 +374,11 @@ def add_gaussian_noise(stddev: float, *, key: jax.Array) -> optax.GradientTransf
     Raises:
         TypeError: no key / not a key. ValueError: negative or non-finite stddev; at
             ``update``: updates not shaped like ``params`` (with ``params`` omitted: like the
-            params given to ``init`` in this process; omitted with no ``init``: refused).
+            params given to ``init`` in this process; omitted with no ``init``: refused), or
+            updates batched by a ``jax.vmap`` that the state is not batched by (per-example
+            gradients under ``vmap(tx.update, in_axes=(0, None, None))``; a vmap over runs
+            batches the state too, with distinct keys: repeated keys raise eagerly and give
+            NaN updates under ``jit``).
 
     Formal guarantees:
         With stddev = σ·Δ₂, one update is the Gaussian mechanism on a query of ℓ2 sensitivity Δ₂
@@ -378,9 +410,9 @@ def add_gaussian_noise(stddev: float, *, key: jax.Array) -> optax.GradientTransf
 
     def update_fn(updates: Any, state: NoiseState, params: Any = None):
         shapes.check(updates, params)
-        next_key, noise_key = _next_keys(state, impl)
+        next_key, noise_key, release = _checked_next_keys(updates, state, impl)
         noisy = _noise.tree_add_iid_noise(noise_key, _fusion_barrier(updates), _normal, stddev)
-        return noisy, NoiseState(key=next_key, count=optax.safe_increment(state.count))
+        return release(noisy), NoiseState(key=next_key, count=optax.safe_increment(state.count))
 
     return optax.GradientTransformation(init_fn, update_fn)
 
@@ -531,7 +563,9 @@ def add_laplace_dp_sgd_noise(
 
     Raises:
         ValueError: at ``update``, updates not shaped like ``params`` (with ``params``
-            omitted: like the params given to ``init``; omitted with no ``init``: refused).
+            omitted: like the params given to ``init``; omitted with no ``init``: refused),
+            or batched by a ``jax.vmap`` that the state is not batched by (see
+            :func:`add_gaussian_noise`).
 
     Formal guarantees:
         Per step, the noisy gradient is the Laplace mechanism with b = θ_h on a query of ℓ1
@@ -560,8 +594,8 @@ def add_laplace_dp_sgd_noise(
         # wider one, so no leaf's cast can round θ below the accounted float64 value
         dtypes = [np.dtype(_noise.noise_dtype_of(u)) for u in jax.tree.leaves(updates)]
         theta = _theta_rounded_up(state.count + 1, min(dtypes, key=lambda d: d.itemsize), theta_kw)
-        next_key, noise_key = _next_keys(state, impl)
+        next_key, noise_key, release = _checked_next_keys(updates, state, impl)
         noisy = _noise.tree_add_iid_noise(noise_key, _fusion_barrier(updates), _laplace, theta)
-        return noisy, NoiseState(key=next_key, count=optax.safe_increment(state.count))
+        return release(noisy), NoiseState(key=next_key, count=optax.safe_increment(state.count))
 
     return optax.GradientTransformation(init_fn, update_fn)

@@ -68,11 +68,18 @@ class BandMF:
         With :func:`dpjax.make_private` (which resolves it and samples cyclically), the run is
         accounted as DP-SGD over ⌈T/b⌉ rounds at rate q on parts of ⌈n/b⌉ records
         (Choquette-Choo et al. 2023, "(Amplified) banded matrix factorization", Theorem 4;
-        add/remove-one). Covered: the parameter trajectory and the public state; NOT the
-        noise buffers and keys of the private state. The part of a record is its ROW INDEX
-        mod b: every step of a run (resumed or not) must see the rows in one fixed order —
-        a record whose index changes mid-run can be sampled in steps less than b apart, and
-        the ⌈T/b⌉-round accounting no longer holds.
+        add/remove-one). Covered: the parameter trajectory and the public state of a run
+        whose every step sees the data set of its first step in the same row order; NOT the
+        noise buffers, keys and row-order record of the private state. The part of a record
+        is its ROW INDEX mod b, so the row order is part of the plan: a record whose index
+        changes mid-run can be sampled in steps less than b apart, and the ⌈T/b⌉-round
+        accounting no longer holds. The state therefore records, from its first step, a
+        digest of the rows in order, keyed by the run's key (an unkeyed digest of private
+        data would fingerprint it) and kept in the SECRET state only, never in the public
+        ledger (:mod:`~dpjax.dp_sgd.matrix_factorization.row_order`); ``step``/``fit``
+        refuse other data or another order (``ValueError`` naming ``data``; under your own
+        ``jax.jit``, NaN parameters), also after a checkpoint restore. Shuffle the data once,
+        before the first step, never between steps.
 
     Example:
         >>> noise = BandMF(bands=4).resolve(dataset_size=1000, batch_size=50, steps=40)

@@ -56,11 +56,15 @@ class CorrelatedNoiseState(NamedTuple):
         count: number of noisy releases so far (int32; public).
         noise_buffers: a pytree shaped like the params with a leading axis of ``bands − 1``
             (banded) or ``buffers`` (BLT): past noise, which predicts future noise (SECRET).
+        row_order: None, or (in a run of ``make_private(noise=BandMF(b))``) the
+            :class:`~dpjax.dp_sgd.matrix_factorization.row_order.RowOrder` record of the
+            data's row order, passed through unchanged by the update (SECRET).
     """
 
     key: jax.Array
     count: jax.Array
     noise_buffers: Any
+    row_order: Any = None
 
 
 #: Recognised by :func:`dpjax.dp_sgd.public_opt_state`: published as its count only.
@@ -262,7 +266,9 @@ def correlated_noise(
 
     Raises:
         TypeError: no key. ValueError: a bad strategy, σ < 0, clip ≤ 0; at ``update``
-            (when the count is concrete) a step past n, or updates not shaped like params.
+            (when the count is concrete) a step past n, updates not shaped like params, or
+            updates batched by a ``jax.vmap`` that the state is not batched by (one noise
+            draw for every row; see :func:`dpjax.dp_sgd.add_gaussian_noise`).
             Under ``jax.jit`` a step past n cannot raise: it returns NaN updates and state
             (nothing computed from it can be released).
 
@@ -312,7 +318,7 @@ def correlated_noise(
                 f"< n = {n}: the strategy covers n steps (its sensitivity and "
                 "accounting are for n); build a strategy for a longer run",
             )
-        next_key, noise_key = _tx._next_keys(_tx.NoiseState(state.key, state.count), impl)
+        next_key, noise_key, release = _tx._checked_next_keys(updates, state, impl)
         z = _noise.tree_iid_noise_like(noise_key, updates, jax.random.normal)
         t = jnp.minimum(state.count, n - 1)
         solved = jax.tree.map(lambda zi, b: step(zi, b, t), z, state.noise_buffers)
@@ -322,6 +328,6 @@ def correlated_noise(
         noisy = _noise._add_scaled(_tx._fusion_barrier(updates), x, stddev)
         noisy, buffers = _void_past_end((noisy, buffers), state.count, n)
         count = optax.safe_increment(state.count)
-        return noisy, CorrelatedNoiseState(next_key, count, buffers)
+        return release(noisy), CorrelatedNoiseState(next_key, count, buffers, state.row_order)
 
     return optax.GradientTransformation(init_fn, update_fn)
