@@ -334,7 +334,11 @@ def verdict(rows: list[dict], epsilon: float = 1.0) -> dict:
 # -- report -------------------------------------------------------------------------------------
 
 
-def plot(path: pathlib.Path, rows: list[dict], title: str | None = None) -> str | None:
+def plot(
+    path: pathlib.Path, rows: list[dict], title: str | None = None, references: dict | None = None
+) -> str | None:
+    """Accuracy against ε per mode (one panel per schedule); ``references``: label → accuracy,
+    drawn as horizontal lines (the text half's Bayes and public-model accuracies)."""
     from experiments.report import _plt
 
     plt = _plt()
@@ -351,6 +355,8 @@ def plot(path: pathlib.Path, rows: list[dict], title: str | None = None) -> str 
             err = np.array([[r["accuracy_mean"] - r["ci_low"], r["ci_high"] - r["accuracy_mean"]]
                             for r in rs]).T  # fmt: skip
             ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=f"{mode} (d={rs[0]['d']})")
+        for j, (label, value) in enumerate((references or {}).items()):
+            ax.axhline(value, color="0.5", linestyle=("--", ":")[j % 2], lw=1, label=label)
         ax.set_xscale("log")
         ax.set_xticks(sorted({r["target_epsilon"] for r in rows}))
         ax.set_xticks([], minor=True)
