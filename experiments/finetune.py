@@ -33,8 +33,9 @@ Accuracy on the private test split: mean and 95% Student-t CI over S seeds (fres
 noise and — scratch — initialisation per seed). Scratch and full share one compiled
 ``jit(vmap(scan))`` over (schedule, ε, seed); every other mode has its own (its trainable tree).
 Float32 throughout (no x64: nothing here needs exactness beyond what dpjax certifies).
-The ``--full`` scale: 20 seeds per cell. A small transformer on synthetic public text (asked
-for in issue 24) is not built yet.
+The ``--full`` scale: 20 seeds per cell. The small transformer on synthetic public text that
+issue 24 also asks for is :mod:`experiments.finetune_text`: :func:`run` runs it after this
+part and appends its table to the same report section.
 """
 
 from __future__ import annotations
@@ -206,13 +207,15 @@ def calibrate(sampler, steps: int, epsilon: float) -> dict:
     return dict(sigma=float(sigma), epsilon=float(eps), slack=float(slack))
 
 
-def make_trainer(sampler, max_steps: int, x, y, backend: str = "auto"):
+def make_trainer(sampler, max_steps: int, x, y, backend: str = "auto", loss_fn=None):
     """``run(key, trainable, frozen, sigma, steps, lr)``: ``steps`` ≤ ``max_steps`` DP-SGD
     steps on the trainable part (the scan runs ``max_steps``; later steps release nothing and
     leave the parameters unchanged, so one compile serves every schedule).
 
     The frozen part is an ARGUMENT (a constant of the loss, never differentiated): one jitted
-    ``vmap(run)`` then serves every mode of the same tree structure (scratch and full)."""
+    ``vmap(run)`` then serves every mode of the same tree structure (scratch and full).
+    ``loss_fn(params, {"x": x_i, "y": y_i})`` is the loss of ONE record (default: the MLP's
+    cross-entropy; :mod:`experiments.finetune_text` passes the transformer's)."""
     import jax
     import jax.numpy as jnp
     import optax
@@ -223,9 +226,10 @@ def make_trainer(sampler, max_steps: int, x, y, backend: str = "auto"):
 
     normalizer = sampler.expected_batch_size  # PUBLIC q·n
     data = {"x": x, "y": y}
+    loss_fn = example_loss if loss_fn is None else loss_fn
 
     def run(key, trainable, frozen, sigma, steps, lr):
-        loss = ft.trainable_loss(example_loss, frozen)
+        loss = ft.trainable_loss(loss_fn, frozen)
         grad_fn = dpjax.clipped_grad(loss, l2_clip_norm=CLIP, backend=backend)
         tx = optax.sgd(lr, momentum=MOMENTUM)
 
@@ -330,7 +334,11 @@ def verdict(rows: list[dict], epsilon: float = 1.0) -> dict:
 # -- report -------------------------------------------------------------------------------------
 
 
-def plot(path: pathlib.Path, rows: list[dict]) -> str | None:
+def plot(
+    path: pathlib.Path, rows: list[dict], title: str | None = None, references: dict | None = None
+) -> str | None:
+    """Accuracy against ε per mode (one panel per schedule); ``references``: label → accuracy,
+    drawn as horizontal lines (the text half's Bayes and public-model accuracies)."""
     from experiments.report import _plt
 
     plt = _plt()
@@ -347,6 +355,8 @@ def plot(path: pathlib.Path, rows: list[dict]) -> str | None:
             err = np.array([[r["accuracy_mean"] - r["ci_low"], r["ci_high"] - r["accuracy_mean"]]
                             for r in rs]).T  # fmt: skip
             ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=f"{mode} (d={rs[0]['d']})")
+        for j, (label, value) in enumerate((references or {}).items()):
+            ax.axhline(value, color="0.5", linestyle=("--", ":")[j % 2], lw=1, label=label)
         ax.set_xscale("log")
         ax.set_xticks(sorted({r["target_epsilon"] for r in rows}))
         ax.set_xticks([], minor=True)
@@ -355,7 +365,8 @@ def plot(path: pathlib.Path, rows: list[dict]) -> str | None:
         ax.set_title(f"{epochs:g} epochs ({rs[0]['steps']} steps)", fontsize=9)
     np.atleast_1d(axes)[0].set_ylabel("private test accuracy (95% CI)")
     np.atleast_1d(axes)[0].legend(fontsize=7)
-    fig.suptitle("private fine-tuning on digits 5–9, public autoencoder on 0–4", fontsize=10)
+    title = title or "private fine-tuning on digits 5–9, public autoencoder on 0–4"
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -416,7 +427,11 @@ def markdown(result: dict, plot_name: str | None, size: str) -> str:
 
 
 def run(out_dir: pathlib.Path, *, full: bool = False, seed: int = 0, size: str | None = None):
-    """Run the comparison; write finetune.json and finetune.png; return the report section."""
+    """Run the comparison; write finetune.json and finetune.png; return the report section.
+
+    The text half (:mod:`experiments.finetune_text`) runs after the vision half at the same
+    size and appends its own table; the vision table is unchanged."""
+    from experiments import finetune_text
     from experiments.report import write_json
 
     size = "full" if full else (size or "quick")
@@ -429,9 +444,14 @@ def run(out_dir: pathlib.Path, *, full: bool = False, seed: int = 0, size: str |
     write_json(out_dir / "finetune.json", dict(size=size, seed=seed, seconds=seconds, **result))
     v = verdict(result["rows"])
     best = ", ".join(s["best"] for s in v["schedules"])
+    text = finetune_text.run(out_dir, size=size, seed=seed)
     return dict(
-        report_md=markdown(result, plot_name, size),
+        report_md=markdown(result, plot_name, size) + "\n\n" + text["report_md"],
         rows=result["rows"],
-        verdict=("✓" if v["ok"] else "✗") + f" fine-tuning beats scratch at ε = 1 (best: {best})",
-        seconds=seconds,
+        text_rows=text["rows"],
+        verdict=("✓" if v["ok"] else "✗")
+        + f" fine-tuning beats scratch at ε = 1 (best: {best})"
+        + ("; text ✓" if text["ok"] else "; text ✗")
+        + f" (best: {text['best']})",
+        seconds=seconds + text["seconds"],
     )

@@ -196,6 +196,9 @@ def test_experiment_tiny_run_reports_every_mode_with_its_dimension(tmp_path):
     assert all(r["epsilon"] <= 1.0 for r in out["rows"])
     assert "private fine-tuning from a public model beats scratch at ε = 1" in out["report_md"]
     assert (tmp_path / "finetune.json").is_file()
+    assert "### A small transformer on synthetic public text" in out["report_md"]
+    assert {r["mode"] for r in out["text_rows"]} == set(finetune.MODES)
+    assert (tmp_path / "finetune_text.json").is_file()
 
 
 @pytest.mark.slow
