@@ -6,6 +6,15 @@ layer for layer (same shapes, activations, padding, pooling, loss); a model with
 gets no Opacus column. The weights are each framework's default initialisation (a step's time
 does not depend on them).
 
+The transformer's twin (:mod:`benchmarks.transformer`, sizes from its ``SIZE``) has the JAX
+model's parameters one for one: token and positional ``nn.Embedding`` (positions fed as a
+``(batch, seq)`` batch of ids), per block LayerNorm (ε = 1e-6, flax's), causal self-attention
+as four ``nn.Linear`` q/k/v/out with ``scaled_dot_product_attention(is_causal=True)``,
+LayerNorm, MLP with tanh-approximate GELU (``nnx.gelu``), then LayerNorm and an untied head.
+Its criterion :class:`SequenceCrossEntropy` is dpjax's loss: each sequence's mean next-token
+cross-entropy, one sequence per privacy unit, averaged over the batch. Everything follows the
+device of the module and the data (``torch_steps(..., device="cuda")``).
+
 Each Opacus mode is a complete DP-SGD step: per-example clipping to C = 1, Gaussian noise
 σ = 1, division by the batch size, SGD (lr 0.1) — dpjax's step in :mod:`benchmarks.steps`.
 Modes: ``hooks`` (per-sample gradients by module hooks, Opacus's default), ``functorch``
