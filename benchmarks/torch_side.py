@@ -183,6 +183,8 @@ class SequenceCrossEntropy(nn.Module):
             logits.flatten(0, 1), targets.flatten(), reduction="none"
         )
         per_sequence = tokens.view(targets.shape).mean(dim=1)
+        if self.reduction not in ("mean", "sum", "none"):  # Opacus sets the attribute itself
+            raise ValueError(f"reduction must be 'mean', 'sum' or 'none'; got {self.reduction!r}")
         if self.reduction == "none":
             return per_sequence
         return per_sequence.sum() if self.reduction == "sum" else per_sequence.mean()

@@ -119,6 +119,8 @@ def test_transformer_twin_computes_the_jax_per_sequence_loss(small_tf):
     # split by > 0.3
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
     assert mean == pytest.approx(float(jax.jit(model.batch_loss)(params, xs, ys)), abs=1e-5)
+    with pytest.raises(ValueError, match="reduction"):
+        SequenceCrossEntropy("avg")(twin(txs), tys)
 
 
 @pytest.mark.torch
