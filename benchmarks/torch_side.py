@@ -6,6 +6,15 @@ layer for layer (same shapes, activations, padding, pooling, loss); a model with
 gets no Opacus column. The weights are each framework's default initialisation (a step's time
 does not depend on them).
 
+The transformer's twin (:mod:`benchmarks.transformer`, sizes from its ``SIZE``) has the JAX
+model's parameters one for one: token and positional ``nn.Embedding`` (positions fed as a
+``(batch, seq)`` batch of ids), per block LayerNorm (ε = 1e-6, flax's), causal self-attention
+as four ``nn.Linear`` q/k/v/out with ``scaled_dot_product_attention(is_causal=True)``,
+LayerNorm, MLP with tanh-approximate GELU (``nnx.gelu``), then LayerNorm and an untied head.
+Its criterion :class:`SequenceCrossEntropy` is dpjax's loss: each sequence's mean next-token
+cross-entropy, one sequence per privacy unit, averaged over the batch. Everything follows the
+device of the module and the data (``torch_steps(..., device="cuda")``).
+
 Each Opacus mode is a complete DP-SGD step: per-example clipping to C = 1, Gaussian noise
 σ = 1, division by the batch size, SGD (lr 0.1) — dpjax's step in :mod:`benchmarks.steps`.
 Modes: ``hooks`` (per-sample gradients by module hooks, Opacus's default), ``functorch``
@@ -22,7 +31,14 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-__all__ = ["TORCH_MODELS", "OPACUS_MODES", "torch_steps", "register_torch"]
+__all__ = [
+    "TORCH_MODELS",
+    "OPACUS_MODES",
+    "SequenceCrossEntropy",
+    "opacus_step",
+    "torch_steps",
+    "register_torch",
+]
 
 OPACUS_MODES = ("hooks", "functorch", "ew", "ghost")
 LR, CLIP, NOISE_MULTIPLIER = 0.1, 1.0, 1.0
@@ -86,6 +102,111 @@ def _lora_mlp() -> nn.Module:
     return nn.Sequential(_LoRALayer(784, 512), _LoRALayer(512, 512), nn.Linear(512, 10, bias=False))
 
 
+class _CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention from four ``nn.Linear`` (flax's q/k/v/out, with bias).
+
+    Every parameter sits in an ``nn.Linear`` acting on ``(batch, seq, width)``, so each Opacus
+    mode has a per-sample rule for it (ghost: Linear's norm sampler). Opacus 1.6's
+    ``DPMultiheadAttention`` is not used: with ``batch_first=True`` it reshapes the heads'
+    output as ``(batch, seq, width)`` without transposing (a different function from
+    ``nn.MultiheadAttention``) and rejects a ``(seq, seq)`` causal mask unless batch = seq.
+    The attention itself is ``scaled_dot_product_attention(is_causal=True)``: scale
+    1/√head_dim, key j ≤ query i, as ``nnx.make_causal_mask``.
+    """
+
+    def __init__(self, width: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.query, self.key, self.value, self.out = (nn.Linear(width, width) for _ in range(4))
+
+    def _split(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, W) -> (B, H, T, W / H)
+        return x.unflatten(-1, (self.heads, -1)).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = (self._split(f(x)) for f in (self.query, self.key, self.value))
+        att = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(att.transpose(1, 2).flatten(2))
+
+
+class _Block(nn.Module):
+    """Pre-norm block: x + attn(LN(x)), then x + MLP(LN(x)); flax's LayerNorm ε = 1e-6 and
+    tanh-approximate GELU (``nnx.gelu``'s default)."""
+
+    def __init__(self, width: int, heads: int):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(width, eps=1e-6), nn.LayerNorm(width, eps=1e-6)
+        self.attn = _CausalSelfAttention(width, heads)
+        self.up, self.down = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+        self.gelu = nn.GELU(approximate="tanh")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.down(self.gelu(self.up(self.ln2(x))))
+
+
+class _Transformer(nn.Module):
+    """benchmarks.transformer's causal LM: token + positional embedding, blocks, LN, head."""
+
+    def __init__(self, vocab: int, width: int, heads: int, layers: int, seq: int):
+        super().__init__()
+        self.tokens, self.positions = nn.Embedding(vocab, width), nn.Embedding(seq, width)
+        self.blocks = nn.ModuleList(_Block(width, heads) for _ in range(layers))
+        self.ln = nn.LayerNorm(width, eps=1e-6)
+        self.head = nn.Linear(width, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits ``(B, T, vocab)`` for token ids ``(B, T)``."""
+        # positions as a contiguous (B, T) batch: Opacus's per-sample rules read dim 0 as the
+        # example, and its ghost embedding norm views the ids flat
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        positions = positions.expand_as(tokens).contiguous()
+        x = self.tokens(tokens) + self.positions(positions)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln(x))
+
+
+class SequenceCrossEntropy(nn.Module):
+    """Per sequence: the mean next-token cross-entropy over its positions (dpjax's loss).
+
+    ``reduction`` ``"mean"`` / ``"sum"`` reduces over the sequences, ``"none"`` returns one
+    loss per sequence ``(B,)`` — what Opacus's ghost mode sets to get per-example losses (a
+    sequence is the privacy unit, as in dpjax's ``loss(params, tokens, targets)``).
+    """
+
+    def __init__(self, reduction: str = "mean"):
+        super().__init__()
+        self.reduction = reduction
+
+    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        tokens = nn.functional.cross_entropy(
+            logits.flatten(0, 1), targets.flatten(), reduction="none"
+        )
+        per_sequence = tokens.view(targets.shape).mean(dim=1)
+        if self.reduction not in ("mean", "sum", "none"):  # Opacus sets the attribute itself
+            raise ValueError(f"reduction must be 'mean', 'sum' or 'none'; got {self.reduction!r}")
+        if self.reduction == "none":
+            return per_sequence
+        return per_sequence.sum() if self.reduction == "sum" else per_sequence.mean()
+
+
+def _transformer(**size: int) -> nn.Module:
+    """The twin of ``benchmarks.transformer.transformer_model(**size)`` (default: its SIZE)."""
+    from benchmarks.transformer import SIZE
+
+    return _Transformer(**(SIZE | size))
+
+
+def _token_data(batch: int, **size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random token streams of ``seq + 1``: inputs and their next-token targets."""
+    from benchmarks.transformer import SIZE
+
+    vocab, seq = (SIZE | size)["vocab"], (SIZE | size)["seq"]
+    gen = torch.Generator().manual_seed(1)
+    stream = torch.randint(0, vocab, (batch, seq + 1), generator=gen)
+    return stream[:, :-1].contiguous(), stream[:, 1:].contiguous()
+
+
 def _images(batch: int, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(1)
     return torch.randn(batch, *shape, generator=gen), torch.randint(0, 10, (batch,), generator=gen)
@@ -104,6 +225,7 @@ TORCH_MODELS: dict[str, tuple[Callable, Callable, Callable]] = {
     "cnn_tanh": (_cnn_tanh, lambda b: _images(b, (1, 28, 28)), nn.CrossEntropyLoss),
     "logreg": (_logreg, _logreg_data, nn.BCEWithLogitsLoss),
     "lora_mlp": (_lora_mlp, lambda b: _images(b, (784,)), nn.CrossEntropyLoss),
+    "transformer": (_transformer, _token_data, SequenceCrossEntropy),
 }
 
 
@@ -137,10 +259,31 @@ def _nonprivate(name: str, batch: int, device: str) -> Callable[[], None]:
 
 
 def _opacus(name: str, batch: int, mode: str, device: str) -> Callable[[], None]:
+    return opacus_step(*_build(name, batch, device), mode)
+
+
+def opacus_step(
+    model: nn.Module,
+    criterion: nn.Module,
+    xs: torch.Tensor,
+    ys: torch.Tensor,
+    mode: str,
+    *,
+    noise_multiplier: float = NOISE_MULTIPLIER,
+    max_grad_norm: float = CLIP,
+) -> Callable[[], None]:
+    """Opacus's DP-SGD step in ``mode`` (one of :data:`OPACUS_MODES`) on one fixed batch.
+
+    ``model`` is made private in place; each call of the returned ``step()`` clips every
+    example's gradient to ``max_grad_norm``, adds noise σ = ``noise_multiplier``·C, divides by
+    the batch size and takes an SGD step (lr :data:`LR`) on ``model``'s parameters, then
+    synchronises the device of ``xs``.
+    """
     from opacus import PrivacyEngine
 
-    model, criterion, xs, ys = _build(name, batch, device)
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(xs, ys), batch_size=batch)
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(xs, ys), batch_size=xs.shape[0]
+    )
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -149,8 +292,8 @@ def _opacus(name: str, batch: int, mode: str, device: str) -> Callable[[], None]
             optimizer=opt,
             criterion=criterion,
             data_loader=loader,
-            noise_multiplier=NOISE_MULTIPLIER,
-            max_grad_norm=CLIP,
+            noise_multiplier=noise_multiplier,
+            max_grad_norm=max_grad_norm,
             poisson_sampling=False,
             grad_sample_mode=mode,
         )
@@ -158,11 +301,15 @@ def _opacus(name: str, batch: int, mode: str, device: str) -> Callable[[], None]
         dp_model, dp_opt, dp_criterion, _ = made
     else:
         (dp_model, dp_opt, _), dp_criterion = made, criterion
+    device = xs.device.type
 
     def step() -> None:
-        dp_opt.zero_grad(set_to_none=True)
         dp_criterion(dp_model(xs), ys).backward()
         dp_opt.step()
+        # cleared after the step, not before the next: the per-sample gradients (GiBs for the
+        # transformer's embedding and head at batch 128) are not held between calls, while the
+        # worker probes every mode (same work per call either way)
+        dp_opt.zero_grad(set_to_none=True)
         _synchronise(device)
 
     return step
