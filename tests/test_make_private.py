@@ -360,9 +360,10 @@ def test_linen_model_with_dropout_trains(key):
         batch_size=30,
         steps=40,
         noise_multiplier=0.5,
+        accounting="rdp",
     )
-    # one ε refresh (log_every = steps): the default 20 are 20 PLD compositions at σ = 0.5,
-    # ~3/4 of this test's CPU, and it checks training, not accounting
+    # one ε refresh (log_every = steps) of the RDP accountant: the default 20 refreshes were
+    # 20 PLD compositions at σ = 0.5, ~3/4 of this test's CPU, and it checks training, not ε
     params, _, _ = private.fit(params, data, progress=False, log_every=40)
     assert eval_loss(params) < 0.7 * before
 
