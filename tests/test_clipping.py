@@ -100,7 +100,14 @@ def test_padding_rows_contribute_zero(data):
     assert np.all(flat(all_masked) == 0.0)
 
 
-@pytest.mark.parametrize("microbatch_size", [1, 4, 5, 13, 100])
+# the code paths: one row a chunk (1), a padded last chunk (5), one chunk = the batch (13);
+# another padding (4) and a chunk larger than the batch (100, the same path as 13) are slow
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize(
+    "microbatch_size", [1, pytest.param(4, marks=SLOW), 5, 13, pytest.param(100, marks=SLOW)]
+)
 def test_microbatching_gives_the_same_sum(data, microbatch_size):
     params, X, Y = data
     mask = jnp.asarray(np.arange(X.shape[0]) != 3)

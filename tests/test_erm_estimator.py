@@ -175,8 +175,33 @@ def test_dpjax_imports_without_sklearn():
 #   check_classifier_data_not_an_array: skipped by scikit-learn itself when pandas is missing.
 # Tags: binary_only (multiclass checks do not apply). Determinism checks pass because the key is
 # fixed (random_state=jax.random.key(0)); refits with that same key warn (noise reused).
-@parametrize_with_checks(
+# The input-format checks below fit new shapes/dtypes (each a new compile, 1-2 s of CPU): they
+# run in the slow suite; fit/predict/score, classes, NaN refusal and the rest stay default.
+SLOW_CHECKS = {
+    "check_decision_proba_consistency",
+    "check_fit2d_1feature",
+    "check_estimators_dtypes",
+    "check_classifier_data_not_an_array",
+    "check_dtype_object",
+    "check_methods_sample_order_invariance",
+    "check_supervised_y_2d",
+}
+_SKLEARN = parametrize_with_checks(
     [PrivateLogisticRegression(epsilon=10.0, random_state=jax.random.key(0), data_norm=1.0)]
+)
+
+
+def _check_name(check) -> str:
+    return getattr(check, "func", check).__name__
+
+
+@pytest.mark.parametrize(
+    _SKLEARN.args[0],
+    [
+        pytest.param(*pair, marks=pytest.mark.slow if _check_name(pair[1]) in SLOW_CHECKS else ())
+        for pair in _SKLEARN.args[1]
+    ],
+    **_SKLEARN.kwargs,
 )
 def test_sklearn_estimator_checks(estimator, check):
     import warnings

@@ -66,8 +66,15 @@ def _check_slopes(rows):
         assert row["cells_bound_held"] == counted, name
 
 
-def test_rates_tiny_schema_slopes_and_bounds(tmp_path):
-    summary = rates.run(tmp_path, seed=0, size="tiny", only=FAST_ROWS)
+@pytest.fixture(scope="module")
+def fast_rows_run(tmp_path_factory):
+    """One tiny run of the fast rows (seed 0), shared by the tests that read it."""
+    out = tmp_path_factory.mktemp("rates_fast")
+    return out, rates.run(out, seed=0, size="tiny", only=FAST_ROWS)
+
+
+def test_rates_tiny_schema_slopes_and_bounds(fast_rows_run):
+    tmp_path, summary = fast_rows_run
     assert not summary["skipped"]
     md = summary["report_md"]
     records = json.loads((tmp_path / "rates.json").read_text())
@@ -96,10 +103,9 @@ def test_rates_tiny_schema_slopes_and_bounds(tmp_path):
     assert md.count("✓") >= len(FAST_ROWS)
 
 
-def test_bound_rows_are_not_vacuous_at_tiny_scale(tmp_path):
+def test_bound_rows_are_not_vacuous_at_tiny_scale(fast_rows_run):
     """The closed-form rows are checked against a finite bound in at least one cell."""
-    summary = rates.run(tmp_path, seed=1, size="tiny", only=("output_sc_sharp",))
-    row = summary["rows"][0]
+    row = next(r for r in fast_rows_run[1]["rows"] if r["name"] == "output_sc_sharp")
     assert row["cells_vacuous"] < row["cells"]
     for cell in row["cell_results"]:
         assert math.isfinite(cell["bound"]) and cell["mean"] < cell["bound"]
@@ -116,10 +122,11 @@ def test_rows_registry_and_cli_help(capsys):
     assert "rates:" in capsys.readouterr().out
 
 
-def test_run_is_reproducible_for_a_seed(tmp_path):
-    a = rates.run(tmp_path / "a", seed=3, size="tiny", only=("output_sc_sharp",))
-    b = rates.run(tmp_path / "b", seed=3, size="tiny", only=("output_sc_sharp",))
-    assert a["records"] == b["records"]
+def test_run_is_reproducible_for_a_seed(tmp_path, fast_rows_run):
+    """A row alone reproduces its record of the shared run (same seed, row run with others)."""
+    again = rates.run(tmp_path, seed=0, size="tiny", only=("output_sc_sharp",))
+    first = [r for r in fast_rows_run[1]["records"] if r["name"] == "output_sc_sharp"]
+    assert again["records"] == first
 
 
 @pytest.mark.slow
