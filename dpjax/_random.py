@@ -249,24 +249,33 @@ def _body_magnitude(word: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     return p * one_minus_u * jnp.float32(math.sqrt(2.0)), negative, m == 0
 
 
-def _tail_positions(is_tail: jax.Array) -> jax.Array:
-    """Flat positions of the first and the last tail lane of every block (≥ ``size``: none).
+def _tail_codes(words: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(first, last) tail lane of every block of ``words``, each coded as 2·lane + negative.
 
-    Returns int32 of shape (2·blocks,): first lanes, then last lanes (a block with one tail
-    lane lists it once, as its first). A block with ≥ 3 tail lanes leaves the middle ones
-    unrefined: that block's lanes are then off the ideal law (:func:`normal_overflow_probability`).
+    ``first`` is 2·4096 where a block has no tail lane, ``last`` is −1 where it has fewer than
+    two (a block with one tail lane lists it as its first only). A block with ≥ 3 tail lanes
+    leaves the middle ones unrefined: that block's lanes are then off the ideal law
+    (:func:`normal_overflow_probability`). The sign rides in the code, so no lane word is read
+    back. Both ends come from ONE variadic reduction (min, max) over the blocks: XLA:CPU
+    compiles it as one small loop, where two ``jnp.min`` / ``jnp.max`` reductions compiled
+    into six kernels and cost more compile time than the whole body map (issue 24).
     """
-    size = is_tail.shape[0]
+    size = words.shape[0]
     blocks = -(-size // _BLOCK)
-    tail = jnp.pad(is_tail, (0, blocks * _BLOCK - size)).reshape(blocks, _BLOCK)
-    lane = jnp.arange(_BLOCK, dtype=jnp.int32)
-    first = jnp.min(jnp.where(tail, lane, _BLOCK), axis=1)
-    last = jnp.max(jnp.where(tail, lane, -1), axis=1)
-    start = jnp.arange(blocks, dtype=jnp.int32) * _BLOCK
-    none = size + jnp.arange(2 * blocks, dtype=jnp.int32)  # distinct, out of range: dropped
-    first_pos = jnp.where(first < _BLOCK, start + first, none[:blocks])
-    last_pos = jnp.where((last >= 0) & (last != first), start + last, none[blocks:])
-    return jnp.concatenate([first_pos, last_pos])
+    padded = jnp.pad(words, (0, blocks * _BLOCK - size), constant_values=1)  # 1: a body word
+    padded = padded.reshape(blocks, _BLOCK)
+    lane2 = 2 * jnp.arange(_BLOCK, dtype=jnp.int32)
+    code = jnp.where(padded == jnp.uint32(0xFFFFFFFF), lane2 + 1, -1)
+    code = jnp.where(padded == jnp.uint32(0), lane2, code)
+    none = jnp.int32(2 * _BLOCK)
+
+    def ends(a: tuple[jax.Array, jax.Array], b: tuple[jax.Array, jax.Array]):
+        return jnp.minimum(a[0], b[0]), jnp.maximum(a[1], b[1])
+
+    first, last = jax.lax.reduce(
+        (jnp.where(code >= 0, code, none), code), (none, jnp.int32(-1)), ends, (1,)
+    )
+    return first, jnp.where(last == first, -1, last)
 
 
 def _normal32_of_words(words: jax.Array, fresh: jax.Array) -> jax.Array:
@@ -277,14 +286,17 @@ def _normal32_of_words(words: jax.Array, fresh: jax.Array) -> jax.Array:
     word is read by at most one lane. The tail value is −ndtri(U/2) (accurate where U is tiny).
     """
     size = words.shape[0]
-    magnitude, negative, is_tail = _body_magnitude(words)
+    blocks = fresh.shape[0] // _REFINED_PER_BLOCK
+    magnitude, negative, _ = _body_magnitude(words)
     body = _signed(magnitude, negative)
-    positions = _tail_positions(is_tail)
-    lane_word = words[jnp.minimum(positions, size - 1)]
-    tail_negative, flip = _sign_and_flip(lane_word)
-    f = fresh ^ flip
-    u = (f.astype(jnp.float32) + jnp.float32(0.5)) * jnp.float32(2.0**-63)  # f + ½: 33 bits
+    codes = jnp.concatenate(_tail_codes(words))
+    tail_negative = (codes & 1) == 1
+    flip = jnp.where(tail_negative, jnp.uint32(0xFFFFFFFF), jnp.uint32(0))
+    u = ((fresh ^ flip).astype(jnp.float32) + jnp.float32(0.5)) * jnp.float32(2.0**-63)
     tail = jnp.maximum(-jax.scipy.special.ndtri(u * jnp.float32(0.5)), 0.0)
+    start = jnp.tile(jnp.arange(blocks, dtype=jnp.int32) * _BLOCK, _REFINED_PER_BLOCK)
+    none = size + jnp.arange(_REFINED_PER_BLOCK * blocks, dtype=jnp.int32)  # out of range
+    positions = jnp.where((codes >= 0) & (codes < 2 * _BLOCK), start + (codes >> 1), none)
     return body.at[positions].set(_signed(tail, tail_negative), mode="drop", unique_indices=True)
 
 
@@ -301,11 +313,15 @@ def _normal32(key: jax.Array, size: int) -> jax.Array:
 
 
 def _normal32_words(key: jax.Array, size: int) -> tuple[jax.Array, jax.Array]:
-    """The random words of a float32 :func:`normal` draw of ``size``: (lane words, fresh)."""
-    lane_key, tail_key = jax.random.split(key)
-    words = jax.random.bits(lane_key, (size,), jnp.uint32)
-    fresh = jax.random.bits(tail_key, (_REFINED_PER_BLOCK * -(-size // _BLOCK),), jnp.uint32)
-    return words, fresh
+    """The random words of a float32 :func:`normal` draw of ``size``: (lane words, fresh).
+
+    ONE ``jax.random.bits`` draw of size + 2·⌈size/4096⌉ words, cut into the lane words and the
+    fresh tail words: every word is read by at most one coordinate, and one generator instance
+    is compiled (a key split and two draws compiled three; issue 24).
+    """
+    fresh = _REFINED_PER_BLOCK * -(-size // _BLOCK)
+    bits = jax.random.bits(key, (size + fresh,), jnp.uint32)
+    return bits[:size], bits[size:]
 
 
 def normal(key: jax.Array, shape: tuple[int, ...] = (), dtype: Any = np.float32) -> jax.Array:
