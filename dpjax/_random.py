@@ -221,6 +221,36 @@ _ERFINV_OUTER = (
 )  # fmt: skip
 
 
+# Tail lanes: Φ̄⁻¹(p) for p = U/2 ∈ [2⁻⁶⁶, 2⁻³²] from the two far-tail branches of Cephes'
+# ndtri (S. L. Moshier, Cephes Math Library; the rational fits ``jax.scipy.special.ndtri``
+# uses, highest degree first): z = √(−2 log p), Φ̄⁻¹(p) = z − log(z)/z − P(1/z)/(Q(1/z)·z),
+# (P₁, Q₁) for z < 8 (p > e⁻³²), (P₂, Q₂) beyond. Written out (Horner, unrolled) rather than
+# calling ndtri, which also compiles its central branch and six ``jnp.polyval`` loops for
+# lanes that never reach them (issue 24: 15% of the sampler's compiled program). Same
+# accuracy: ≤ 3.1 float32 ulp from the exact quantile on 2·10⁴ points of [2⁻⁶⁶, 2⁻³²], as
+# ndtri; the two agree bit for bit on 99.4% of them and within 2 ulp on the rest.
+_NDTRI_P1 = (
+    4.05544892305962419923e0, 3.15251094599893866154e1, 5.71628192246421288162e1,
+    4.40805073893200834700e1, 1.46849561928858024014e1, 2.18663306850790267539e0,
+    -1.40256079171354495875e-1, -3.50424626827848203418e-2, -8.57456785154685413611e-4,
+)  # fmt: skip
+_NDTRI_Q1 = (
+    1.0, 1.57799883256466749731e1, 4.53907635128879210584e1,
+    4.13172038254672030440e1, 1.50425385692907503408e1, 2.50464946208309415979e0,
+    -1.42182922854787788574e-1, -3.80806407691578277194e-2, -9.33259480895457427372e-4,
+)  # fmt: skip
+_NDTRI_P2 = (
+    3.23774891776946035970e0, 6.91522889068984211695e0, 3.93881025292474443415e0,
+    1.33303460815807542389e0, 2.01485389549179081538e-1, 1.23716634817820021358e-2,
+    3.01581553508235416007e-4, 2.65806974686737550832e-6, 6.23974539184983293730e-9,
+)  # fmt: skip
+_NDTRI_Q2 = (
+    1.0, 6.02427039364742014255e0, 3.67983563856160859403e0,
+    1.37702099489081330271e0, 2.16236993594496635890e-1, 1.34204006088543189037e-2,
+    3.28014464682127739104e-4, 2.89247864745380683936e-6, 6.79019408009981274425e-9,
+)  # fmt: skip
+
+
 def _horner(coefficients: tuple[float, ...], t: jax.Array) -> jax.Array:
     p = jnp.full_like(t, coefficients[0])
     for c in coefficients[1:]:
@@ -247,6 +277,15 @@ def _body_magnitude(word: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     outer = _horner(_ERFINV_OUTER, jnp.sqrt(w) - _ERFINV_OUTER_CENTRE)
     p = jnp.where(w < 5.0, central, outer)
     return p * one_minus_u * jnp.float32(math.sqrt(2.0)), negative, m == 0
+
+
+def _tail_quantile(p: jax.Array) -> jax.Array:
+    """Φ̄⁻¹(p) = −ndtri(p) in float32 for 0 < p ≤ e⁻² (the far-tail branches of Cephes' ndtri)."""
+    z = jnp.sqrt(jnp.float32(-2.0) * jnp.log(p))
+    rz = jnp.float32(1.0) / z
+    near = _horner(_NDTRI_P1, rz) / _horner(_NDTRI_Q1, rz)
+    far = _horner(_NDTRI_P2, rz) / _horner(_NDTRI_Q2, rz)
+    return (z - jnp.log(z) / z) - jnp.where(z >= jnp.float32(8.0), far, near) / z
 
 
 def _tail_codes(words: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -293,7 +332,7 @@ def _normal32_of_words(words: jax.Array, fresh: jax.Array) -> jax.Array:
     tail_negative = (codes & 1) == 1
     flip = jnp.where(tail_negative, jnp.uint32(0xFFFFFFFF), jnp.uint32(0))
     u = ((fresh ^ flip).astype(jnp.float32) + jnp.float32(0.5)) * jnp.float32(2.0**-63)
-    tail = jnp.maximum(-jax.scipy.special.ndtri(u * jnp.float32(0.5)), 0.0)
+    tail = _tail_quantile(u * jnp.float32(0.5))
     start = jnp.tile(jnp.arange(blocks, dtype=jnp.int32) * _BLOCK, _REFINED_PER_BLOCK)
     none = size + jnp.arange(_REFINED_PER_BLOCK * blocks, dtype=jnp.int32)  # out of range
     positions = jnp.where((codes >= 0) & (codes < 2 * _BLOCK), start + (codes >> 1), none)
