@@ -25,7 +25,9 @@ float32 normal: one word per coordinate (the cost of ``jax.random.normal``), ref
   cut in blocks of 4096; each block draws two fresh words, for its first and its last tail
   lane: U = (2f + 1)·2⁻⁶⁴ ∈ [2⁻⁶⁴, 2⁻³¹] (f complemented when negative), |Z| = −ndtri(U/2).
   So U's cell (0, 2⁻³¹] is split into 2³² cells of 2⁻⁶³ and the law is the two-word sampler's,
-  on a grid of 2⁻³¹ cells in the body. Every random word is read by at most one coordinate.
+  on a grid of 2⁻³¹ cells in the body. The lane words and the fresh words are one
+  ``jax.random.bits`` draw of d + 2·⌈d/4096⌉ words (the first d for the lanes, the rest for
+  the tails): every random word is read by at most one coordinate.
 * Overflow: a block with ≥ 3 tail lanes (probability 1.2·10⁻¹⁸ per block) leaves the middle
   ones at the body value Φ̄⁻¹(2⁻³³) = 6.338; that event's probability per draw,
   :func:`normal_overflow_probability`, is part of the published δ floor (2.8·10⁻¹⁵ at d = 10⁷).
