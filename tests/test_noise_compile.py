@@ -8,12 +8,14 @@ in a loop over chunks (same values: tests/test_noise_support.py, tests/test_tran
 
 from __future__ import annotations
 
+import collections
 import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.extend import core as jax_core
 
 from dpjax import _noise, _random
 
@@ -73,3 +75,32 @@ def test_large_draw_same_with_and_without_jit():
     eager = np.asarray(_random.normal(key, shape, np.float32))
     jitted = np.asarray(jax.jit(lambda k: _random.normal(k, shape, np.float32))(key))
     np.testing.assert_array_equal(eager, jitted)
+
+
+def _primitive_counts(fn, *args) -> collections.Counter:
+    """How often each primitive occurs in ``fn``'s jaxpr, nested jaxprs (jit, loops) included."""
+    counts: collections.Counter = collections.Counter()
+
+    def walk(jaxpr) -> None:
+        for eqn in jaxpr.eqns:
+            counts[eqn.primitive.name] += 1
+            for sub in jax_core.jaxprs_in_params(eqn.params):
+                walk(sub)
+
+    walk(jax.make_jaxpr(fn)(*args).jaxpr)
+    return counts
+
+
+@pytest.mark.parametrize("size", [1, 4096 * 3 + 5])
+def test_float32_normal_compiles_one_generator_one_reduction_and_no_loop(size):
+    # Issue 24 (compile time of the DP step): the float32 sampler's program is the part of the
+    # noise that compiles. It draws its lane and tail words with ONE generator call (a key
+    # split and two draws compiled three threefry loops), finds both tail-lane ends of every
+    # block with ONE (variadic) reduction (jnp.min + jnp.max compiled six kernels) and has no
+    # loop of its own (jax.scipy.special.ndtri compiled six polyval scans for the tail lanes).
+    counts = _primitive_counts(lambda k: _random.normal(k, (size,), np.float32), jax.random.key(0))
+    generators = {"random_bits", "random_split", "random_fold_in", "threefry2x32"}
+    assert sum(counts[p] for p in generators) == 1, counts
+    reductions = [p for p in counts if p.startswith("reduce") or p.startswith("argm")]
+    assert sum(counts[p] for p in reductions) == 1, counts
+    assert not {"scan", "while", "cond"} & set(counts), counts

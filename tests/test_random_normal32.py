@@ -243,3 +243,15 @@ def test_small_and_empty_shapes():
 def test_a_draw_too_large_for_int32_lane_positions_is_refused():
     with pytest.raises(ValueError, match="shape must have at most"):
         R.normal(jax.random.key(0), (2**16, 2**15))
+
+
+def test_tail_quantile_matches_the_exact_normal_quantile_over_the_whole_tail_range():
+    # the tail lanes' Φ̄⁻¹(U/2), U/2 ∈ [2⁻⁶⁶, 2⁻³²], both Cephes branches (switch at z = 8,
+    # p = e⁻³²): within 4 float32 ulp of the float64 quantile, and monotone decreasing in p
+    p = np.geomspace(2.0**-66, 2.0**-32, 20_001).astype(np.float32)
+    got = np.asarray(jax.jit(R._tail_quantile)(jnp.asarray(p)), np.float64)
+    want = -stats.norm.ppf(p.astype(np.float64))
+    assert np.max(np.abs(got - want) / want) <= 4 * ULP32
+    assert np.all(np.diff(got) <= 0)
+    # a wrong scale or a swapped branch is far outside that tolerance
+    assert np.max(np.abs(1.05 * got - want) / want) > 100 * ULP32
