@@ -191,6 +191,7 @@ class ConvNet(nn.Module):
         return nn.Dense(3)(x.reshape(-1))
 
 
+@pytest.mark.slow  # the im2col claim keeps its default test: test_lax_conv_nchw_float64
 def test_flax_convolutions_are_tapped_as_im2col(key):
     kx, kp = jax.random.split(key)
     x = jax.random.normal(kx, (12, 9, 9, 2), jnp.float32)
@@ -293,6 +294,7 @@ def test_product_of_two_parameters(key):
     assert_close(total, ref_sum, 1e-10)
 
 
+@pytest.mark.slow  # default: test_clipped_grad_dispatch_ghost_equals_vmap checks a mask
 def test_mask_rows_contribute_zero(linen_mlp):
     loss_fn, params, (x, y) = linen_mlp
     mask = jnp.arange(24) < 17
@@ -436,6 +438,7 @@ def run_without_x64(script):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # default: test_gram_trick_cancellation_float32[seq8-ghost] (adversarial)
 def test_gram_cancellation_in_float32_stays_within_c():
     """Finding 2: the float32 Gram norm cancelled and let one example contribute 1.2–1.83 C.
 
@@ -588,7 +591,7 @@ def test_lora_frozen_constant_and_stacked_adapters(key):
     assert set(total) == {"A", "B", "head"}  # W0 gets no gradient, clipped or noised
 
 
-@pytest.mark.parametrize("batch", [100, 300])
+@pytest.mark.parametrize("batch", [100, pytest.param(300, marks=pytest.mark.slow)])
 def test_dense_sum_in_merged_groups_equals_vmap(key, batch):
     """T = 1 sums: groups of 32 products, 4 added per double-float merge, padded batches."""
     k1, k2, k3 = jax.random.split(key, 3)
