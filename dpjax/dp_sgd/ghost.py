@@ -519,12 +519,13 @@ def _dense_clipped_sum(a: jax.Array, g_scaled: jax.Array, keep: jax.Array, sanit
         part = jnp.dot(a_c[0].T, g_c[0], precision=HIGHEST)
         for j in range(1, m):
             part = part + jnp.dot(a_c[j].T, g_c[j], precision=HIGHEST)
-        return _certified.df_add(carry, (part, jnp.zeros_like(part))), None
+        # the carry is one packed pair: the m sums and the merge are one elementwise pass
+        return _certified.df_add_packed(carry, part), None
 
     dt = jnp.result_type(a2.dtype, g2.dtype)
     xs = (a2.reshape(steps, m, c, k), g2.reshape(steps, m, c, n), keep2.reshape(steps, m, c))
-    out, _ = jax.lax.scan(body, _certified.df_zeros((k, n), dt), xs)
-    return out
+    out, _ = jax.lax.scan(body, _certified.df_pack(*_certified.df_zeros((k, n), dt)), xs)
+    return _certified.df_unpack(out)
 
 
 # T > 1: examples whose (K, N) matrices are formed at once (≤ this many entries in memory); the
@@ -570,11 +571,11 @@ def _per_example_stream(a: jax.Array, g_scaled: jax.Array) -> tuple[jax.Array, j
 
     def body(carry, chunk):
         part = jnp.einsum("btk,btn->bkn", *chunk, precision=HIGHEST)
-        return _certified.df_add(carry, _certified.tree_sum(part)), None
+        return _certified.df_add_packed(carry, *_certified.tree_sum(part)), None
 
     dt = jnp.result_type(a.dtype, g_scaled.dtype)
-    out, _ = jax.lax.scan(body, _certified.df_zeros((k, n), dt), xs)
-    return out
+    out, _ = jax.lax.scan(body, _certified.df_pack(*_certified.df_zeros((k, n), dt)), xs)
+    return _certified.df_unpack(out)
 
 
 def _pre_rel(taps: Sequence[DenseTap | EmbeddingTap], b: int, dtype: Any) -> float:
