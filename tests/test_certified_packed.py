@@ -133,3 +133,16 @@ def test_ldexp_rows_extreme_exponents():
     assert got[0, 3] == np.float32(2.0**100)
     assert got[1, 0] == np.float32(2.0**-125) and got[1, 2] == 0.0 and got[1, 3] == 0.0
     assert got[1, 1] == 0.0 or abs(got[1, 1]) <= 2.0**-149  # 2^-252: flushed (or rounded)
+
+
+def test_tree_sum_without_a_complex_type_keeps_two_arrays():
+    """float16 has no complex type: the unpacked fallback, same error bound (u = 2^-11)."""
+    r = np.random.default_rng(3)
+    x = (r.standard_normal((37, 8)) * np.exp(r.uniform(-3, 3, (37, 1)))).astype(np.float16)
+    hi, lo = jax.jit(_certified.tree_sum)(jnp.asarray(x))
+    assert hi.dtype == jnp.float16 and lo.dtype == jnp.float16
+    x64 = x.astype(np.float64)
+    got = np.asarray(hi, np.float64) + np.asarray(lo, np.float64)
+    u = 2.0**-11
+    bound = _certified.tree_depth(37) * 7 * u * u * np.abs(x64).sum(0)
+    assert np.all(np.abs(got - x64.sum(0)) <= bound + 2.0**-24)

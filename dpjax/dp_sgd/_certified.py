@@ -315,7 +315,37 @@ def tree_sum(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     reorder it. The error is bounded by :func:`batch_sum_error`. Each level's pairs are
     packed (:func:`df_pack`): one pass per level.
     """
+    if jnp.dtype(x.dtype) not in _PACKABLE:  # no complex type of that width: two arrays
+        return _tree_sum_pairs(x)
     return df_unpack(tree_sum_packed(x))
+
+
+_PACKABLE = (jnp.dtype(jnp.float32), jnp.dtype(jnp.float64))
+
+
+def _tree_sum_pairs(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """:func:`tree_sum` with the pairs kept as two arrays (dtypes without a complex type)."""
+    n = x.shape[0]
+    if n == 0:
+        z = jnp.zeros(x.shape[1:], x.dtype)
+        return z, z
+    hi, lo = x, jnp.zeros_like(x)
+    first = True
+    while n > 1:
+        m = n // 2
+        if first:
+            top = two_sum(hi[:m], hi[m : 2 * m])
+        else:
+            top = df_add((hi[:m], lo[:m]), (hi[m : 2 * m], lo[m : 2 * m]))
+        if n % 2:
+            top = (
+                jnp.concatenate([top[0], hi[2 * m :]]),
+                jnp.concatenate([top[1], lo[2 * m :]]),
+            )
+        hi, lo = top
+        first = False
+        n = hi.shape[0]
+    return hi[0], lo[0]
 
 
 def pairwise_sum(x: jax.Array) -> jax.Array:
