@@ -161,8 +161,8 @@ def _dense_tap(eqn_index: int, eqn: Any, leaf: int, weight_pos: int) -> DenseTap
 def _conv_tap(eqn_index: int, eqn: Any, leaf: int) -> DenseTap | None:
     """A convolution whose kernel is a parameter is a dense layer on im2col patches.
 
-    The patches (:func:`im2col`) have layout ``(N, *out_spatial, C·prod(filter))`` with feature
-    order ``(C, *filter_spatial)``; the kernel is rearranged to ``(I, *spatial, O)`` to match.
+    The patches (:func:`im2col`) have layout ``(N, *out_spatial, prod(filter)·C)`` with feature
+    order ``(*filter_spatial, C)``; the kernel is rearranged to ``(*spatial, I, O)`` to match.
     """
     p = eqn.params
     if p["feature_group_count"] != 1 or p["batch_group_count"] != 1:
@@ -186,7 +186,7 @@ def _conv_tap(eqn_index: int, eqn: Any, leaf: int) -> DenseTap | None:
         weight_pos=1,
         act_perm=tuple(range(out.ndim)),  # im2col returns the canonical layout
         out_perm=canonical,
-        weight_perm=(rhs_spec[1], *rhs_spec[2:], rhs_spec[0]),
+        weight_perm=(*rhs_spec[2:], rhs_spec[1], rhs_spec[0]),
         t=int(np.prod([out.shape[d] for d in canonical[:-1]], dtype=np.int64)),
         k=int(lhs.shape[lhs_spec[1]] * np.prod(filter_shape, dtype=np.int64)),
         n=int(out.shape[out_spec[1]]),
@@ -198,10 +198,13 @@ def _conv_tap(eqn_index: int, eqn: Any, leaf: int) -> DenseTap | None:
 
 
 def im2col(lhs: jax.Array, patches: dict) -> jax.Array:
-    """Patches ``(N, *out_spatial, C·prod(filter))`` of a convolution's input, order ``(C, *f)``.
+    """Patches ``(N, *out_spatial, prod(filter)·C)`` of a convolution's input, order ``(*f, C)``.
 
-    Strided slices of the padded input (cheap on CPU); with ``lhs_dilation`` it falls back to
-    ``lax.conv_general_dilated_patches`` (a grouped convolution).
+    Strided slices of the padded input (cheap on CPU), stacked with the channels innermost: each
+    slice then fills C contiguous entries (a stack along the last axis writes one entry at a
+    time, measured 1.6× slower on the CNN's second layer). With ``lhs_dilation`` it falls back
+    to ``lax.conv_general_dilated_patches`` (a grouped convolution; its (C, *f) features are
+    reordered).
     """
     lhs_spec, _, out_spec = patches["dimension_numbers"]
     if any(d != 1 for d in patches["lhs_dilation"]):
@@ -209,7 +212,10 @@ def im2col(lhs: jax.Array, patches: dict) -> jax.Array:
         out = jax.lax.conv_general_dilated_patches(
             lhs, **{k: patches[k] for k in keys}, dimension_numbers=patches["dimension_numbers"]
         )
-        return jnp.transpose(out, (out_spec[0], *out_spec[2:], out_spec[1]))
+        out = jnp.transpose(out, (out_spec[0], *out_spec[2:], out_spec[1]))
+        c = lhs.shape[lhs_spec[1]]
+        out = out.reshape(out.shape[:-1] + (c, -1))  # (N, *So, C, F) -> (N, *So, F, C)
+        return jnp.swapaxes(out, -1, -2).reshape(out.shape[:-2] + (-1,))
     x = jnp.transpose(lhs, (lhs_spec[0], *lhs_spec[2:], lhs_spec[1]))  # (N, *S, C)
     pads = [(0, 0, 0), *((lo, hi, 0) for lo, hi in patches["padding"]), (0, 0, 0)]
     x = jax.lax.pad(x, jnp.zeros((), x.dtype), pads)
@@ -224,7 +230,7 @@ def im2col(lhs: jax.Array, patches: dict) -> jax.Array:
         ]
         limit += [x.shape[-1]]
         cols.append(jax.lax.slice(x, start, limit, (1, *strides, 1)))
-    stacked = jnp.stack(cols, axis=-1)  # (N, *So, C, F)
+    stacked = jnp.stack(cols, axis=-2)  # (N, *So, F, C)
     return stacked.reshape(stacked.shape[:-2] + (-1,))
 
 
