@@ -96,7 +96,7 @@ def test_vmap_inside_shard_map_is_refused(tx):
         body(ROWS)
 
 
-def test_a_key_batched_by_the_data_but_repeated_is_voided_under_jit(tx):
+def test_a_key_batched_by_the_data_but_repeated_is_refused(tx):
     """The key made 'batched' by mixing in a zero from the row: every row has the same key."""
     state = tx.init(ROWS[0])
 
@@ -106,8 +106,17 @@ def test_a_key_batched_by_the_data_but_repeated_is_voided_under_jit(tx):
 
     with pytest.raises(ValueError, match="state"):
         jax.vmap(sneaky)(ROWS)
-    out = jax.jit(jax.vmap(sneaky))(ROWS)
-    assert bool(jnp.all(jnp.isnan(out)))
+
+
+@pytest.mark.slow
+def test_a_key_batched_by_the_data_but_repeated_is_voided_under_jit_slow(tx):
+    state = tx.init(ROWS[0])
+
+    def sneaky(g):
+        zero = (g[:1] * 0).astype(jnp.uint32)
+        return tx.update(g, state._replace(key=state.key + zero))[0]
+
+    assert bool(jnp.all(jnp.isnan(jax.jit(jax.vmap(sneaky))(ROWS))))
 
 
 def _same_noise_on_every_row(out):
@@ -139,6 +148,7 @@ def test_vmap_of_a_sequential_vmap_wrapper_gets_distinct_noise(tx):
     assert not _same_noise_on_every_row(out)
 
 
+@pytest.mark.slow
 def test_the_loop_limitation_tests_detect_a_shared_draw():
     """The xfail tests above would pass with one state per row (their check has power)."""
     tx = transforms.add_gaussian_noise(1.0, key=jax.random.key(3))
@@ -162,16 +172,26 @@ def test_a_grid_of_runs_whose_keys_repeat_across_levels_is_refused(tx):
     update = jax.vmap(jax.vmap(lambda g, s: tx.update(g, s)[0]))
     with pytest.raises(ValueError, match="state"):
         update(grid, _grid_states(tx, keys))
+
+
+@pytest.mark.slow
+def test_a_grid_of_runs_whose_keys_repeat_across_levels_is_voided_under_jit(tx):
+    k1, k2 = jax.random.key_data(jax.random.split(jax.random.key(7), 2))
+    keys = jnp.stack([jnp.stack([k1, k2]), jnp.stack([k2, k1])])
+    grid = jnp.stack([ROWS[:2], ROWS[1:]])
+    update = jax.vmap(jax.vmap(lambda g, s: tx.update(g, s)[0]))
     assert bool(jnp.all(jnp.isnan(jax.jit(update)(grid, _grid_states(tx, keys)))))
 
 
+@pytest.mark.slow
 def test_a_grid_of_runs_with_distinct_keys_passes(tx):
     keys = jax.random.key_data(jax.random.split(jax.random.key(7), 4)).reshape(2, 2, -1)
     grid = jnp.stack([ROWS[:2], ROWS[1:]])
     update = jax.vmap(jax.vmap(lambda g, s: tx.update(g, s)[0]))
-    out = jax.jit(update)(grid, _grid_states(tx, keys))
-    assert bool(jnp.all(jnp.isfinite(out)))
-    np.testing.assert_array_equal(np.asarray(out), np.asarray(update(grid, _grid_states(tx, keys))))
+    out = np.asarray(update(grid, _grid_states(tx, keys)))
+    assert np.all(np.isfinite(out))
+    diffs = (out - np.asarray(grid)).reshape(4, -1)
+    assert len({tuple(d) for d in diffs}) == 4  # four distinct noise draws
 
 
 def test_repeated_keys_across_runs_over_rows_batched_only_inside_are_refused(tx):
@@ -184,9 +204,9 @@ def test_repeated_keys_across_runs_over_rows_batched_only_inside_are_refused(tx)
     update = jax.vmap(lambda s: jax.vmap(lambda g, t: tx.update(g, t)[0])(rows, s))
     with pytest.raises(ValueError, match="state"):
         update(_grid_states(tx, keys))
-    assert bool(jnp.all(jnp.isnan(jax.jit(update)(_grid_states(tx, keys)))))
 
 
+@pytest.mark.slow
 def test_runs_sharing_one_key_on_the_same_data_pass(tx):
     """vmap over runs (e.g. hyperparameters) with one shared key and the same rows: common
     random numbers on the same data, nothing to difference away: allowed."""
