@@ -143,9 +143,9 @@ def _track(gammas: jax.Array, low: float, high: float) -> jax.Array:
     """log C_t, 500 steps of B = 256 norms drawn log-uniform in [low, high], one run per γ."""
     batch = 256
 
-    def run(gamma):
+    def run(gamma, key):
         config = CONFIG._replace(target_quantile=gamma, count_noise_multiplier=batch / 20)
-        state = init_adaptive_clip(CONFIG._replace(initial=0.5), key=jax.random.key(5))
+        state = init_adaptive_clip(CONFIG._replace(initial=0.5), key=key)
 
         def step(state, k):
             logs = jax.random.uniform(k, (batch,), jnp.float32, jnp.log(low), jnp.log(high))
@@ -156,7 +156,8 @@ def _track(gammas: jax.Array, low: float, high: float) -> jax.Array:
 
         return jax.lax.scan(step, state, jax.random.split(jax.random.key(6), 500))[1]
 
-    return jax.vmap(run)(gammas)
+    # one count-noise key per run: a vmap over runs batches the noise state too (vmap guard)
+    return jax.vmap(run)(gammas, jax.random.split(jax.random.key(5), gammas.shape[0]))
 
 
 def test_clip_norm_tracks_the_target_quantile():

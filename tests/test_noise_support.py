@@ -23,6 +23,7 @@ from scipy import stats
 
 import dpjax
 from dpjax import _random
+from dpjax.dp_sgd.transforms import NoiseState
 from tests.helpers import assert_distribution
 
 ZERO, ONE = 0, 0xFFFFFFFF
@@ -291,11 +292,22 @@ def test_orbax_checkpoint_resumes_the_noise_stream(key, tmp_path):
         assert np.array_equal(np.asarray(a), np.asarray(b))
 
 
+def _with_key(state, key_data):
+    """``state`` with every noise state's key data replaced by ``key_data``."""
+    is_noise = lambda x: isinstance(x, NoiseState)  # noqa: E731
+    return jax.tree.map(
+        lambda x: x._replace(key=key_data) if is_noise(x) else x, state, is_leaf=is_noise
+    )
+
+
 @pytest.mark.parametrize("name", ["dp_sgd_optimizer", "laplace"])
 def test_noise_transforms_vmap_over_states(name, key):
     params, chains = _chains(key)
     tx = chains[name]
-    states = jax.vmap(lambda _: tx.init(params))(jnp.arange(3))
+    # one distinct noise key per run (the vmap guard voids runs that share a key)
+    states = jax.vmap(lambda k: _with_key(tx.init(params), k))(
+        jax.random.key_data(jax.random.split(key, 3))
+    )
     batched = jax.tree.map(lambda p: jnp.broadcast_to(p, (3, *p.shape)), params)
     out, new_states = jax.jit(jax.vmap(tx.update))(batched, states, batched)
     assert jax.tree.leaves(out)[0].shape[0] == 3

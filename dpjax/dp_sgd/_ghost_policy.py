@@ -46,6 +46,7 @@ Formal guarantees:
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
@@ -88,7 +89,11 @@ ACCELERATOR = GhostPolicy("accelerator", 2**28, 2**28, 16)
 _BYTES_PER_ENTRY = 256
 _LEAST_BUDGET = 2**23
 
-_FORCED: list[GhostPolicy] = []
+# the stack of forced policies, per thread (and per asyncio task): a policy forced in one
+# thread must not change what another thread reads between its depth and its program
+_FORCED: contextvars.ContextVar[tuple[GhostPolicy, ...]] = contextvars.ContextVar(
+    "dpjax_ghost_policy_forced", default=()
+)
 
 
 def for_platform(platform: str, memory_bytes: int | None = None) -> GhostPolicy:
@@ -126,8 +131,9 @@ def _device_memory(platform: str) -> int | None:
 
 def current() -> GhostPolicy:
     """The policy in force: the innermost :func:`use`, else the default backend's."""
-    if _FORCED:
-        return _FORCED[-1]
+    forced = _FORCED.get()
+    if forced:
+        return forced[-1]
     platform = jax.default_backend()
     if platform == "cpu":
         return CPU
@@ -138,16 +144,19 @@ def current() -> GhostPolicy:
 def use(policy: GhostPolicy) -> Iterator[GhostPolicy]:
     """Force ``policy`` for ghost calls traced inside the block (tests, A/B timings).
 
+    The forcing is local to the calling thread (a context variable): other threads keep
+    their own policy.
+
     Raises:
         ValueError: ``policy`` is not a :class:`GhostPolicy`.
     """
     if not isinstance(policy, GhostPolicy):
         _validate.fail("policy", policy, "a GhostPolicy (e.g. CPU or ACCELERATOR)")
-    _FORCED.append(policy)
+    token = _FORCED.set((*_FORCED.get(), policy))
     try:
         yield policy
     finally:
-        _FORCED.pop()
+        _FORCED.reset(token)
 
 
 def budget(value: int | None, default: int) -> int:

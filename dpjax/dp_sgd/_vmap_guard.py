@@ -15,7 +15,8 @@ vmap over runs does not excuse an inner vmap over examples. Outside vmap (eager,
 from the updates are zero-size slices behind ``stop_gradient``: no data flows through it and
 ``grad``/``jvp`` of an update are unchanged.
 
-A vmap that batches updates AND keys is checked for repeated keys (states broadcast from one
+A vmap that batches updates (here or in a vmap inside it) AND keys is checked for repeated keys
+among ALL the keys it holds, inner axes included (states broadcast from one
 state give every row the same noise: the same attack): eagerly it raises; under ``jit`` the
 rows' noisy updates are replaced by NaN (nothing computed from them is released).
 """
@@ -47,8 +48,13 @@ _REPEATED = (
 
 
 def _all_distinct(key_rows: jax.Array) -> jax.Array:
-    """Whether the rows of ``key_rows`` (B, words) are pairwise distinct (sort, compare)."""
-    words = jnp.reshape(key_rows, (key_rows.shape[0], -1))
+    """Whether the keys in ``key_rows`` (B, ..., words) are pairwise distinct (sort, compare).
+
+    Every key of the array counts, not only the rows of this vmap's axis: under nested vmaps
+    the inner axes are runs too (keys [[k1, k2], [k2, k1]] differ along each axis, yet two
+    cells share k2).
+    """
+    words = jnp.reshape(key_rows, (-1, key_rows.shape[-1]))
     if words.shape[0] < 2:
         return jnp.bool_(True)
     columns = tuple(words[:, j] for j in range(words.shape[1]))
@@ -65,15 +71,25 @@ def _guarded(key_data: jax.Array, markers: list) -> tuple[jax.Array, jax.Array]:
 @_guarded.def_vmap
 def _guarded_rule(axis_size: int, in_batched: list, key_data: jax.Array, markers: list):
     key_batched, marker_batched = in_batched
-    del axis_size, markers
-    if any(jax.tree.leaves(marker_batched)) and not key_batched:
+    del axis_size
+    rows_batched = any(jax.tree.leaves(marker_batched))
+    if rows_batched and not key_batched:
         _validate.fail("updates", "updates batched by a vmap the noise key is not", _UNMATCHED)
-    if not (key_batched and any(jax.tree.leaves(marker_batched))):
-        return (key_data, jnp.bool_(True)), (key_batched, False)
+    # A rule's body is plain code to the vmaps OUTSIDE this one: re-enter the guard so that
+    # each of them checks its own batching too (else jax.vmap over rows of a jax.vmap over
+    # runs passed: only the innermost vmap was checked).
+    key_data, ok = _guarded(key_data, markers)
+    # rows batched by an inner vmap show as extra leading axes of the (1-D) markers
+    inner_rows = any(
+        jnp.ndim(m) > 1 + int(b)
+        for m, b in zip(jax.tree.leaves(markers), jax.tree.leaves(marker_batched), strict=True)
+    )
+    if not (key_batched and (rows_batched or inner_rows)):
+        return (key_data, ok), (key_batched, False)
     distinct = _all_distinct(key_data)
     if _validate.is_concrete(distinct) and not bool(distinct):
         _validate.fail("state", "a vmapped batch of noise states with repeated keys", _REPEATED)
-    return (key_data, distinct), (True, False)
+    return (key_data, ok & distinct), (True, False)
 
 
 def guard_key(updates: Any, key_data: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -66,6 +66,7 @@ import jax
 import jax.numpy as jnp
 
 from dpjax import _noise, _random, _validate
+from dpjax.dp_sgd import _vmap_guard
 from dpjax.dp_sgd.transforms import NoiseState, _init_noise_state, _next_keys
 
 __all__ = [
@@ -261,15 +262,23 @@ def next_clip_norm(
     Returns:
         ``(new_state, noisy_fraction)``: C_{t+1} and the next key in ``new_state``; b̃.
 
+    Raises:
+        ValueError: (naming ``updates``) ``centred_count`` batched by a ``jax.vmap`` that
+            ``state`` is not (one count noise draw would be added to every row).
+
     Formal guarantees:
         The only data-dependent input is c (sensitivity 1/2 under add/remove-one); the
         release c + N(0, σ_b²) is the count half of Theorem 1 (Andrew et al. 2021), and b̃,
         C_{t+1} are post-processing of it with public constants (q·n, γ, η, the clamp).
     """
-    next_key, noise_key = _next_keys(state.count_noise, impl)
+    # a vmap over per-example counts with one state would add ONE draw to every row
+    key_data, ok = _vmap_guard.guard_key(centred_count, state.count_noise.key)
+    next_key, noise_key = _next_keys(state.count_noise._replace(key=key_data), impl)
     noisy = _noise.tree_add_iid_noise(
         noise_key, centred_count, _random.normal, config.count_noise_multiplier
     )
+    if not _validate.is_concrete(ok):
+        noisy = _vmap_guard.void_unless(ok, noisy)
     fraction = noisy / jnp.float32(expected_batch_size) + jnp.float32(0.5)
     log_c = jnp.log(state.clip_norm) - jnp.float32(config.learning_rate) * (
         fraction - jnp.float32(config.target_quantile)
