@@ -124,7 +124,7 @@ def test_data_parallel_validates(data):
         dpjax.data_parallel(grad_fn, mesh=jax.make_mesh((4,), ("x",)), axis_name="batch")
 
 
-@pytest.mark.parametrize("method", ["vmap", "auto"])
+@pytest.mark.parametrize("method", [pytest.param("vmap", marks=pytest.mark.slow), "auto"])
 def test_empty_batch_gives_a_zero_sum(data, method):
     """A (0, d) batch (finding 8: backend="auto" raised ZeroDivisionError) sums to zero."""
     params, X, Y = data

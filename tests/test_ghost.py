@@ -69,6 +69,7 @@ def linen_mlp(key):
     return (lambda p, x, y: xent(model.apply({"params": p}, x), y)), params, (x, y)
 
 
+@pytest.mark.slow  # default: test_clipped_grad_dispatch_ghost_equals_vmap (same model, reference)
 def test_linen_mlp_matches_per_example_clipping(linen_mlp):
     loss_fn, params, batch = linen_mlp
     total, norms, bad = run(loss_fn, params, batch, clip=7.5)
@@ -123,6 +124,7 @@ def test_weights_cast_before_the_matmul_are_tapped(key):
     assert_close(total, ref_sum, 2e-6)
 
 
+@pytest.mark.slow  # float64 ghost keeps a default test: test_lax_conv_nchw_float64
 def test_plain_pytree_mlp_float64(key):
     k1, k2, k3, k4 = jax.random.split(key, 4)
     params = {
@@ -307,6 +309,7 @@ def test_mask_rows_contribute_zero(linen_mlp):
     assert np.all(np.asarray(norms[17:]) == 0.0) and int(bad) == 0
 
 
+@pytest.mark.slow  # default: test_clipping.py::test_nan_example_is_zeroed_and_counted (auto = ghost)
 def test_nan_example_is_zeroed_and_counted(linen_mlp):
     loss_fn, params, (x, y) = linen_mlp
     x_bad = x.at[3].set(jnp.nan)
@@ -563,6 +566,7 @@ def test_bfloat16_dense_with_bias_norm_and_sum_see_the_same_activations():
     assert worst <= 1.0 + 1e-6, worst
 
 
+@pytest.mark.slow  # default: test_finetune.py ghost-vs-vmap on the adapters
 def test_lora_frozen_constant_and_stacked_adapters(key):
     """LoRA: ``x·W0 + (x·A)·B`` with W0 a closed-over constant (never a parameter, so never
     clipped or noised) and the two stacked adapters both ghost taps; equals per-example vmap."""
