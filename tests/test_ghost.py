@@ -309,7 +309,7 @@ def test_mask_rows_contribute_zero(linen_mlp):
     assert np.all(np.asarray(norms[17:]) == 0.0) and int(bad) == 0
 
 
-@pytest.mark.slow  # default: test_clipping.py::test_nan_example_is_zeroed_and_counted (auto = ghost)
+@pytest.mark.slow  # default: test_clipping.py::test_nan_example_is_zeroed_and_counted (auto)
 def test_nan_example_is_zeroed_and_counted(linen_mlp):
     loss_fn, params, (x, y) = linen_mlp
     x_bad = x.at[3].set(jnp.nan)
