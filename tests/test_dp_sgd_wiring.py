@@ -211,6 +211,7 @@ def test_padded_batch_misuse_is_refused(key, dataset):
         grad_fn(w, X, Y, batch=big)
 
 
+@pytest.mark.slow  # default-run budget; CI runs it in make test-slow
 def test_data_parallel_accepts_the_padded_batch(key, dataset):
     X, Y = dataset
     padded = dpjax.PoissonSampler(dataset_size=40, sampling_rate=0.2).sample(key)

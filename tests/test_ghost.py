@@ -160,6 +160,7 @@ def test_logistic_regression(key):
     assert_close(total, ref_sum, 2e-6)
 
 
+@pytest.mark.slow  # default-run budget; CI runs it in make test-slow
 def test_sequence_inputs_and_weight_on_the_left(key):
     """T > 1 rows per example: Gram-trick norms (large layer) and materialised ones (small)."""
     k1, k2, k3, k4 = jax.random.split(key, 4)
@@ -246,6 +247,7 @@ class Unsupported(nn.Module):
         return nn.Dense(3)(jnp.tanh(x).reshape(-1))
 
 
+@pytest.mark.slow  # default-run budget; CI runs it in make test-slow
 def test_unsupported_layer_falls_back_to_vmap(key):
     kx, kp = jax.random.split(key)
     tokens = jax.random.randint(kx, (12, 5), 0, 11)
@@ -322,6 +324,7 @@ def test_nan_example_is_zeroed_and_counted(linen_mlp):
     assert not np.all(np.isfinite(np.asarray(jax.tree.leaves(unsafe)[0])))
 
 
+@pytest.mark.slow  # default-run budget; CI runs it in make test-slow
 def test_nnx_linear_model(key):
     model = nnx.Sequential(
         nnx.Linear(6, 8, rngs=nnx.Rngs(0)), nnx.relu, nnx.Linear(8, 2, rngs=nnx.Rngs(1))
@@ -355,6 +358,7 @@ def test_rejects_bad_clip_norm(linen_mlp):
             ghost.ghost_clipped_sum(loss_fn, params, batch, l2_clip_norm=bad)
 
 
+@pytest.mark.slow  # default-run budget; CI runs it in make test-slow
 def test_microbatched_ghost_equals_one_pass(key):
     k1, k2, k3 = jax.random.split(key, 3)
     params = {"w1": jax.random.normal(k1, (6, 9)), "b1": jnp.zeros(9)}

@@ -191,6 +191,7 @@ def test_smooth_median_noise_scale(key, noise, cdf):
     )
 
 
+@pytest.mark.slow  # default-run budget; CI runs it in make test-slow
 def test_jit_and_vmap_match_eager(key):
     data = jnp.linspace(0.0, 2.0, 15)
 
