@@ -48,6 +48,7 @@ from dpjax.accounting.tight import (
 )
 from dpjax.dp_sgd import _plan, adaptive_clip
 from dpjax.dp_sgd._frozen import ReadOnlyAfterInit
+from dpjax.dp_sgd._vmap_guard import void_unless as _void_unless
 from dpjax.dp_sgd.clipping import BACKENDS as CLIPPING_BACKENDS
 from dpjax.dp_sgd.clipping import clipped_grad
 from dpjax.dp_sgd.matrix_factorization import row_order as _row_order
@@ -1018,17 +1019,6 @@ class PrivateTraining(ReadOnlyAfterInit):
             f"l2_clip_norm={self.l2_clip_norm}, expected_batch_size={self.expected_batch_size:.4g}"
             f", max_batch_size={self.max_batch_size}, delta={self.delta})"
         )
-
-
-def _void_unless(ok: jax.Array, released: Any) -> Any:
-    """``released`` with every float leaf NaN unless ``ok`` (a traced bool scalar)."""
-
-    def void(x: Any) -> Any:
-        if not jnp.issubdtype(jnp.result_type(x), jnp.inexact):
-            return x
-        return jnp.where(ok, x, jnp.full(jnp.shape(x), jnp.nan, jnp.result_type(x)))
-
-    return jax.tree.map(void, released)
 
 
 def _event_of(plan: _plan.Plan, steps: int) -> PoissonSampledGaussianEvent:
