@@ -254,6 +254,12 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         help="skip the Opacus columns even if torch and opacus are installed",
     )
     parser.add_argument(
+        "--no-samplers",
+        action="store_true",
+        help="skip the closing throughput sections (exact integer samplers, the bare sound "
+        "sampler against jax.random.normal): the model rows only",
+    )
+    parser.add_argument(
         "--construction",
         action="store_true",
         help="only time make_private's construction (calibration, sampler cap) in fresh "
@@ -308,9 +314,10 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         "targets": rows,
         "records": records,
     }
-    payload["integer_noise"] = integer = integer_noise.run(args.quick)  # issue 26
-    payload["sampler"] = bare = sampler.run(args.quick)  # issue 24: sampler / jax.random.normal
-    rows.append(bare["target"])
+    if not args.no_samplers:
+        payload["integer_noise"] = integer_noise.run(args.quick)  # issue 26
+        payload["sampler"] = sampler.run(args.quick)  # issue 24: sampler / jax.random.normal
+        rows.append(payload["sampler"]["target"])
     (args.out / "bench.json").write_text(json.dumps(payload, indent=2))
     md = ["# dpjax benchmarks", "", f"`{json.dumps(meta)}`", ""]
     md += _summary_table(records, opacus=no_opacus is None)
@@ -318,8 +325,9 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         md += ["", f"Opacus columns omitted: {no_opacus}."]
     md += _target_lines(rows)
     md += ["", "## Every method", ""] + _method_table(records)
-    md += integer_noise.section(integer)
-    md += sampler.section(bare)
+    if not args.no_samplers:
+        md += integer_noise.section(payload["integer_noise"])
+        md += sampler.section(payload["sampler"])
     (args.out / "bench.md").write_text("\n".join(md) + "\n")
     print("\n".join(md), flush=True)
     return 0
