@@ -164,3 +164,10 @@ def test_fit_digests_its_data_once(stepped):
     finally:
         check._digest = digest
     assert len(calls) == 1 and int(after.step) == 4
+
+
+def test_fit_past_the_factorization_is_refused_before_any_step(stepped):
+    """The strategy has n = steps rows: a fit beyond them is refused (not warned into NaN)."""
+    private, w, state, data = stepped  # one of steps=6 done
+    with pytest.raises(ValueError, match="at most 5 more step"):
+        private.fit(w, data, state=state, steps=6, progress=False)

@@ -942,7 +942,8 @@ class PrivateTraining(ReadOnlyAfterInit):
                 (with ``noise=BandMF``: other rows, or another order, than the run's first
                 step saw; see :meth:`step`), or a run whose final step count would leave no
                 room in δ for the truncation slack. Running past the planned ``steps`` warns
-                once.
+                once (with ``noise=BandMF``: refused, the factorization has n = ``steps``
+                rows).
         """
         if state is None:
             if self._host["started"]:
@@ -968,6 +969,14 @@ class PrivateTraining(ReadOnlyAfterInit):
         after = lambda k: phases[:-1] + [(phases[-1][0], phases[-1][1] + k)]  # noqa: E731
         if todo:
             self._check_room(after(todo), done + todo)
+            if self.noise is not None and in_plan + todo > self.steps:
+                _validate.fail(
+                    "steps",
+                    todo,
+                    f"at most {self.steps - in_plan} more step(s): noise=BandMF's factorization "
+                    f"is built for this plan's steps={self.steps}, and a step past it has no "
+                    "noise row (it would return NaN); plan more steps in make_private",
+                )
             if in_plan + todo > self.steps:
                 warnings.warn(
                     f"fit runs {in_plan + todo} steps of this plan, beyond the planned "
