@@ -161,6 +161,57 @@ def test_tempered_sigmoid_cnn_shapes_follow_papernot():
     assert params["Dense_1"]["kernel"].shape == (32, 10)
 
 
+def test_slice_max_pool_is_flax_max_pool_in_value_and_gradient():
+    """The tempered-sigmoid CNN's pool: ``nn.max_pool(x, (2, 2), strides=(1, 1))``, by value
+    and gradient (random normal input: no ties, where the two split the gradient differently);
+    a pool with the wrong offsets or window fails both."""
+    import flax.linen as nn
+
+    x = jax.random.normal(jax.random.key(0), (3, 9, 8, 4))
+    w = jax.random.normal(jax.random.key(1), (3, 8, 7, 4))
+    flax_pool = lambda x: nn.max_pool(x, (2, 2), strides=(1, 1))  # noqa: E731
+    np.testing.assert_array_equal(models.max_pool_2x2_stride1(x), flax_pool(x))
+    grads = [
+        jax.grad(lambda x, f=f: jax.numpy.sum(w * f(x)))(x)
+        for f in (models.max_pool_2x2_stride1, flax_pool)
+    ]
+    np.testing.assert_array_equal(grads[0], grads[1])
+
+
+@pytest.mark.torch
+def test_tempered_sigmoid_cnn_twin_computes_the_jax_loss():
+    """The JAX model (slice max-pools) and the torch twin (``nn.MaxPool2d``) on the same
+    weights give the same per-example losses: conv kernels HWIO -> OIHW, the dense layer after
+    the flatten reordered from (h, w, c) to torch's (c, h, w)."""
+    import torch
+
+    from benchmarks.torch_side import TORCH_MODELS
+
+    model = models.make_model("cnn_tanh")
+    params = model.init(jax.random.key(0))
+    xs, ys = model.data(jax.random.key(1), 16)
+    p = jax.tree.map(np.asarray, params)
+    dense0 = p["Dense_0"]["kernel"].reshape(4, 4, 32, 32).transpose(3, 2, 0, 1).reshape(32, 512)
+    weights = [
+        p["Conv_0"]["kernel"].transpose(3, 2, 0, 1), p["Conv_0"]["bias"],
+        p["Conv_1"]["kernel"].transpose(3, 2, 0, 1), p["Conv_1"]["bias"],
+        dense0, p["Dense_0"]["bias"], p["Dense_1"]["kernel"].T, p["Dense_1"]["bias"],
+    ]  # fmt: skip
+    twin = TORCH_MODELS["cnn_tanh"][0]()
+    keys = list(twin.state_dict())
+    state = {k: torch.tensor(np.ascontiguousarray(w)) for k, w in zip(keys, weights, strict=True)}
+    twin.load_state_dict(state, strict=True)
+    with torch.no_grad():
+        logits = twin(torch.tensor(np.asarray(xs).transpose(0, 3, 1, 2)))
+        got = torch.nn.functional.cross_entropy(
+            logits, torch.tensor(np.asarray(ys), dtype=torch.long), reduction="none"
+        ).numpy()
+    want = np.asarray(jax.jit(jax.vmap(model.loss, in_axes=(None, 0, 0)))(params, xs, ys))
+    # float32 losses ~2.3 from sums of ≤ 512 terms: agree to ~1e-6 (a pool with another
+    # offset or the dense layer flattened in (h, w, c) order moves them by > 1e-2)
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5)
+
+
 def test_register_adds_rows_and_replaces_old_ones():
     saved_models, saved_configs = dict(models.MODELS), list(models.CONFIGS)
     try:
