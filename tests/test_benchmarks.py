@@ -21,7 +21,9 @@ def _flax_shapes(name):
 
 
 @pytest.mark.torch  # needs the bench-torch extra: `make test-torch` (deselected by `make test`)
-@pytest.mark.parametrize("name", ["mlp", "cnn", "cnn_tanh", "logreg", "lora_mlp", "transformer"])
+@pytest.mark.parametrize(
+    "name", ["mlp", "cnn", "cnn_im2col", "cnn_tanh", "logreg", "lora_mlp", "transformer"]
+)
 def test_torch_twin_has_the_same_parameter_shapes(name):
     from benchmarks.torch_side import TORCH_MODELS
 
@@ -178,26 +180,40 @@ def test_slice_max_pool_is_flax_max_pool_in_value_and_gradient():
     np.testing.assert_array_equal(grads[0], grads[1])
 
 
+# (model, the flax kernels of its convolutions as (f, f, C_in, C_out) — a Dense on im2col
+# patches holds its (f·f·C_in, C_out) kernel —, the (h, w, c) grid flattened before the first
+# dense layer)
+CNN_TWINS = [
+    ("cnn_tanh", [(8, 8, 1, 16), (4, 4, 16, 32)], (4, 4, 32)),
+    ("cnn_im2col", [(5, 5, 1, 16), (4, 4, 16, 32)], (5, 5, 32)),
+]
+
+
 @pytest.mark.torch
-def test_tempered_sigmoid_cnn_twin_computes_the_jax_loss():
-    """The JAX model (slice max-pools) and the torch twin (``nn.MaxPool2d``) on the same
-    weights give the same per-example losses: conv kernels HWIO -> OIHW, the dense layer after
-    the flatten reordered from (h, w, c) to torch's (c, h, w)."""
+@pytest.mark.parametrize("name, convs, grid", CNN_TWINS)
+def test_cnn_twin_computes_the_jax_loss(name, convs, grid):
+    """The JAX model and its torch twin (``nn.Conv2d``, ``nn.MaxPool2d``) on the same weights
+    give the same per-example losses: kernels (f, f, I, O) -> OIHW, the first dense layer's
+    rows reordered from flax's (h, w, c) flatten to torch's (c, h, w)."""
     import torch
 
     from benchmarks.torch_side import TORCH_MODELS
 
-    model = models.make_model("cnn_tanh")
+    model = models.make_model(name)
     params = model.init(jax.random.key(0))
     xs, ys = model.data(jax.random.key(1), 16)
-    p = jax.tree.map(np.asarray, params)
-    dense0 = p["Dense_0"]["kernel"].reshape(4, 4, 32, 32).transpose(3, 2, 0, 1).reshape(32, 512)
-    weights = [
-        p["Conv_0"]["kernel"].transpose(3, 2, 0, 1), p["Conv_0"]["bias"],
-        p["Conv_1"]["kernel"].transpose(3, 2, 0, 1), p["Conv_1"]["bias"],
-        dense0, p["Dense_0"]["bias"], p["Dense_1"]["kernel"].T, p["Dense_1"]["bias"],
-    ]  # fmt: skip
-    twin = TORCH_MODELS["cnn_tanh"][0]()
+    leaves = [np.asarray(x) for x in jax.tree.leaves(params)]  # (bias, kernel) per layer
+    weights = []
+    for i, (bias, kernel) in enumerate(zip(leaves[::2], leaves[1::2], strict=True)):
+        if i < len(convs):
+            kernel = kernel.reshape(convs[i]).transpose(3, 2, 0, 1)
+        elif i == len(convs):
+            out = kernel.shape[1]
+            kernel = kernel.reshape(*grid, out).transpose(3, 2, 0, 1).reshape(out, -1)
+        else:
+            kernel = kernel.T
+        weights += [kernel, bias]
+    twin = TORCH_MODELS[name][0]()
     keys = list(twin.state_dict())
     state = {k: torch.tensor(np.ascontiguousarray(w)) for k, w in zip(keys, weights, strict=True)}
     twin.load_state_dict(state, strict=True)
@@ -207,9 +223,31 @@ def test_tempered_sigmoid_cnn_twin_computes_the_jax_loss():
             logits, torch.tensor(np.asarray(ys), dtype=torch.long), reduction="none"
         ).numpy()
     want = np.asarray(jax.jit(jax.vmap(model.loss, in_axes=(None, 0, 0)))(params, xs, ys))
-    # float32 losses ~2.3 from sums of ≤ 512 terms: agree to ~1e-6 (a pool with another
+    # float32 losses ~2.3 from sums of ≤ 800 terms: agree to ~1e-6 (a pool with another
     # offset or the dense layer flattened in (h, w, c) order moves them by > 1e-2)
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-5)
+
+
+def test_im2col_cnn_is_the_conv_cnn():
+    """``cnn_im2col`` (convolutions as patches @ kernel) computes ``cnn`` (flax ``nn.Conv``)
+    on the same weights: the conv kernels (f, f, I, O) flattened to (f·f·I, O)."""
+    conv, dense = models.make_model("cnn"), models.make_model("cnn_im2col")
+    params = conv.init(jax.random.key(0))
+    xs, ys = conv.data(jax.random.key(1), 8)
+    as_dense = {
+        f"Dense_{i}": {
+            "kernel": layer["kernel"].reshape(-1, layer["kernel"].shape[-1]),
+            "bias": layer["bias"],
+        }
+        for i, layer in enumerate(
+            [params["Conv_0"], params["Conv_1"], params["Dense_0"], params["Dense_1"]]
+        )
+    }
+    assert jax.tree.structure(as_dense) == jax.tree.structure(dense.init(jax.random.key(0)))
+    per_example = lambda m, p: jax.vmap(m.loss, in_axes=(None, 0, 0))(p, xs, ys)  # noqa: E731
+    np.testing.assert_allclose(
+        per_example(dense, as_dense), per_example(conv, params), rtol=2e-6, atol=0
+    )
 
 
 def test_register_adds_rows_and_replaces_old_ones():
