@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -163,6 +164,7 @@ def test_tempered_sigmoid_cnn_shapes_follow_papernot():
     assert params["Dense_1"]["kernel"].shape == (32, 10)
 
 
+@pytest.mark.slow  # compiles both pools and their gradients (~7 s on the loaded 2-core CPU)
 def test_slice_max_pool_is_flax_max_pool_in_value_and_gradient():
     """The tempered-sigmoid CNN's pool: ``nn.max_pool(x, (2, 2), strides=(1, 1))``, by value
     and gradient (random normal input: no ties, where the two split the gradient differently);
@@ -172,11 +174,10 @@ def test_slice_max_pool_is_flax_max_pool_in_value_and_gradient():
     x = jax.random.normal(jax.random.key(0), (3, 9, 8, 4))
     w = jax.random.normal(jax.random.key(1), (3, 8, 7, 4))
     flax_pool = lambda x: nn.max_pool(x, (2, 2), strides=(1, 1))  # noqa: E731
-    np.testing.assert_array_equal(models.max_pool_2x2_stride1(x), flax_pool(x))
-    grads = [
-        jax.grad(lambda x, f=f: jax.numpy.sum(w * f(x)))(x)
-        for f in (models.max_pool_2x2_stride1, flax_pool)
-    ]
+    values = jax.jit(lambda x: (models.max_pool_2x2_stride1(x), flax_pool(x)))(x)
+    np.testing.assert_array_equal(*values)
+    pools = (models.max_pool_2x2_stride1, flax_pool)
+    grads = jax.jit(lambda x: [jax.grad(lambda x, f=f: jnp.sum(w * f(x)))(x) for f in pools])(x)
     np.testing.assert_array_equal(grads[0], grads[1])
 
 
@@ -228,6 +229,7 @@ def test_cnn_twin_computes_the_jax_loss(name, convs, grid):
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-5)
 
 
+@pytest.mark.slow  # ~2 s of flax tracing; the twin test checks cnn_im2col against torch too
 def test_im2col_cnn_is_the_conv_cnn():
     """``cnn_im2col`` (convolutions as patches @ kernel) computes ``cnn`` (flax ``nn.Conv``)
     on the same weights: the conv kernels (f, f, I, O) flattened to (f·f·I, O)."""

@@ -239,12 +239,20 @@ def test_lax_conv_nchw_float64(key):
     assert_close(total, ref_sum, 1e-12)
 
 
+@pytest.mark.slow  # ~2 s each under load; the im2col claim keeps test_lax_conv_nchw_float64
 @pytest.mark.parametrize(
     "shape, dims, filt, strides, padding, dilation",
     [
-        ((2, 9, 1), ("NWC", "WIO", "NWC"), (3,), (2,), ((1, 2),), (1,)),
-        ((2, 3, 11, 10), ("NCHW", "OIHW", "NCHW"), (4, 4), (2, 3), ((3, 3), (0, 2)), (1, 1)),
         ((2, 11, 10, 3), ("NHWC", "HWIO", "NHWC"), (3, 2), (2, 1), ((0, 0), (1, 1)), (1, 2)),
+        ((2, 9, 1), ("NWC", "WIO", "NWC"), (3,), (2,), ((1, 2),), (1,)),
+        (
+            (2, 3, 11, 10),
+            ("NCHW", "OIHW", "NCHW"),
+            (4, 4),
+            (2, 3),
+            ((3, 3), (0, 2)),
+            (1, 1),
+        ),
         (
             (2, 7, 6, 5, 2),
             ("NDHWC", "DHWIO", "NDHWC"),
@@ -266,26 +274,25 @@ def test_im2col_equals_the_convolution_patches(shape, dims, filt, strides, paddi
     rhs = tuple({"I": c, "O": 3}.get(d) or filt[spatial.index(d)] for d in dims[1])
     kernel = jax.random.normal(jax.random.key(1), rhs)
     dn = jax.lax.conv_dimension_numbers(shape, rhs, dims)
-    conv = jax.lax.conv_general_dilated(
-        x, kernel, strides, padding, rhs_dilation=dilation, dimension_numbers=dn
-    )
     keys = dict(filter_shape=filt, window_strides=strides, padding=padding, rhs_dilation=dilation)
-    want = jax.lax.conv_general_dilated_patches(x, **keys, dimension_numbers=dn)  # (C, *f) order
-    want = jnp.moveaxis(want, dn.out_spec[1], -1)
-    want = want.reshape(want.shape[:-1] + (c, -1)).swapaxes(-1, -2).reshape(want.shape)
-    got = im2col(
-        x,
-        keys
-        | dict(
-            lhs_dilation=(1,) * len(filt),
-            dimension_numbers=dn,
-            out_spatial=tuple(conv.shape[d] for d in dn.out_spec[2:]),
-        ),
-    )
+
+    @jax.jit  # one program: eager slices would each compile
+    def patches_both_ways(x, kernel):
+        conv = jax.lax.conv_general_dilated(
+            x, kernel, strides, padding, rhs_dilation=dilation, dimension_numbers=dn
+        )
+        want = jax.lax.conv_general_dilated_patches(x, **keys, dimension_numbers=dn)
+        want = jnp.moveaxis(want, dn.out_spec[1], -1)  # features (C, *f) -> (*f, C)
+        want = want.reshape(want.shape[:-1] + (c, -1)).swapaxes(-1, -2).reshape(want.shape)
+        out_spatial = tuple(conv.shape[d] for d in dn.out_spec[2:])
+        more = dict(lhs_dilation=(1,) * len(filt), dimension_numbers=dn, out_spatial=out_spatial)
+        got = im2col(x, keys | more)
+        w = jnp.transpose(kernel, (*dn.rhs_spec[2:], dn.rhs_spec[1], dn.rhs_spec[0]))
+        as_dense = jnp.einsum("...k,kn->...n", got, w.reshape(-1, 3), precision="highest")
+        return got, want, as_dense, jnp.moveaxis(conv, dn.out_spec[1], -1)
+
+    got, want, as_dense, as_conv = patches_both_ways(x, kernel)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
-    w = jnp.transpose(kernel, (*dn.rhs_spec[2:], dn.rhs_spec[1], dn.rhs_spec[0]))
-    as_dense = jnp.einsum("...k,kn->...n", got, w.reshape(-1, 3), precision="highest")
-    as_conv = jnp.moveaxis(conv, dn.out_spec[1], -1)
     np.testing.assert_allclose(np.asarray(as_dense), np.asarray(as_conv), rtol=1e-5, atol=1e-5)
 
 
