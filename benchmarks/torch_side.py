@@ -223,6 +223,8 @@ TORCH_MODELS: dict[str, tuple[Callable, Callable, Callable]] = {
     "mlp": (_mlp, lambda b: _images(b, (784,)), nn.CrossEntropyLoss),
     "cnn": (_cnn, lambda b: _images(b, (1, 28, 28)), nn.CrossEntropyLoss),
     "cnn_tanh": (_cnn_tanh, lambda b: _images(b, (1, 28, 28)), nn.CrossEntropyLoss),
+    # the same function as "cnn" (JAX writes its convolutions as im2col patches @ kernel)
+    "cnn_im2col": (_cnn, lambda b: _images(b, (1, 28, 28)), nn.CrossEntropyLoss),
     "logreg": (_logreg, _logreg_data, nn.BCEWithLogitsLoss),
     "lora_mlp": (_lora_mlp, lambda b: _images(b, (784,)), nn.CrossEntropyLoss),
     "transformer": (_transformer, _token_data, SequenceCrossEntropy),

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -21,7 +22,9 @@ def _flax_shapes(name):
 
 
 @pytest.mark.torch  # needs the bench-torch extra: `make test-torch` (deselected by `make test`)
-@pytest.mark.parametrize("name", ["mlp", "cnn", "cnn_tanh", "logreg", "lora_mlp", "transformer"])
+@pytest.mark.parametrize(
+    "name", ["mlp", "cnn", "cnn_im2col", "cnn_tanh", "logreg", "lora_mlp", "transformer"]
+)
 def test_torch_twin_has_the_same_parameter_shapes(name):
     from benchmarks.torch_side import TORCH_MODELS
 
@@ -159,6 +162,94 @@ def test_tempered_sigmoid_cnn_shapes_follow_papernot():
     assert params["Conv_1"]["kernel"].shape == (4, 4, 16, 32)
     assert params["Dense_0"]["kernel"].shape == (512, 32)  # 28 → 14 → 13 → 5 → 4; 4·4·32
     assert params["Dense_1"]["kernel"].shape == (32, 10)
+
+
+@pytest.mark.slow  # compiles both pools and their gradients (~7 s on the loaded 2-core CPU)
+def test_slice_max_pool_is_flax_max_pool_in_value_and_gradient():
+    """The tempered-sigmoid CNN's pool: ``nn.max_pool(x, (2, 2), strides=(1, 1))``, by value
+    and gradient (random normal input: no ties, where the two split the gradient differently);
+    a pool with the wrong offsets or window fails both."""
+    import flax.linen as nn
+
+    x = jax.random.normal(jax.random.key(0), (3, 9, 8, 4))
+    w = jax.random.normal(jax.random.key(1), (3, 8, 7, 4))
+    flax_pool = lambda x: nn.max_pool(x, (2, 2), strides=(1, 1))  # noqa: E731
+    values = jax.jit(lambda x: (models.max_pool_2x2_stride1(x), flax_pool(x)))(x)
+    np.testing.assert_array_equal(*values)
+    pools = (models.max_pool_2x2_stride1, flax_pool)
+    grads = jax.jit(lambda x: [jax.grad(lambda x, f=f: jnp.sum(w * f(x)))(x) for f in pools])(x)
+    np.testing.assert_array_equal(grads[0], grads[1])
+
+
+# (model, the flax kernels of its convolutions as (f, f, C_in, C_out) — a Dense on im2col
+# patches holds its (f·f·C_in, C_out) kernel —, the (h, w, c) grid flattened before the first
+# dense layer)
+CNN_TWINS = [
+    ("cnn_tanh", [(8, 8, 1, 16), (4, 4, 16, 32)], (4, 4, 32)),
+    ("cnn_im2col", [(5, 5, 1, 16), (4, 4, 16, 32)], (5, 5, 32)),
+]
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("name, convs, grid", CNN_TWINS)
+def test_cnn_twin_computes_the_jax_loss(name, convs, grid):
+    """The JAX model and its torch twin (``nn.Conv2d``, ``nn.MaxPool2d``) on the same weights
+    give the same per-example losses: kernels (f, f, I, O) -> OIHW, the first dense layer's
+    rows reordered from flax's (h, w, c) flatten to torch's (c, h, w)."""
+    import torch
+
+    from benchmarks.torch_side import TORCH_MODELS
+
+    model = models.make_model(name)
+    params = model.init(jax.random.key(0))
+    xs, ys = model.data(jax.random.key(1), 16)
+    leaves = [np.asarray(x) for x in jax.tree.leaves(params)]  # (bias, kernel) per layer
+    weights = []
+    for i, (bias, kernel) in enumerate(zip(leaves[::2], leaves[1::2], strict=True)):
+        if i < len(convs):
+            kernel = kernel.reshape(convs[i]).transpose(3, 2, 0, 1)
+        elif i == len(convs):
+            out = kernel.shape[1]
+            kernel = kernel.reshape(*grid, out).transpose(3, 2, 0, 1).reshape(out, -1)
+        else:
+            kernel = kernel.T
+        weights += [kernel, bias]
+    twin = TORCH_MODELS[name][0]()
+    keys = list(twin.state_dict())
+    state = {k: torch.tensor(np.ascontiguousarray(w)) for k, w in zip(keys, weights, strict=True)}
+    twin.load_state_dict(state, strict=True)
+    with torch.no_grad():
+        logits = twin(torch.tensor(np.asarray(xs).transpose(0, 3, 1, 2)))
+        got = torch.nn.functional.cross_entropy(
+            logits, torch.tensor(np.asarray(ys), dtype=torch.long), reduction="none"
+        ).numpy()
+    want = np.asarray(jax.jit(jax.vmap(model.loss, in_axes=(None, 0, 0)))(params, xs, ys))
+    # float32 losses ~2.3 from sums of ≤ 800 terms: agree to ~1e-6 (a pool with another
+    # offset or the dense layer flattened in (h, w, c) order moves them by > 1e-2)
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5)
+
+
+@pytest.mark.slow  # ~2 s of flax tracing; the twin test checks cnn_im2col against torch too
+def test_im2col_cnn_is_the_conv_cnn():
+    """``cnn_im2col`` (convolutions as patches @ kernel) computes ``cnn`` (flax ``nn.Conv``)
+    on the same weights: the conv kernels (f, f, I, O) flattened to (f·f·I, O)."""
+    conv, dense = models.make_model("cnn"), models.make_model("cnn_im2col")
+    params = conv.init(jax.random.key(0))
+    xs, ys = conv.data(jax.random.key(1), 8)
+    as_dense = {
+        f"Dense_{i}": {
+            "kernel": layer["kernel"].reshape(-1, layer["kernel"].shape[-1]),
+            "bias": layer["bias"],
+        }
+        for i, layer in enumerate(
+            [params["Conv_0"], params["Conv_1"], params["Dense_0"], params["Dense_1"]]
+        )
+    }
+    assert jax.tree.structure(as_dense) == jax.tree.structure(dense.init(jax.random.key(0)))
+    per_example = lambda m, p: jax.vmap(m.loss, in_axes=(None, 0, 0))(p, xs, ys)  # noqa: E731
+    np.testing.assert_allclose(
+        per_example(dense, as_dense), per_example(conv, params), rtol=2e-6, atol=0
+    )
 
 
 def test_register_adds_rows_and_replaces_old_ones():

@@ -239,6 +239,63 @@ def test_lax_conv_nchw_float64(key):
     assert_close(total, ref_sum, 1e-12)
 
 
+@pytest.mark.slow  # ~2 s each under load; the im2col claim keeps test_lax_conv_nchw_float64
+@pytest.mark.parametrize(
+    "shape, dims, filt, strides, padding, dilation",
+    [
+        ((2, 11, 10, 3), ("NHWC", "HWIO", "NHWC"), (3, 2), (2, 1), ((0, 0), (1, 1)), (1, 2)),
+        ((2, 9, 1), ("NWC", "WIO", "NWC"), (3,), (2,), ((1, 2),), (1,)),
+        (
+            (2, 3, 11, 10),
+            ("NCHW", "OIHW", "NCHW"),
+            (4, 4),
+            (2, 3),
+            ((3, 3), (0, 2)),
+            (1, 1),
+        ),
+        (
+            (2, 7, 6, 5, 2),
+            ("NDHWC", "DHWIO", "NDHWC"),
+            (2, 3, 2),
+            (1, 2, 2),
+            ((1, 0),) * 3,
+            (2, 1, 1),
+        ),
+    ],
+)
+def test_im2col_equals_the_convolution_patches(shape, dims, filt, strides, padding, dilation):
+    """The sliced patches are XLA's own patches (a copy of input entries, so bit for bit), in
+    the (*filter, C) feature order, and patches @ kernel is the convolution."""
+    from dpjax.dp_sgd._ghost_trace import im2col
+
+    x = jax.random.normal(jax.random.key(0), shape)
+    c = shape[dims[0].index("C")]
+    spatial = [d for d in dims[1] if d not in "IO"]
+    rhs = tuple({"I": c, "O": 3}.get(d) or filt[spatial.index(d)] for d in dims[1])
+    kernel = jax.random.normal(jax.random.key(1), rhs)
+    dn = jax.lax.conv_dimension_numbers(shape, rhs, dims)
+    keys = dict(filter_shape=filt, window_strides=strides, padding=padding, rhs_dilation=dilation)
+
+    @jax.jit  # one program: eager slices would each compile
+    def patches_both_ways(x, kernel):
+        conv = jax.lax.conv_general_dilated(
+            x, kernel, strides, padding, rhs_dilation=dilation, dimension_numbers=dn
+        )
+        want = jax.lax.conv_general_dilated_patches(x, **keys, dimension_numbers=dn)
+        want = jnp.moveaxis(want, dn.out_spec[1], -1)  # features (C, *f) -> (*f, C)
+        want = want.reshape(want.shape[:-1] + (c, -1)).swapaxes(-1, -2).reshape(want.shape)
+        out_spatial = tuple(conv.shape[d] for d in dn.out_spec[2:])
+        more = dict(lhs_dilation=(1,) * len(filt), dimension_numbers=dn, out_spatial=out_spatial)
+        got = im2col(x, keys | more)
+        w = jnp.transpose(kernel, (*dn.rhs_spec[2:], dn.rhs_spec[1], dn.rhs_spec[0]))
+        as_dense = jnp.einsum("...k,kn->...n", got, w.reshape(-1, 3), precision="highest")
+        return got, want, as_dense, jnp.moveaxis(conv, dn.out_spec[1], -1)
+
+    got, want, as_dense, as_conv = patches_both_ways(x, kernel)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    np.testing.assert_allclose(np.asarray(as_dense), np.asarray(as_conv), rtol=1e-5, atol=1e-5)
+
+
 class Unsupported(nn.Module):
     @nn.compact
     def __call__(self, tokens):
