@@ -43,7 +43,7 @@ from jax.custom_batching import custom_vmap
 
 from dpjax import _validate
 
-__all__ = ["Refusal", "key_guard", "void_unless", "void_release"]
+__all__ = ["Guard", "Refusal", "key_guard", "void_unless", "void_release", "void_value"]
 
 
 class Refusal(NamedTuple):

@@ -78,27 +78,33 @@ def guard_prng_key(key: Any, values: Any, *, name: str = "value") -> tuple[Any, 
     return guard(values, key)
 
 
-def guarded_release(values: str) -> Callable[[F], F]:
+def guarded_release(*values: str) -> Callable[[F], F]:
     """Decorate a mechanism ``fn(key, ..., values, ...)`` with the vmap guard.
 
     Args:
-        values: the name of ``fn``'s parameter holding the data-dependent input.
+        *values: the names of ``fn``'s parameters that hold the data-dependent input (one for
+            every mechanism here; e.g. ``"X", "y"`` for a release computed from a data set).
 
     Returns:
         A decorator; the wrapped function keeps ``fn``'s signature and docstring, and
         ``unguarded(wrapped)`` is ``fn`` (for mechanisms that call each other with a key the
         outer guard has already checked).
     """
+    if not values:
+        raise TypeError("guarded_release needs the name of at least one values parameter")
+    label = " and ".join(values)
 
     def decorate(fn: F) -> F:
         signature = inspect.signature(fn)
-        if "key" not in signature.parameters or values not in signature.parameters:
-            raise TypeError(f"{fn.__name__} has no parameters 'key' and {values!r}")
+        missing = [p for p in ("key", *values) if p not in signature.parameters]
+        if missing:
+            raise TypeError(f"{fn.__name__} has no parameter(s) {missing}")
 
         @functools.wraps(fn)
         def release(*args: Any, **kwargs: Any) -> Any:
             bound = signature.bind(*args, **kwargs)
-            key, ok = guard_prng_key(bound.arguments["key"], bound.arguments[values], name=values)
+            data = tuple(bound.arguments.get(p) for p in values)
+            key, ok = guard_prng_key(bound.arguments["key"], data, name=label)
             bound.arguments["key"] = key
             return void_release(ok, fn(*bound.args, **bound.kwargs))
 
