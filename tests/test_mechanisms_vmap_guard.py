@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from dpjax import mechanisms as M
-from dpjax.mechanisms._vmap_guard import unguarded
+from dpjax.mechanisms._vmap_guard import guarded_release, unguarded
 
 ROWS = 3
 KEY = jax.random.key(7)
@@ -224,3 +224,26 @@ def test_jvp_and_per_row_grad_through_a_vmapped_mechanism_are_unchanged():
     keys = jax.random.split(KEY, ROWS)
     per_row = jax.vmap(jax.grad(lambda v, k: release(k, v)))(values, keys)
     np.testing.assert_allclose(per_row, np.ones(ROWS))
+
+
+def test_lax_map_with_a_batch_size_is_refused():
+    """``lax.map(..., batch_size=)`` vmaps inside: one key for the batch's rows is refused."""
+    release, values = CASES["laplace"]
+    with pytest.raises(ValueError, match=UNMATCHED):
+        jax.lax.map(lambda v: release(KEY, v), values, batch_size=ROWS)
+
+
+def test_a_release_guarded_on_several_values_checks_each():
+    """``guarded_release("X", "y")`` (a data set of two arrays): batching either is a row."""
+
+    @guarded_release("X", "y")
+    def release(key, X, y, *, scale):
+        return jnp.sum(X) + jnp.sum(y) + scale * jax.random.normal(key)
+
+    X, y = jnp.ones((ROWS, 2)), jnp.ones(ROWS)
+    for in_axes in [(0, None), (None, 0)]:
+        with pytest.raises(ValueError, match=r"batches X and y"):
+            jax.vmap(lambda a, b: release(KEY, a, b, scale=1.0), in_axes=in_axes)(X, y)
+    keys = jax.random.split(KEY, ROWS)
+    out = jax.vmap(lambda k, a, b: release(k, a, b, scale=1.0))(keys, X, y)
+    assert len(set(np.asarray(out).tolist())) == ROWS
