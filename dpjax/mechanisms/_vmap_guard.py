@@ -13,6 +13,8 @@ data-dependent input its noise protects: ``value``, ``scores``, ``counts``, ``da
 * a vmap over independent runs (distinct keys, batched values or not) and a vmap over keys
   with unbatched values (many runs on one data set, the auditing harness) pass unchanged.
 
+The ERM releases of :mod:`dpjax.erm` use the same decorator on their data set ``(X, y)``.
+
 The key's data passes through a ``custom_vmap`` identity (free outside vmap); ``grad``/``jvp``
 with respect to the values are unchanged (the guard reads zero-size slices behind
 ``stop_gradient``).
