@@ -14,6 +14,7 @@ from dpjax.erm.result import ERMResult
 from dpjax.erm.solver import objective
 from dpjax.events import EpsilonDeltaEvent
 from dpjax.mechanisms import exponential_mechanism, exponential_mechanism_expected_gap_bound
+from dpjax.mechanisms._vmap_guard import guarded_release
 from dpjax.relation import REPLACE_ONE, NeighbouringRelation, as_relation, sensitivity_factor
 
 __all__ = ["hypothesis_grid", "grid_score_sensitivity", "grid_scores", "exponential_mechanism_grid"]
@@ -59,6 +60,7 @@ def grid_scores(X, y, grid: jax.Array, *, loss: Loss, mu: float, dataset_size: i
     return -jax.vmap(objective(loss, float(mu), X, y, normalizer=dataset_size))(grid)
 
 
+@guarded_release("X", "y")
 def exponential_mechanism_grid(
     key: jax.Array,
     X,

@@ -46,6 +46,7 @@ from dpjax.erm._common import prepare_data, public_dataset_size, require_x64
 from dpjax.erm.losses import Loss
 from dpjax.erm.result import ERMResult
 from dpjax.events import GaussianEvent
+from dpjax.mechanisms._vmap_guard import guarded_release
 from dpjax.relation import REPLACE_ONE, NeighbouringRelation, as_relation
 
 __all__ = [
@@ -102,6 +103,7 @@ def _descent(mu: float, step_sizes: jax.Array) -> optax.GradientTransformation:
     )
 
 
+@guarded_release("X", "y")
 def noisy_gradient_descent(
     key: jax.Array,
     X: jax.Array,
@@ -214,6 +216,7 @@ def _finish(w_avg, w_last, output, bound, event, relation, stddev, sens, public_
     )
 
 
+@guarded_release("X", "y")
 def dp_gd(
     key: jax.Array,
     X,
@@ -321,6 +324,7 @@ def _iterative_bound(d, steps, sigma_avg, clip, mu, radius, variance):
     return 2.0 * (g2 + d * sigma_avg**2) / (float(mu) * (steps + 1))
 
 
+@guarded_release("X", "y")
 def dp_sgd(
     key: jax.Array,
     X,
@@ -411,6 +415,7 @@ def dp_sgd(
     return _finish(w_avg, w_last, output, bound, event, relation, stddev, sens, public_batch, note)
 
 
+@guarded_release("X", "y")
 def laplace_dp_sgd(
     key: jax.Array,
     X,

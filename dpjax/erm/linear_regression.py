@@ -13,6 +13,7 @@ from dpjax.erm._common import finite_or_zero, public_dataset_size, require_x64
 from dpjax.erm.result import ERMResult
 from dpjax.events import GaussianEvent
 from dpjax.mechanisms import gaussian_sigma
+from dpjax.mechanisms._vmap_guard import guarded_release
 from dpjax.relation import REPLACE_ONE, NeighbouringRelation, as_relation, sensitivity_factor
 
 __all__ = [
@@ -62,6 +63,7 @@ def _upper_mask(d: int) -> jax.Array:
     return jnp.triu(jnp.ones((d, d), dtype=bool))
 
 
+@guarded_release("X", "y")
 def noisy_sufficient_statistics_regression(
     key: jax.Array,
     X,

@@ -18,6 +18,7 @@ from dpjax.erm.output_perturbation import gamma_norm_sampler
 from dpjax.erm.result import ERMResult
 from dpjax.erm.solver import objective
 from dpjax.events import EpsilonDeltaEvent
+from dpjax.mechanisms._vmap_guard import guarded_release
 from dpjax.relation import REPLACE_ONE, NeighbouringRelation, as_relation, sensitivity_factor
 
 __all__ = [
@@ -149,6 +150,7 @@ def calibrate(
     )
 
 
+@guarded_release("X", "y")
 def objective_perturbation(
     key: jax.Array,
     X,
@@ -300,6 +302,7 @@ def _inexact_term(loss: Loss, mu_total: float, cal: dict, n: int, d: int, tau: f
     return grad_at_wp * tau + 0.5 * (float(loss.smoothness) + mu_total) * tau**2
 
 
+@guarded_release("X", "y")
 def approximate_objective_perturbation(
     key: jax.Array,
     X,

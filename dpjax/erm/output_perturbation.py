@@ -17,6 +17,7 @@ from dpjax.erm.result import ERMResult
 from dpjax.erm.solver import objective
 from dpjax.events import EpsilonDeltaEvent, GaussianEvent
 from dpjax.mechanisms import gaussian_sigma
+from dpjax.mechanisms._vmap_guard import guarded_release
 from dpjax.relation import REPLACE_ONE, NeighbouringRelation, as_relation
 
 __all__ = ["output_perturbation", "gamma_norm_sampler", "smoothing_width", "default_accuracy"]
@@ -79,6 +80,7 @@ def _inexact_term(*, lipschitz: float, mu: float, mean_norm: float, accuracy: fl
     return (2.0 * lipschitz + mu * mean_norm) * accuracy + 0.5 * mu * accuracy**2
 
 
+@guarded_release("X", "y")
 def output_perturbation(
     key: jax.Array,
     X,

@@ -1,4 +1,10 @@
-"""Noise mechanisms of the lectures: each ``name(key, value, *, ...)`` plus its calibration."""
+"""Noise mechanisms of the lectures: each ``name(key, value, *, ...)`` plus its calibration.
+
+Every release is guarded against ``jax.vmap`` key sharing: a vmap that batches the values
+(``value``, ``scores``, ``counts``, ``data``, ``values``) needs one distinct key per row, else
+``ValueError`` naming ``key`` (under ``jit``, repeated keys void the release); see the
+mechanisms guide.
+"""
 
 from dpjax.mechanisms.bounded_laplace import (
     bounded_laplace,

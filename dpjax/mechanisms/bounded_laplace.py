@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from dpjax import _random, _validate
 from dpjax._noise import float_dtype_of
 from dpjax.mechanisms._nonfinite import refuse_nonfinite
+from dpjax.mechanisms._vmap_guard import guarded_release
 from dpjax.mechanisms.sensitivity import clip_into_range
 
 __all__ = [
@@ -198,6 +199,7 @@ def _sample(key: jax.Array, q: Any, b: float, lo: float, hi: float) -> jax.Array
     return jnp.clip(v.astype(out_dtype), lo, hi)
 
 
+@guarded_release("value")
 def bounded_laplace(
     key: jax.Array,
     value: Any,
@@ -239,6 +241,11 @@ def bounded_laplace(
         implied by f's sensitivity. If f itself can be NaN on D and finite on a neighbour D′,
         the released law on D is that of q = (l + u)/2, so Δ must cover |(l + u)/2 − f(D′)|
         (at most (u − l)/2); the release is never NaN.
+        Under ``jax.vmap``: each row of a vmap that batches ``key`` with distinct keys is its own
+        release with this guarantee (account for every row); a vmap of ``value`` with one key for
+        all rows raises ``ValueError``, and repeated keys in the batch raise eagerly and void the
+        release under ``jit`` (NaN): rows that share a key share one noise draw and would release
+        their differences noise-free.
 
         Sampling and floating point: the quantile function is evaluated at a CDF position V
         built from 64 random bits (a fair bit picks the end of [l, u] it is measured from, 63

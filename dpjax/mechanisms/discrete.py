@@ -38,6 +38,7 @@ from dpjax._noise import float_dtype_of
 from dpjax._random import noise_dtype
 from dpjax.mechanisms._integer_noise import LaplaceProposal, integer_noise
 from dpjax.mechanisms._nonfinite import refuse_nonfinite
+from dpjax.mechanisms._vmap_guard import guarded_release
 
 __all__ = [
     "discrete_laplace",
@@ -176,6 +177,7 @@ def _check_output_dtype(dtype: Any, half: int, g: float) -> None:
         )
 
 
+@guarded_release("value")
 def discrete_laplace(
     key: jax.Array,
     value: Any,
@@ -220,6 +222,11 @@ def discrete_laplace(
         in at least float32 after clamping to ±B, and every grid point is exact in the output
         dtype (checked). Timing: the sampler's loop runs a number of rounds that depends only
         on the random words (CKS §5), not on f(D).
+        Under ``jax.vmap``: each row of a vmap that batches ``key`` with distinct keys is its own
+        release with this guarantee (account for every row); a vmap of ``value`` with one key for
+        all rows raises ``ValueError``, and repeated keys in the batch raise eagerly and void the
+        release under ``jit`` (NaN): rows that share a key share one noise draw and would release
+        their differences noise-free.
 
     Example:
         >>> import jax, jax.numpy as jnp

@@ -29,6 +29,7 @@ from dpjax.mechanisms._integer_noise import (
     LaplaceProposal,
     integer_noise,
 )
+from dpjax.mechanisms._vmap_guard import guarded_release
 
 __all__ = [
     "discrete_gaussian",
@@ -123,6 +124,7 @@ def _integer_values(value: Any) -> jax.Array:
     return jnp.clip(x, -VALUE_LIMIT, VALUE_LIMIT)
 
 
+@guarded_release("value")
 def discrete_gaussian(key: jax.Array, value: Any, *, sensitivity: int, sigma: Any) -> jax.Array:
     r"""Release f(D) + N_ℤ(0, σ²) noise on every coordinate, sampled exactly (int32 output).
 
@@ -157,6 +159,11 @@ def discrete_gaussian(key: jax.Array, value: Any, *, sensitivity: int, sigma: An
         there is no porosity: every integer is reachable from every input. Timing (CKS §5):
         the sampler's loop runs a number of rounds that depends only on the random words,
         never on f(D); it reveals the number of rejected proposals, independent of the data.
+        Under ``jax.vmap``: each row of a vmap that batches ``key`` with distinct keys is its own
+        release with this guarantee (account for every row); a vmap of ``value`` with one key for
+        all rows raises ``ValueError``, and repeated keys in the batch raise eagerly and void the
+        release under ``jit`` (the int32 minimum): rows that share a key share one noise draw and
+        would release their differences noise-free.
 
     Example:
         >>> import jax, jax.numpy as jnp

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from dpjax import _random, _validate
 from dpjax._noise import check_scale_representable, tree_noise_like
 from dpjax.mechanisms._nonfinite import refuse_nonfinite, sanitise_scores
+from dpjax.mechanisms._vmap_guard import guarded_release
 
 __all__ = [
     "exponential_mechanism",
@@ -96,6 +97,7 @@ def _noisy_scores(key: jax.Array, scores: jax.Array, sampler, scale: float) -> j
     return scores.astype(noise.dtype) + jnp.asarray(scale, noise.dtype) * noise
 
 
+@guarded_release("scores")
 def exponential_mechanism(
     key: jax.Array,
     scores: jax.Array,
@@ -132,6 +134,11 @@ def exponential_mechanism(
         floor; pure ε = ∞ only for pairs straddling that gap). (``jax.random.gumbel`` had
         [−4.47, 15.94] in float32, a floor of 1.4e-9, and 1024 values in [−2.27, 6.93] for
         float16 scores.)
+        Under ``jax.vmap``: each row of a vmap that batches ``key`` with distinct keys is its own
+        release with this guarantee (account for every row); a vmap of ``scores`` with one key for
+        all rows raises ``ValueError``, and repeated keys in the batch raise eagerly and void the
+        release under ``jit`` (the index dtype's minimum): rows that share a key share one noise
+        draw and would release their differences noise-free.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -217,6 +224,7 @@ def report_noisy_max_scale(*, sensitivity: float, epsilon: float) -> float:
     return 2.0 * float(sensitivity) / float(epsilon)
 
 
+@guarded_release("scores")
 def report_noisy_max(
     key: jax.Array, scores: jax.Array, *, sensitivity: float, epsilon: float
 ) -> jax.Array:
@@ -245,6 +253,11 @@ def report_noisy_max(
         selected (ideal probability ≤ ½e^{−45.05} = 1.4e-20 per such candidate: a δ floor).
         (``jax.random.exponential`` reached 15.94 in float32, a floor of 5.9e-8, and 4.84
         with 128 values for bfloat16 scores.)
+        Under ``jax.vmap``: each row of a vmap that batches ``key`` with distinct keys is its own
+        release with this guarantee (account for every row); a vmap of ``scores`` with one key for
+        all rows raises ``ValueError``, and repeated keys in the batch raise eagerly and void the
+        release under ``jit`` (the index dtype's minimum): rows that share a key share one noise
+        draw and would release their differences noise-free.
 
     Example:
         >>> import jax, jax.numpy as jnp

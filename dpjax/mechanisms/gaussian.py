@@ -20,6 +20,7 @@ from dpjax import _validate
 from dpjax._noise import tree_add_noise
 from dpjax.mechanisms._nonfinite import zero_nonfinite
 from dpjax.mechanisms._scale import GAUSSIAN_SUPPORT, refuse_overflowing_noise
+from dpjax.mechanisms._vmap_guard import guarded_release
 
 __all__ = [
     "gaussian",
@@ -227,6 +228,7 @@ def gaussian_sigma(
     return analytic_gaussian_sigma(sensitivity=sensitivity, epsilon=epsilon, delta=delta)
 
 
+@guarded_release("value")
 def gaussian(
     key: jax.Array,
     value: Any,
@@ -261,6 +263,11 @@ def gaussian(
         (ε, δ)-DP under the relation Δ₂ holds for (lecture on properties of DP, the Gaussian
         mechanism; Balle & Wang 2018, Theorem 8 for the analytic calibration). The non-finite
         rule makes every released coordinate finite-plus-noise: never inf/NaN without noise.
+        Under ``jax.vmap``: each row of a vmap that batches ``key`` with distinct keys is its own
+        release with this guarantee (account for every row); a vmap of ``value`` with one key for
+        all rows raises ``ValueError``, and repeated keys in the batch raise eagerly and void the
+        release under ``jit`` (NaN): rows that share a key share one noise draw and would release
+        their differences noise-free.
 
     Security:
         JAX's threefry PRNG and float noise are fine for research and audits; releases of real

@@ -12,6 +12,7 @@ from dpjax import _validate
 from dpjax._noise import tree_add_noise
 from dpjax.mechanisms._nonfinite import zero_nonfinite
 from dpjax.mechanisms._scale import LAPLACE_SUPPORT, refuse_overflowing_noise
+from dpjax.mechanisms._vmap_guard import guarded_release
 
 __all__ = [
     "laplace",
@@ -45,6 +46,7 @@ def laplace_scale(*, sensitivity: float, epsilon: float) -> float:
     return float(sensitivity) / float(epsilon)
 
 
+@guarded_release("value")
 def laplace(key: jax.Array, value: Any, *, sensitivity: float, epsilon: float) -> Any:
     r"""Release ``value + Lap(Δ₁/ε)`` with independent noise on every coordinate.
 
@@ -71,6 +73,11 @@ def laplace(key: jax.Array, value: Any, *, sensitivity: float, epsilon: float) -
         released coordinate finite-plus-noise: never inf/NaN without noise. Utility:
         E‖M(D) − f(D)‖₁ = kΔ₁/ε and P[‖M(D) − f(D)‖_∞ ≥ (Δ₁/ε) ln(k/β)] ≤ β for k
         coordinates (same lecture).
+        Under ``jax.vmap``: each row of a vmap that batches ``key`` with distinct keys is its own
+        release with this guarantee (account for every row); a vmap of ``value`` with one key for
+        all rows raises ``ValueError``, and repeated keys in the batch raise eagerly and void the
+        release under ``jit`` (NaN): rows that share a key share one noise draw and would release
+        their differences noise-free.
 
     Security:
         Floating-point Laplace noise is porous (Mironov 2012): fine for research and audits,

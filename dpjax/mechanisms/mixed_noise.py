@@ -22,6 +22,7 @@ import jax
 
 from dpjax import _validate
 from dpjax._noise import tree_add_noise
+from dpjax.mechanisms._vmap_guard import guarded_release
 from dpjax.mechanisms.gaussian import analytic_gaussian_sigma, gaussian_delta
 from dpjax.mechanisms.laplace import laplace_scale
 
@@ -100,6 +101,7 @@ def mixed_noise_scale(
     return MixedNoiseScale("laplace", laplace_scale(sensitivity=sensitivity, epsilon=epsilon))
 
 
+@guarded_release("value")
 def mixed_noise(
     key: jax.Array,
     value: Any,
@@ -126,6 +128,11 @@ def mixed_noise(
     Formal guarantees:
         (ε, δ)-DP under the relation Δ holds for; see ``mixed_noise_scale`` and the module
         docstring for why the Gaussian branch uses the analytic σ instead of Theorem 10's.
+        Under ``jax.vmap``: each row of a vmap that batches ``key`` with distinct keys is its own
+        release with this guarantee (account for every row); a vmap of ``value`` with one key for
+        all rows raises ``ValueError``, and repeated keys in the batch raise eagerly and void the
+        release under ``jit`` (NaN): rows that share a key share one noise draw and would release
+        their differences noise-free.
 
     Example:
         >>> import jax

@@ -28,6 +28,7 @@ import numpy as np
 
 from dpjax import _validate
 from dpjax._noise import tree_noise_like
+from dpjax.mechanisms._vmap_guard import guarded_release
 
 __all__ = [
     "COIN_EPSILON",
@@ -192,6 +193,7 @@ def _respond(category: jax.Array, words: jax.Array, *, other_weight: int, k: int
     return jnp.where(lie, (category + 1 + offset) % k, category)
 
 
+@guarded_release("value")
 def coin_randomized_response(key: jax.Array, value: Any) -> Any:
     """The coin protocol: flip a coin; heads → answer truthfully; tails → flip again.
 
@@ -210,6 +212,11 @@ def coin_randomized_response(key: jax.Array, value: Any) -> Any:
         (``COIN_EPSILON``; lecture on privacy background, "Example: Randomized Response"); the
         report vector is ln 3-DP under ``REPLACE_ONE``, for every input. Its reports have the
         law of ``randomized_response(epsilon=COIN_EPSILON)``.
+        Under ``jax.vmap``: each row of a vmap that batches ``key`` with distinct keys is its own
+        release with this guarantee (account for every row); a vmap of ``value`` with one key for
+        all rows raises ``ValueError``, and repeated keys in the batch raise eagerly and void the
+        release under ``jit`` (the dtype's minimum, or maximum if unsigned; bool: False): rows that
+        share a key share one noise draw and would release their differences noise-free.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -227,6 +234,7 @@ def coin_randomized_response(key: jax.Array, value: Any) -> Any:
     return jax.tree.map(respond, value, words)
 
 
+@guarded_release("value")
 def randomized_response(
     key: jax.Array, value: Any, *, epsilon: float, num_categories: int = 2
 ) -> Any:
@@ -253,6 +261,11 @@ def randomized_response(
         ``REPLACE_ONE``, for every input (Warner 1965; lecture on privacy background for
         k = 2; Kairouz, Oh & Viswanath 2014 for k-RR). The realised law differs from the
         ideal p = e^ε/(e^ε + k − 1) by less than 2⁻³² per category.
+        Under ``jax.vmap``: each row of a vmap that batches ``key`` with distinct keys is its own
+        release with this guarantee (account for every row); a vmap of ``value`` with one key for
+        all rows raises ``ValueError``, and repeated keys in the batch raise eagerly and void the
+        release under ``jit`` (the dtype's minimum, or maximum if unsigned; bool: False): rows that
+        share a key share one noise draw and would release their differences noise-free.
 
     Example:
         >>> import jax, jax.numpy as jnp

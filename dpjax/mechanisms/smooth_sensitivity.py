@@ -35,6 +35,7 @@ import numpy as np
 from dpjax import _validate
 from dpjax._noise import noise_dtype_of, tree_add_noise
 from dpjax.mechanisms._nonfinite import refuse_nonfinite
+from dpjax.mechanisms._vmap_guard import guarded_release
 from dpjax.mechanisms.sensitivity import clip_into_range
 
 __all__ = [
@@ -465,6 +466,7 @@ def _smooth_sensitivity_sorted(x: jax.Array, upper: float, beta: float, floor: f
     return jnp.maximum(best, jnp.asarray(floor, dtype))
 
 
+@guarded_release("data")
 def smooth_median(
     key: jax.Array,
     data: jax.Array,
@@ -513,6 +515,11 @@ def smooth_median(
         909 zeros got noise (δ ≈ 0.8 at a claimed pure ε). Floating-point caveat: the scale
         is data dependent, so porous-float attacks (Mironov 2012) apply a fortiori; the
         guarantee is for the real-valued mechanism; research use only.
+        Under ``jax.vmap``: each row of a vmap that batches ``key`` with distinct keys is its own
+        release with this guarantee (account for every row); a vmap of ``data`` with one key for all
+        rows raises ``ValueError``, and repeated keys in the batch raise eagerly and void the
+        release under ``jit`` (NaN): rows that share a key share one noise draw and would release
+        their differences noise-free.
 
     Example:
         >>> import jax, jax.numpy as jnp

@@ -22,6 +22,7 @@ import numpy as np
 
 from dpjax import _validate
 from dpjax.mechanisms._nonfinite import refuse_nonfinite
+from dpjax.mechanisms._vmap_guard import guarded_release, unguarded
 from dpjax.mechanisms.gaussian import gaussian
 from dpjax.mechanisms.laplace import laplace
 from dpjax.mechanisms.sensitivity import clip_into_range
@@ -60,6 +61,7 @@ def _width(lower: float, upper: float) -> float:
     return float(upper) - float(lower)
 
 
+@guarded_release("values")
 def clipped_mean(
     key: jax.Array,
     values: jax.Array,
@@ -107,6 +109,11 @@ def clipped_mean(
         Not stated
         for ``ADD_OR_REMOVE_ONE``: k is the realised number of rows, which that relation
         changes; pad to a public k (rows of a fixed in-range value) to use it there.
+        Under ``jax.vmap``: each row of a vmap that batches ``key`` with distinct keys is its own
+        release with this guarantee (account for every row); a vmap of ``values`` with one key for
+        all rows raises ``ValueError``, and repeated keys in the batch raise eagerly and void the
+        release under ``jit`` (NaN): rows that share a key share one noise draw and would release
+        their differences noise-free.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -175,17 +182,19 @@ def _noisy_clipped_mean(
     x = values.astype(dtype) if jnp.issubdtype(values.dtype, jnp.floating) else values
     shifted = clip_into_range(jnp.asarray(x, dtype) - float(lower), lower=0.0, upper=width)
     mean = jnp.sum(shifted, axis=0) / jnp.asarray(k, dtype)
+    # the callers' vmap guard has checked key against the values: the noise is not re-guarded
     per_coordinate = width / k + summation_error_bound(num_values=k, width=width, dtype=dtype)
     if noise == "laplace":
         if delta != 0.0:
             _validate.fail("delta", delta, "0 for noise='laplace' (pure ε-DP)")
-        noisy = laplace(key, mean, sensitivity=dim * per_coordinate, epsilon=epsilon)
+        noisy = unguarded(laplace)(key, mean, sensitivity=dim * per_coordinate, epsilon=epsilon)
     else:
         sens = dim**0.5 * per_coordinate
-        noisy = gaussian(key, mean, sensitivity=sens, epsilon=epsilon, delta=delta)
+        noisy = unguarded(gaussian)(key, mean, sensitivity=sens, epsilon=epsilon, delta=delta)
     return noisy + jnp.asarray(float(lower), dtype)
 
 
+@guarded_release("data")
 def subsample_and_aggregate(
     key: jax.Array,
     data: Any,
@@ -232,6 +241,11 @@ def subsample_and_aggregate(
         under DP, theory, subsample-and-aggregate; Nissim, Raskhodnikova & Smith 2007,
         Section 4). The divisor is the public k, and n // k is the static block size. Not
         stated for ``ADD_OR_REMOVE_ONE``: a changed n moves the block boundaries.
+        Under ``jax.vmap``: each row of a vmap that batches ``key`` with distinct keys is its own
+        release with this guarantee (account for every row); a vmap of ``data`` with one key for all
+        rows raises ``ValueError``, and repeated keys in the batch raise eagerly and void the
+        release under ``jit`` (NaN): rows that share a key share one noise draw and would release
+        their differences noise-free.
 
     Example:
         >>> import jax, jax.numpy as jnp
