@@ -102,6 +102,7 @@ __all__ = [
     "discrete_gaussian_epsilon",
     "discrete_gaussian_pmf",
     "discrete_gaussian_rho",
+    "discrete_laplace",
     "discrete_laplace_rate",
     "exponential_mechanism",
     "exponential_mechanism_expected_gap_bound",
