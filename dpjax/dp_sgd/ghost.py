@@ -556,10 +556,10 @@ def _rank_one_sums(pairs: Sequence[tuple[jax.Array, jax.Array]], keep: jax.Array
     number of steps, so one ``lax.scan`` does every layer's group products and merges
     (issue 24: compile time). Per layer and step, the m products of c examples are ONE
     batched matrix product (batch axis m, no sliced copies of the operands), added in order
-    in plain float; the layers' sums of one dtype are merged into ONE flat packed
-    double-float carry (one elementwise pass, one carry). Per coordinate these are exactly
-    the operations of a scan per layer with m separate products (the same products, sums and
-    merges in the same order; tested bit for bit).
+    in plain float, and merged into the layer's packed double-float carry. Per coordinate
+    these are exactly the operations of a scan per layer with m separate products (the same
+    products, sums and merges in the same order; tested bit for bit). One flat carry for all
+    layers compiled no faster and ran up to 2× slower (the concatenation is a copy per step).
 
     Args:
         pairs: per layer ``(a (B, 1, K), g_scaled (B, 1, N))`` in the layer's sum dtype.
@@ -582,15 +582,11 @@ def _rank_one_sums(pairs: Sequence[tuple[jax.Array, jax.Array]], keep: jax.Array
 
     keep2 = jnp.pad(keep, (0, pad)) if pad else keep
     xs = ([(rows(a), rows(g)) for a, g in pairs], keep2.reshape(steps, m, c))
-    dts = [jnp.dtype(jnp.result_type(a.dtype, g.dtype)) for a, g in pairs]
-    groups = {dt: [i for i, d in enumerate(dts) if d == dt] for dt in dict.fromkeys(dts)}
-    shapes = [(a.shape[2], g.shape[2]) for a, g in pairs]
-    sizes = [k * n for k, n in shapes]
 
     def body(carry, chunk):
         layers, keep_c = chunk
-        flat = []
-        for a_c, g_c in layers:
+        out = []
+        for z, (a_c, g_c) in zip(carry, layers, strict=True):
             if sanitize:  # per chunk: no full copy of the activations
                 a_c = jnp.where(keep_c[..., None], a_c, jnp.zeros((), a_c.dtype))
             # m products of c examples each (γ_c), added in order in plain float (γ_m): _pre_rel
@@ -598,32 +594,18 @@ def _rank_one_sums(pairs: Sequence[tuple[jax.Array, jax.Array]], keep: jax.Array
             part = prods[0]
             for j in range(1, m):
                 part = part + prods[j]
-            flat.append(part.reshape(-1))
-        # the carry is one packed pair per dtype: the sums and the merge are one pass
-        out = [
-            _certified.df_add_packed(z, _concat([flat[i] for i in idx]))
-            for z, idx in zip(carry, groups.values(), strict=True)
-        ]
+            # the carry is one packed pair: the m sums and the merge are one elementwise pass
+            out.append(_certified.df_add_packed(z, part))
         return out, None
 
     init = [
-        _certified.df_pack(*_certified.df_zeros((sum(sizes[i] for i in idx),), dt))
-        for dt, idx in groups.items()
+        _certified.df_pack(
+            *_certified.df_zeros((a.shape[2], g.shape[2]), jnp.result_type(a.dtype, g.dtype))
+        )
+        for a, g in pairs
     ]
     out, _ = jax.lax.scan(body, init, xs)
-    result: list[Any] = [None] * len(pairs)
-    for z, idx in zip(out, groups.values(), strict=True):
-        hi, lo = _certified.df_unpack(z)
-        start = 0
-        for i in idx:
-            stop = start + sizes[i]
-            result[i] = (hi[start:stop].reshape(shapes[i]), lo[start:stop].reshape(shapes[i]))
-            start = stop
-    return result
-
-
-def _concat(xs: list[jax.Array]) -> jax.Array:
-    return xs[0] if len(xs) == 1 else jnp.concatenate(xs)
+    return [_certified.df_unpack(z) for z in out]
 
 
 # T > 1: examples whose (K, N) matrices are formed at once (≤ this many entries in memory); the
