@@ -19,9 +19,9 @@ v = 2⁻¹⁰: its fast bound overflows, its accurate bound is finite, and its c
 points against the others'. Its contribution is measured by differencing the released sums
 with and without it (mask), in float64.
 
-Fix proposal: select per row inside the retry branch, so a row's bound depends on its own data
-only: ``cond(retry, lambda: where(loose, accurate_total, fast_total), lambda: fast_total)``
-(row-wise where over sq/n2/u2); ``loose`` already is per row.
+Fixed: the retry branch selects per row, so a row's bound depends on its own data only:
+``cond(retry, lambda: where(loose, accurate_total, fast_total), lambda: fast_total)``
+(row-wise where over sq/n2/u2; ``loose`` is per row). These tests failed before the fix.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 import dpjax
 
@@ -59,20 +58,12 @@ def _contribution_of_first(batch: int, dtype, big: float) -> float:
     return float(np.sqrt(sum(np.sum(d * d) for d in diff)))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="retry flips every row to the padded accurate T = 1 bounds: 1.00065·C (B = 64)",
-)
 def test_retry_flip_float32():
     with jax.enable_x64(False):
         got = _contribution_of_first(64, np.float32, 2.0**65)
     assert got <= 1.0, f"removing example 0 moved the sum by {got!r} > C = 1"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="retry flips every row to the padded accurate T = 1 bounds: (1 + 5e-12)·C",
-)
 def test_retry_flip_float64():
     got = _contribution_of_first(256, np.float64, 2.0**515)
     assert got <= 1.0, f"removing example 0 moved the sum by {got!r} > C = 1"
@@ -82,10 +73,6 @@ def _gram_loss(params, x, v):
     return jnp.sum((x @ params["w"]) * v)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="retry flips every row from the fast to the accurate Gram bound: 1.58·C (old too)",
-)
 def test_retry_flip_gram_float32():
     """T = 2 Gram tap (K = 2048, N = 8: not materialised), float32 without x64, B = 64.
 

@@ -1,13 +1,12 @@
 """Review 4 (adversarial): the ghost T = 1 bound ``‖a‖²·‖g‖²`` underflows to 0 for tiny C.
 
-``_rank_one_from_sums`` multiplies the two certified sums of squares (each ≥ its floor
-4(n+2)·tiny) in the wide dtype. When the exact product is below the smallest normal number,
-XLA:CPU flushes it to 0 (FTZ), the bound U becomes 0 and the clip factor min(1, C/U) is 1:
-the example enters the sum UNCLIPPED. Its contribution is then < √tiny (2⁻⁶³ ≈ 1.1e-19 in
-float32, 2⁻⁵¹¹ in float64), so only clip norms below that are affected; but the guarantee is
-stated for every C > 0 (``clipped_grad`` accepts any positive C, and the summation shrink
-accepts C down to ~1e-27 in float32). The vmap backend clips the same example correctly.
-Present before the certified-clipping changes too (eed4a2e): not new.
+``_rank_one_from_sums`` multiplies the two certified sums of squares in the wide dtype. When
+the exact product is below the smallest normal number, XLA:CPU flushes it to 0 (FTZ), the
+bound U becomes 0 and the clip factor min(1, C/U) is 1: the example entered the sum UNCLIPPED
+(5.4·C at C = 1e-20 in float32; present before the certified-clipping changes too). Its
+contribution is then < √tiny·√(flushed terms) (2⁻⁶³ in float32), so only clip norms far
+below any real use were affected. Fix: ``clipped_grad`` refuses C < 2⁻⁴⁰
+(:data:`dpjax.dp_sgd.clipping.MIN_CLIP_NORM`), and the worst flush at C = 2⁻⁴⁰ stays ≤ C.
 
 Each contribution is measured by differencing the released sums with and without the example
 (mask), in float64.
@@ -21,6 +20,7 @@ import numpy as np
 import pytest
 
 import dpjax
+from dpjax.dp_sgd.clipping import MIN_CLIP_NORM
 
 
 def _loss(params, x, v):
@@ -44,29 +44,19 @@ def _contribution(backend: str, clip: float, dtype, tiny_scale: float) -> float:
     return float(np.linalg.norm(diff))
 
 
-def test_vmap_clips_tiny_clip_norm_float32():
-    """Control: the vmap backend keeps the same example's contribution ≤ C."""
+@pytest.mark.parametrize("clip", [1e-20, 1e-200, MIN_CLIP_NORM / 2])
+@pytest.mark.parametrize("per_layer", [False, True])
+def test_clip_norms_that_underflow_the_bounds_are_refused(clip, per_layer):
+    norm = {"w": clip} if per_layer else clip
+    with pytest.raises(ValueError, match="l2_clip_norm.*2\\^-40"):
+        dpjax.clipped_grad(_loss, l2_clip_norm=norm, per_layer=per_layer)
+
+
+def test_the_worst_flushed_example_stays_below_the_smallest_clip_norm():
+    """float32: a = g = 2⁻³²·e₁ flushes ‖a‖²‖g‖² = 2⁻¹²⁸ to 0 (unclipped), contribution
+    2⁻⁶⁴ ≤ C = 2⁻⁴⁰: the floor on C covers the flush."""
     with jax.enable_x64(False):
-        got = _contribution("vmap", 1e-20, np.float32, 2.0**-32)
-    assert 0.0 < got <= 1e-20
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="ghost T = 1 bound ‖a‖²‖g‖² flushes to 0 below tiny (FTZ): unclipped, 5.4·C",
-)
-def test_ghost_tiny_clip_norm_float32():
-    """float32 (no x64): a = g = 2⁻³²·e₁, so ‖a‖²‖g‖² = 2⁻¹²⁸ < tiny; contribution 2⁻⁶⁴."""
-    with jax.enable_x64(False):
-        got = _contribution("ghost", 1e-20, np.float32, 2.0**-32)
-    assert got <= 1e-20, f"contribution {got:.3g} > C = 1e-20"
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="ghost T = 1 bound ‖a‖²‖g‖² flushes to 0 below tiny (FTZ): unclipped",
-)
-def test_ghost_tiny_clip_norm_float64():
-    """float64: a = g = 2⁻²⁶⁰·e₁, ‖a‖²‖g‖² = 2⁻¹⁰⁴⁰ < tiny; contribution 2⁻⁵²⁰ ≫ C = 1e-200."""
-    got = _contribution("ghost", 1e-200, np.float64, 2.0**-260)
-    assert got <= 1e-200, f"contribution {got:.3g} > C = 1e-200"
+        got = _contribution("ghost", MIN_CLIP_NORM, np.float32, 2.0**-32)
+        control = _contribution("vmap", MIN_CLIP_NORM, np.float32, 2.0**-32)
+    assert 0.0 < got <= MIN_CLIP_NORM
+    assert 0.0 < control <= MIN_CLIP_NORM

@@ -616,9 +616,29 @@ def _zeros_sum(p: Any) -> jax.Array:
     return jnp.zeros(jnp.shape(p), _certified.output_dtype(jnp.result_type(p)))
 
 
+#: The smallest clip norm ``clipped_grad`` accepts, 2⁻⁴⁰ ≈ 9.1e-13. The certified norm bounds
+#: are products of sums of squares in a float dtype ≥ float32; below its smallest normal number
+#: (2⁻¹²⁶) XLA:CPU flushes a product to 0, and a bound of 0 leaves an example unclipped. Such
+#: an example's norm is < 2⁻⁶³·√(number of flushed terms) (review finding: 5.4·C at C = 1e-20),
+#: far below 2⁻⁴⁰ for any layer count and sequence length a computer holds.
+MIN_CLIP_NORM = 2.0**-40
+
+
+def _check_clip_norm(name: str, value: Any) -> None:
+    _validate.positive(name, value)
+    if float(value) < MIN_CLIP_NORM:
+        _validate.fail(
+            name,
+            value,
+            f"≥ 2^-40 ≈ {MIN_CLIP_NORM:.2g} (a smaller clip norm underflows the certified "
+            "per-example norm bounds in float32: an example could be summed unclipped); "
+            "rescale the loss instead (clip at C·s the loss × s, then divide the sum by s)",
+        )
+
+
 def _norm_bound(l2_clip_norm: Any, per_layer: bool) -> float:
     if isinstance(l2_clip_norm, int | float) and not isinstance(l2_clip_norm, bool):
-        _validate.positive("l2_clip_norm", l2_clip_norm)
+        _check_clip_norm("l2_clip_norm", l2_clip_norm)
         return float(l2_clip_norm)
     if not per_layer:
         valid = "a positive float (a pytree needs per_layer=True)"
@@ -627,7 +647,7 @@ def _norm_bound(l2_clip_norm: Any, per_layer: bool) -> float:
     if not leaves:
         _validate.fail("l2_clip_norm", l2_clip_norm, "a non-empty pytree of positive floats")
     for c in leaves:
-        _validate.positive("l2_clip_norm leaf", c)
+        _check_clip_norm("l2_clip_norm leaf", c)
     return math.sqrt(sum(float(c) ** 2 for c in leaves))
 
 
@@ -648,9 +668,9 @@ def clipped_grad(
 
     Args:
         loss_fn: ``loss_fn(params, *example) -> scalar``, the loss of ONE example (no batch axis).
-        l2_clip_norm: C > 0. With ``per_layer=True``: a float C (each of the L leaves is clipped
-            to C/sqrt(L), so one example's total norm is ≤ C) or a pytree like params of per-leaf
-            norms c_l (total bound sqrt(Σ c_l²)).
+        l2_clip_norm: C ≥ 2⁻⁴⁰ (:data:`MIN_CLIP_NORM`). With ``per_layer=True``: a float C
+            (each of the L leaves is clipped to C/sqrt(L), so one example's total norm is
+            ≤ C) or a pytree like params of per-leaf norms c_l (total bound sqrt(Σ c_l²)).
         per_layer: clip each leaf separately instead of the whole pytree (always uses vmap).
         microbatch_size: process the batch in chunks of this many rows (``lax.scan``) to bound
             memory; the result is the same sum. ``None``: one chunk.
@@ -677,10 +697,11 @@ def clipped_grad(
         ``grad_fn`` itself to :func:`dpjax.dp_sgd_optimizer` so C is stated once.
 
     Raises:
-        ValueError: non-positive C, unknown backend, batch arguments without a shared leading
-            axis, a loss that is not a scalar for one example, a mask of the wrong shape, a
-            loss Python cannot call as ``loss_fn(params, *example)`` (the message names
-            :func:`dpjax.make_private`'s other form, ``loss_fn(params, example[, rng])``).
+        ValueError: C (or a per-leaf norm) below 2⁻⁴⁰, unknown backend, batch arguments
+            without a shared leading axis, a loss that is not a scalar for one example, a
+            mask of the wrong shape, a loss Python cannot call as
+            ``loss_fn(params, *example)`` (the message names :func:`dpjax.make_private`'s
+            other form, ``loss_fn(params, example[, rng])``).
 
     Formal guarantees:
         One example changes the released float ``clipped_sum`` by at most C in ℓ2

@@ -81,16 +81,17 @@ static shapes at trace time, the Gram trick (B·T²·(K+N) flops) or per-example
 (B·T·K·N, reused for the sum: book-keeping, Bu et al. 2023), whichever is cheaper
 (:func:`_materialise`); T = 1 layers need neither (‖a‖‖g‖).
 
-Where this fast bound is loose by more than 1% on an example that is clipped (Gram
-cancellation: Σ_t a_t ≈ 0 with large a_t), or not finite, one batch-level ``lax.cond`` takes
-the accurate branch for the batch: a and g scaled by powers of two per example (no
-intermediate overflow or underflow: ‖a‖² = inf with ‖aᵀg‖ finite no longer drops an example
-that vmap keeps), and Gram layers materialised one example at a time (``lax.map``, K·N
-memory). The sums are compiled once (dropped rows are zeroed before every contraction instead
-of retrying non-finite sums in a second branch). Both branches give certified bounds; the
-reported norms are the estimates (not U). The cond is built only where the accurate branch
-can change a bound (:func:`_retry_can_help`: not for T = 1 layers whose float64 sums of
-squares cannot overflow or underflow; issue 24, compile time).
+Where this fast bound is loose by more than 1% on an example that is clipped (Gram cancellation:
+Σ_t a_t ≈ 0 with large a_t), or not finite, one batch-level ``lax.cond`` takes the accurate
+branch, and the examples whose own fast bound is loose (only those: each example's bound depends
+on its own data alone) take its bound: a and g scaled by powers of two per example (no
+intermediate overflow or underflow: ‖a‖² = inf with ‖aᵀg‖ finite no longer drops an example that
+vmap keeps), and Gram layers materialised one example at a time (``lax.map``, K·N memory). The
+sums are compiled once (dropped rows are zeroed before every contraction instead of retrying
+non-finite sums in a second branch). Both branches give certified bounds; the reported norms are
+the estimates (not U). The cond is built only where the accurate branch can change a bound
+(:func:`_retry_can_help`: not for T = 1 layers whose float64 sums of squares cannot overflow or
+underflow; issue 24, compile time).
 
 Formal guarantees:
     Same as the vmap path (:mod:`dpjax.dp_sgd.clipping`): every example's contribution to the
@@ -876,9 +877,21 @@ def _ghost_impl(loss_fn, nan_safe, params, batch, clip, mask):
             (fast_total.u2 > jnp.square(clip)) & (fast_total.n2 > _LOOSE * fast_total.sq)
         )
         retry = jnp.any(mask & loose)
+
+        def accurate_where_loose() -> _Bound:
+            # Per example: the accurate bound only where THAT example's fast bound is loose.
+            # The batch-level cond only decides whether to compute it; every example's bound
+            # (hence its clip factor) depends on its own data alone. Taking the accurate
+            # bounds for the whole batch let one example (an overflowing ‖a‖²) change how
+            # hard every other example was clipped (review finding: 1.58·C with Gram layers).
+            accurate = _totals(ghost_bounds(True) + fixed)
+            return _Bound(
+                *(jnp.where(loose, a, f) for a, f in zip(accurate, fast_total, strict=True))
+            )
+
         # the cond returns the totals, not every tap's bounds: the fast bounds then fuse
         # into their total (compile time, issue 24)
-        total = jax.lax.cond(retry, lambda: _totals(ghost_bounds(True) + fixed), lambda: fast_total)
+        total = jax.lax.cond(retry, accurate_where_loose, lambda: fast_total)
     else:
         total = _totals(bounds + fixed)
     norms = jnp.sqrt(total.sq)
