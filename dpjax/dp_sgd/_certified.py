@@ -147,35 +147,10 @@ def sq_upper_from(sq: jax.Array, rel: float, n: int) -> jax.Array:
 
 
 def scale_exponent(x: jax.Array) -> jax.Array:
-    """Per-row exponent e with max|x_row| < 2^e (0 for zero or non-finite rows), int32 (B,).
-
-    Read from the maximum's exponent bits (``jnp.frexp``'s exponent for every normal maximum:
-    m = f·2^e, f ∈ [1/2, 1)); a row whose maximum is 0, subnormal, inf or NaN gets 0 (no
-    scaling: a subnormal maximum is flushed by XLA:CPU in every product anyway, and the sums
-    of squares' floor 4(n+2)·tiny covers it elsewhere). About ten HLO operations where
-    ``jnp.frexp`` lowers to ~100 (compile time, issue 24).
-    """
+    """Per-row exponent e with max|x_row| < 2^e (0 for zero or non-finite rows), int32 (B,)."""
     m = jnp.max(jnp.abs(x.reshape(x.shape[0], -1)), axis=1)
-    info = jnp.finfo(m.dtype)
-    uint = {16: jnp.uint16, 32: jnp.uint32, 64: jnp.uint64}[info.bits]
-    top = (1 << info.nexp) - 1
-    biased = (jax.lax.bitcast_convert_type(m, uint) >> info.nmant) & jnp.asarray(top, uint)
-    biased = biased.astype(jnp.int32)
-    special = (biased == 0) | (biased == top)
-    return jnp.where(special, 0, biased - (int(info.maxexp) - 2)).astype(jnp.int32)
-
-
-def times_pow2_twice(x: jax.Array, s: jax.Array) -> jax.Array:
-    """``x_row · 2^{2·s_row}`` (``s`` int32 (B,)) by four products with exact powers of two.
-
-    :func:`ldexp_rows` by s, twice: exact where the entry and the result are normal; each
-    intermediate lies between x and the result, so it overflows (inf) or flushes (0) only
-    where the result does. ``s`` is clamped to ±lim, lim = 2·(emax − 2) (252 in float32):
-    x·2^{±2·lim} is already inf or 0 for every normal x, so the clamp changes no result.
-    """
-    lim = 2 * (int(jnp.finfo(x.dtype).maxexp) - 2)
-    s = jnp.clip(s.astype(jnp.int32), -lim, lim)
-    return ldexp_rows(ldexp_rows(x, s), s)
+    _, e = jnp.frexp(jnp.where(jnp.isfinite(m), m, jnp.zeros((), m.dtype)))
+    return e.astype(jnp.int32)
 
 
 def ldexp_rows(x: jax.Array, e: jax.Array) -> jax.Array:

@@ -53,27 +53,26 @@ and low-precision activations are converted first — never a dtype picked by it
   when T = 1 (sum dtype).
 
 Certified batch sum (issue 20; Casacuberta et al. 2022, CCS). The clipped sum over the batch
-never goes through one matrix product of unknown order over B·T rows (error γ_{BT}·Σ, B²·u·C in
-the worst case). T > 1 layers form each example's matrix; T = 1 layers contract groups of 32
-examples in one matrix product each (γ_32 per row), add 4 such products in order in plain float
-(γ_4) and merge them into a double-float accumulator in a scan (⌈B/128⌉ merges, added to the
-summation depth; ONE scan for all T = 1 layers of a call, issue 24); materialised layers and
-vmap leaves multiply per example and are added by the fixed-order double-float tree of
-:func:`dpjax.dp_sgd._certified.tree_sum` (leaves of ≤ 2¹⁶ entries per example share one tree
-over their concatenation: the same operations per coordinate); everything is rounded once.
-Embedding tables scatter each example's clipped segment sums (≤ one vector per example and
-table row, γ_m for m rows per call). C is multiplied by the public factor f = 1/(1 + 2·rel)
-covering all of it (:func:`dpjax.dp_sgd._certified.summation_shrink`, computed for the least
-precise output dtype): float32, dense T = 1, B = 256: f = 0.9989, 1024: 0.995, 4096: 0.981,
-32768: 0.856. Cost (2-core CPU, loaded, CPU time, issue 24): the certified sum of a 784×512
-layer at B = 1024 takes 21 ms against 8 ms for one plain matrix product (47 ms when the B/32
-partial sums were stacked in memory and added by a tree: their fresh pages cost more than the
-products); the MLP 784-512-512-10's clipped sum at B = 1024, 62 ms against 29 ms for its
-non-private gradient (124 ms before). Each merge's double-float carry is one packed complex
-array (:func:`dpjax.dp_sgd._certified.df_pack`): the m products and the merge are one
-elementwise pass instead of five (the same operations, bit for bit): the 784×512 layer's
-certified sum at B = 1024, 12 ms CPU time against 19 ms with two float carries (6 ms for the
-plain product).
+never goes through one matrix product of unknown order over B·T rows (error γ_{BT}·Σ, B²·u·C
+in the worst case). T > 1 layers form each example's matrix; T = 1 layers contract groups of
+32 examples in one matrix product each (γ_32 per row), add 4 such products in order in plain
+float (γ_4) and merge them into a double-float accumulator in a scan (⌈B/128⌉ merges, added
+to the summation depth); materialised layers and vmap leaves multiply per example and are
+added by the fixed-order double-float tree of :func:`dpjax.dp_sgd._certified.tree_sum` (leaves
+of ≤ 2¹⁶ entries per example share one tree over their concatenation: the same operations per
+coordinate); everything is rounded once. Embedding tables scatter each
+example's clipped segment sums (≤ one vector per example and table row, γ_m for m rows per
+call). C is multiplied by the public factor f = 1/(1 + 2·rel) covering all of it
+(:func:`dpjax.dp_sgd._certified.summation_shrink`, computed for the least precise output
+dtype): float32, dense T = 1, B = 256: f = 0.9989, 1024: 0.995, 4096: 0.981, 32768: 0.856.
+Cost (2-core CPU, loaded, CPU time, issue 24): the certified sum of a 784×512 layer at B = 1024
+takes 21 ms against 8 ms for one plain matrix product (47 ms when the B/32 partial sums were
+stacked in memory and added by a tree: their fresh pages cost more than the products); the
+MLP 784-512-512-10's clipped sum at B = 1024, 62 ms against 29 ms for its non-private gradient
+(124 ms before). Each merge's double-float carry is one packed complex array
+(:func:`dpjax.dp_sgd._certified.df_pack`): the m products and the merge are one elementwise
+pass instead of five (the same operations, bit for bit): the 784×512 layer's certified sum at
+B = 1024, 12 ms CPU time against 19 ms with two float carries (6 ms for the plain product).
 
 Mixed ghost clipping (Bu, Mao, Xu 2022, "Scalable and efficient training of large
 convolutional neural networks with differential privacy"): each T > 1 layer picks, from its
@@ -84,14 +83,12 @@ static shapes at trace time, the Gram trick (B·T²·(K+N) flops) or per-example
 Where this fast bound is loose by more than 1% on an example that is clipped (Gram cancellation:
 Σ_t a_t ≈ 0 with large a_t), or not finite, one batch-level ``lax.cond`` takes the accurate
 branch, and the examples whose own fast bound is loose (only those: each example's bound depends
-on its own data alone) take its bound: a and g scaled by powers of two per example (no
+on its own data alone) take its bounds: a and g scaled by powers of two per example (no
 intermediate overflow or underflow: ‖a‖² = inf with ‖aᵀg‖ finite no longer drops an example that
 vmap keeps), and Gram layers materialised one example at a time (``lax.map``, K·N memory). The
 sums are compiled once (dropped rows are zeroed before every contraction instead of retrying
 non-finite sums in a second branch). Both branches give certified bounds; the reported norms are
-the estimates (not U). The cond is built only where the accurate branch can change a bound
-(:func:`_retry_can_help`: not for T = 1 layers whose float64 sums of squares cannot overflow or
-underflow; issue 24, compile time).
+the estimates (not U).
 
 Formal guarantees:
     Same as the vmap path (:mod:`dpjax.dp_sgd.clipping`): every example's contribution to the
@@ -304,44 +301,10 @@ def _rank_one_bound(a: jax.Array, g: jax.Array, sum_dt: Any) -> _Bound:
     """T = 1: ``‖aᵀg‖ = ‖a‖‖g‖``; bound from the two sums of squares (γ_{K+2}, γ_{N+2})."""
     sa, sa_up = _certified.row_sq_norms(a, a.dtype)
     sg, sg_up = _certified.row_sq_norms(g, g.dtype)
-    return _rank_one_from_sums(sa, sa_up, sg, sg_up, sum_dt)
-
-
-def _rank_one_from_sums(sa, sa_up, sg, sg_up, sum_dt: Any) -> _Bound:
-    """:func:`_rank_one_bound` from ‖a‖², ‖g‖² and their upper bounds (the T = 1 contraction
-    of one example is one product per entry plus the groups' sums: γ_4, see the module)."""
     n2 = _certified.inflate(sa_up * sg_up, 0.0)
     nup = _certified.sqrt_up(n2)
-    upper = _certified.inflate(nup, _certified.gamma(4, sum_dt))
+    upper = _certified.inflate(nup, _certified.gamma(a.shape[1] + 3, sum_dt))
     return _Bound(sa * sg, n2, _certified.inflate(upper * upper, 0.0))
-
-
-# the accurate T = 1 bounds stack every a and g of a call (zero-padded to one width) when the
-# stack holds at most this many entries: 3 kernels instead of ~5 per layer (compile time)
-_STACK_BUDGET = 2**24
-
-
-def _rank_one_bounds_scaled(pairs: list, sum_dts: list) -> list:
-    """``_scaled(_rank_one_bound)`` of several T = 1 taps, their a and g reduced together.
-
-    Every a and g row is zero-padded to the widest W (zeros change neither the maximum nor
-    the sum of squares) and the P = 2·layers arrays are stacked: ONE maximum and ONE sum of
-    squares over (P·B, W). The bound of each sum uses n = W ≥ its own width (γ_{W+2} and the
-    floor 4(W+2)·tiny: larger, so still upper bounds); then as :func:`_scaled`.
-    """
-    b = pairs[0][0].shape[0]
-    parts = [x.reshape(b, -1) for pair in pairs for x in pair]
-    w = max(x.shape[1] for x in parts)
-    stack = jnp.concatenate([jnp.pad(x, ((0, 0), (0, w - x.shape[1]))) for x in parts])
-    e = _certified.scale_exponent(stack)
-    sq, up = _certified.row_sq_norms(_certified.ldexp_rows(stack, -e), stack.dtype)
-    sq, up, e = (v.reshape(len(parts), b) for v in (sq, up, e))
-    out = []
-    for i, sd in enumerate(sum_dts):
-        ia, ig = 2 * i, 2 * i + 1
-        inner = _rank_one_from_sums(sq[ia], up[ia], sq[ig], up[ig], sd)
-        out.append(_Bound(*(_certified.times_pow2_twice(x, e[ia] + e[ig]) for x in inner)))
-    return out
 
 
 def _row_norms_up(x: jax.Array) -> jax.Array:
@@ -471,7 +434,8 @@ def _scaled(bound_fn: Callable, a: jax.Array, g: jax.Array, sum_dt: Any) -> _Bou
     """
     ea, eg = _certified.scale_exponent(a), _certified.scale_exponent(g)
     inner = bound_fn(_certified.ldexp_rows(a, -ea), _certified.ldexp_rows(g, -eg), sum_dt)
-    return _Bound(*(_certified.times_pow2_twice(x, ea + eg) for x in inner))
+    e2 = 2 * (ea + eg)
+    return _Bound(*(jnp.ldexp(x, e2) for x in inner))
 
 
 def _weighted_rows(per_example: jax.Array, weights: jax.Array, keep: jax.Array) -> jax.Array:
@@ -541,72 +505,37 @@ def _dense_clipped_sum(a: jax.Array, g_scaled: jax.Array, keep: jax.Array, sanit
     """``Σ_i aᵢᵀ (sᵢ gᵢ)`` as a ``(K, N)`` double-float pair, in a controlled order.
 
     T = 1: groups of :data:`_T1_GROUP` examples, one product each, added in a double-float
-    scan (:func:`_rank_one_sums`). T > 1: every example's ``aᵢᵀ(sᵢgᵢ)`` formed on its own (a
-    contraction over its T positions, whose rounding the certified factor covers), then the
-    tree.
+    scan. T > 1: every example's ``aᵢᵀ(sᵢgᵢ)`` formed on its own (a contraction over its T
+    positions, whose rounding the certified factor covers), then the tree.
     """
-    if a.shape[1] > 1:
+    b, t, k = a.shape
+    if t > 1:
         return _per_example_stream(_row_where(keep, a) if sanitize else a, g_scaled)
-    return _rank_one_sums([(a, g_scaled)], keep, sanitize)[0]
-
-
-def _rank_one_sums(pairs: Sequence[tuple[jax.Array, jax.Array]], keep: jax.Array, sanitize: bool):
-    """:func:`_dense_clipped_sum` of every T = 1 layer of a call, in ONE scan.
-
-    All T = 1 layers of a call share the batch, the group size c, the merge count m and the
-    number of steps, so one ``lax.scan`` does every layer's group products and merges
-    (issue 24: compile time). Per layer and step, the m products of c examples are ONE
-    batched matrix product (batch axis m, no sliced copies of the operands), added in order
-    in plain float, and merged into the layer's packed double-float carry. Per coordinate
-    these are exactly the operations of a scan per layer with m separate products (the same
-    products, sums and merges in the same order; tested bit for bit). One flat carry for all
-    layers compiled no faster and ran up to 2× slower (the concatenation is a copy per step).
-
-    Args:
-        pairs: per layer ``(a (B, 1, K), g_scaled (B, 1, N))`` in the layer's sum dtype.
-        keep: ``(B,)`` bool; ``sanitize``: zero the activations of rows with ``keep`` False.
-
-    Returns:
-        One ``(hi, lo)`` pair of shape ``(K, N)`` per layer.
-    """
-    if not pairs:
-        return []
-    b = keep.shape[0]
     c, m = _group_size(b), _merge_size(b)
     pad = -b % (c * m)
+    a2, g2, keep2 = a.reshape(b, k), g_scaled.reshape(b, -1), keep
+    if pad:
+        a2 = jnp.pad(a2, ((0, pad), (0, 0)))
+        g2 = jnp.pad(g2, ((0, pad), (0, 0)))
+        keep2 = jnp.pad(keep, (0, pad))
     steps = (b + pad) // (c * m)
-
-    def rows(x: jax.Array) -> jax.Array:
-        x = x.reshape(b, -1)
-        x = jnp.pad(x, ((0, pad), (0, 0))) if pad else x
-        return x.reshape(steps, m, c, x.shape[1])
-
-    keep2 = jnp.pad(keep, (0, pad)) if pad else keep
-    xs = ([(rows(a), rows(g)) for a, g in pairs], keep2.reshape(steps, m, c))
+    n = g2.shape[1]
 
     def body(carry, chunk):
-        layers, keep_c = chunk
-        out = []
-        for z, (a_c, g_c) in zip(carry, layers, strict=True):
-            if sanitize:  # per chunk: no full copy of the activations
-                a_c = jnp.where(keep_c[..., None], a_c, jnp.zeros((), a_c.dtype))
-            # m products of c examples each (γ_c), added in order in plain float (γ_m): _pre_rel
-            prods = jnp.einsum("mck,mcn->mkn", a_c, g_c, precision=HIGHEST)
-            part = prods[0]
-            for j in range(1, m):
-                part = part + prods[j]
-            # the carry is one packed pair: the m sums and the merge are one elementwise pass
-            out.append(_certified.df_add_packed(z, part))
-        return out, None
+        a_c, g_c, keep_c = chunk
+        if sanitize:  # per chunk: no full copy of the activations
+            a_c = jnp.where(keep_c[..., None], a_c, jnp.zeros((), a_c.dtype))
+        # m products of c examples each (γ_c), added in order in plain float (γ_m): _pre_rel
+        part = jnp.dot(a_c[0].T, g_c[0], precision=HIGHEST)
+        for j in range(1, m):
+            part = part + jnp.dot(a_c[j].T, g_c[j], precision=HIGHEST)
+        # the carry is one packed pair: the m sums and the merge are one elementwise pass
+        return _certified.df_add_packed(carry, part), None
 
-    init = [
-        _certified.df_pack(
-            *_certified.df_zeros((a.shape[2], g.shape[2]), jnp.result_type(a.dtype, g.dtype))
-        )
-        for a, g in pairs
-    ]
-    out, _ = jax.lax.scan(body, init, xs)
-    return [_certified.df_unpack(z) for z in out]
+    dt = jnp.result_type(a2.dtype, g2.dtype)
+    xs = (a2.reshape(steps, m, c, k), g2.reshape(steps, m, c, n), keep2.reshape(steps, m, c))
+    out, _ = jax.lax.scan(body, _certified.df_pack(*_certified.df_zeros((k, n), dt)), xs)
+    return _certified.df_unpack(out)
 
 
 # T > 1: examples whose (K, N) matrices are formed at once (≤ this many entries in memory); the
@@ -793,22 +722,13 @@ def _tap_bounds(
     taps: Sequence[DenseTap | EmbeddingTap], dense: list, sum_dts: list, accurate: bool
 ) -> list:
     """One :class:`_Bound` per non-materialised tap (fast or accurate formulas)."""
-    out: list[Any] = [None] * len(taps)
-    ones = [i for i, tap in enumerate(taps) if tap.t == 1]
-    b = dense[0][0].shape[0] if dense else 0
-    width = max((x.shape[-1] for i in ones for x in dense[i]), default=0)
-    if accurate and len(ones) > 1 and 2 * len(ones) * b * width <= _STACK_BUDGET:
-        stacked = _rank_one_bounds_scaled([dense[i] for i in ones], [sum_dts[i] for i in ones])
-        for i, bound in zip(ones, stacked, strict=True):
-            out[i] = bound
-    for i, (tap, (a, g), sd) in enumerate(zip(taps, dense, sum_dts, strict=True)):
-        if out[i] is not None:
-            continue
+    out = []
+    for tap, (a, g), sd in zip(taps, dense, sum_dts, strict=True):
         if tap.t == 1:
             fn = _rank_one_bound
         else:
             fn = _materialised_gram_bound if accurate else _gram_bound
-        out[i] = _scaled(fn, a, g, sd) if accurate else fn(a, g, sd)
+        out.append(_scaled(fn, a, g, sd) if accurate else fn(a, g, sd))
     return out
 
 
@@ -867,33 +787,27 @@ def _ghost_impl(loss_fn, nan_safe, params, batch, clip, mask):
         )
 
     bounds = ghost_bounds(False)
-    if (
-        bounds
-        and _ACCURATE_RETRY
-        and _retry_can_help([taps[j] for j in ghost_js], [raw[j] for j in ghost_js], wide)
-    ):
+    if bounds and _ACCURATE_RETRY:
         fast_total = _totals(bounds + fixed)
         loose = (~jnp.isfinite(fast_total.u2)) | (
             (fast_total.u2 > jnp.square(clip)) & (fast_total.n2 > _LOOSE * fast_total.sq)
         )
         retry = jnp.any(mask & loose)
+        fast = bounds
 
-        def accurate_where_loose() -> _Bound:
-            # Per example: the accurate bound only where THAT example's fast bound is loose.
-            # The batch-level cond only decides whether to compute it; every example's bound
+        def accurate_where_loose() -> list:
+            # Per example: the accurate bounds only where THAT example's fast bound is loose.
+            # The batch-level cond only decides whether to compute them; every example's bound
             # (hence its clip factor) depends on its own data alone. Taking the accurate
             # bounds for the whole batch let one example (an overflowing ‖a‖²) change how
             # hard every other example was clipped (review finding: 1.58·C with Gram layers).
-            accurate = _totals(ghost_bounds(True) + fixed)
-            return _Bound(
-                *(jnp.where(loose, a, f) for a, f in zip(accurate, fast_total, strict=True))
-            )
+            return [
+                _Bound(*(jnp.where(loose, x, y) for x, y in zip(acc, fst, strict=True)))
+                for acc, fst in zip(ghost_bounds(True), fast, strict=True)
+            ]
 
-        # the cond returns the totals, not every tap's bounds: the fast bounds then fuse
-        # into their total (compile time, issue 24)
-        total = jax.lax.cond(retry, accurate_where_loose, lambda: fast_total)
-    else:
-        total = _totals(bounds + fixed)
+        bounds = jax.lax.cond(retry, accurate_where_loose, lambda: fast)
+    total = _totals(bounds + fixed)
     norms = jnp.sqrt(total.sq)
     upper = _certified.sqrt_up(total.u2)
 
@@ -909,12 +823,6 @@ def _ghost_impl(loss_fn, nan_safe, params, batch, clip, mask):
     scale = _certified.certified_scale(upper, clip, eta)
     weights = jnp.where(keep, scale, jnp.zeros((), wide))
 
-    def scaled_pair(j: int) -> tuple[jax.Array, jax.Array]:
-        """Dense tap j's activations and clipped output gradients in its sum dtype."""
-        sd = tap_sd[j]
-        a, g = raw[j]
-        return a.astype(sd), _row_where(keep, g.astype(sd) * scale.astype(sd)[:, None, None])
-
     def clipped_sums(sanitize: bool) -> list:
         sums: list[Any] = [None] * len(p_leaves)
         # materialised layers and vmap leaves: weighted rows, added by shared trees below
@@ -923,24 +831,12 @@ def _ghost_impl(loss_fn, nan_safe, params, batch, clip, mask):
             _weighted_rows(g, weights.astype(sd), keep)
             for g, sd in zip(g_other, other_sd, strict=True)
         ]
-        rank_one = [
-            j for j, tap in enumerate(taps) if j not in layer and j not in segs and tap.t == 1
-        ]
         trees = _tree_sums(tree_rows)
-        rank_one_total = dict(
-            zip(
-                rank_one,
-                _rank_one_sums([scaled_pair(j) for j in rank_one], keep, sanitize),
-                strict=True,
-            )
-        )
         layer_total = dict(zip(layer, trees[: len(layer)], strict=True))
         for i, total in zip(other, trees[len(layer) :], strict=True):
             sums[i] = total
         for j, tap in enumerate(taps):
-            if j in rank_one:
-                total = rank_one_total[j]
-            elif j in layer:
+            if j in layer:
                 total = layer_total[j]
             elif j in segs:
                 seg_scaled = _row_where(keep, segs[j] * weights[:, None, None])
@@ -951,7 +847,10 @@ def _ghost_impl(loss_fn, nan_safe, params, batch, clip, mask):
                 sums[tap.leaf] = (table, jnp.zeros((), table.dtype))
                 continue
             else:
-                total = _dense_clipped_sum(*scaled_pair(j), keep, sanitize)
+                sd = tap_sd[j]
+                a, g = raw[j]
+                g_scaled = _row_where(keep, g.astype(sd) * scale.astype(sd)[:, None, None])
+                total = _dense_clipped_sum(a.astype(sd), g_scaled, keep, sanitize)
             sums[tap.leaf] = _to_weight_layout(tap, total)
         return sums
 
@@ -966,33 +865,6 @@ def _ghost_impl(loss_fn, nan_safe, params, batch, clip, mask):
         jax.tree.unflatten(p_tree, [x[1] for x in sums]),
     )
     return pairs, reported, num_nonfinite
-
-
-def _retry_can_help(taps: Sequence, raw: list, wide: Any) -> bool:
-    """Whether the accurate branch can give a ghost tap a better bound (then the cond is built).
-
-    A Gram tap (T > 1) can cancel; a T = 1 tap only where its sums of squares can overflow
-    or underflow in the wide dtype. They cannot in float64 when the tap's a and g have at
-    most 32 bits (or are integers): the nonzero squares lie in [2^-298, 2^256] (float32
-    subnormals to float32's max; 2^126 for int64), so ‖a‖²‖g‖² and its fast bound are finite
-    and within γ_{K+2} + γ_{N+2} + 4u of each other (a zero row has a zero bound): the retry
-    would recompute the same bound. Skipping it skips only compile time (issue 24); the fast
-    bound is certified either way.
-
-    Args:
-        taps: the ghost taps (not materialised, not embeddings); ``raw``: their ``(a, g)``
-            in the input dtypes; ``wide``: the dtype of the bounds.
-    """
-    if any(t.t > 1 for t in taps):
-        return True
-    if not taps or jnp.finfo(wide).bits <= 32:
-        return bool(taps)
-    narrow = [
-        not jnp.issubdtype(x.dtype, jnp.floating) or jnp.finfo(x.dtype).bits <= 32
-        for pair in raw
-        for x in pair
-    ]
-    return not all(narrow)
 
 
 def _out(param: Any) -> Any:
