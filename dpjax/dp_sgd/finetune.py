@@ -242,23 +242,48 @@ def lora_apply(
         a: A, shape (d_in, r).
         b: B, shape (r, d_out).
         x: inputs, shape (..., d_in).
-        alpha: the LoRA scale α > 0 (a public constant).
+        alpha: the LoRA scale α > 0, finite (a public constant).
 
     Returns:
         shape (..., d_out).
+
+    Raises:
+        ValueError: ``alpha`` not a finite number > 0 (NaN, 0 and negative values refused).
 
     Example:
         >>> w0, a, b = jnp.eye(2), jnp.ones((2, 1)), jnp.ones((1, 2))
         >>> lora_apply(w0, a, b, jnp.array([1.0, 2.0]), alpha=1.0).tolist()
         [4.0, 5.0]
     """
+    alpha = _lora_alpha(alpha)
     rank = jnp.shape(a)[-1]
     return x @ frozen_kernel + (x @ a) @ b * (alpha / rank)
 
 
+def _lora_alpha(alpha: Any) -> Any:
+    """α checked as a finite number > 0 (a traced α, inside your own jit, passes as is)."""
+    if alpha is None:
+        _validate.fail(
+            "alpha",
+            alpha,
+            "the LoRA scale α > 0 the adapters were trained with (the alpha given to "
+            "lora_dense / lora_apply; it is not stored in the parameters)",
+        )
+    if not _validate.is_concrete(alpha):
+        return alpha
+    return _validate.positive("alpha", alpha)
+
+
 def lora_dense(layer: dict, x: jax.Array, *, alpha: float = 1.0) -> jax.Array:
     """Apply a dense layer dict ``{"kernel", "bias"?, "lora_a"?, "lora_b"?}`` to ``x``:
-    ``x·kernel + bias``, plus :func:`lora_apply`'s adapter term when the layer has one."""
+    ``x·kernel + bias``, plus :func:`lora_apply`'s adapter term when the layer has one.
+
+    ``alpha`` (finite, > 0) is the LoRA scale; :func:`merge_lora` needs the same value.
+
+    Raises:
+        ValueError: ``alpha`` not a finite number > 0.
+    """
+    alpha = _lora_alpha(alpha)
     if "lora_a" in layer:
         y = lora_apply(layer["kernel"], layer["lora_a"], layer["lora_b"], x, alpha)
     else:
@@ -310,9 +335,32 @@ def add_lora(key: jax.Array, params: Any, rank: int, *, layers: Predicate | None
     return out
 
 
-def merge_lora(params: Any, *, alpha: float = 1.0) -> Any:
+def merge_lora(params: Any, *, alpha: float | None = None) -> Any:
     """Fold every adapter into its kernel: ``kernel + (α/r)·A·B`` (post-processing), and drop
-    ``lora_a``/``lora_b``: a plain dense model computing the same function."""
+    ``lora_a``/``lora_b``: a plain dense model computing the same function.
+
+    Args:
+        params: nested dicts with adapters (from :func:`add_lora`, trained).
+        alpha: REQUIRED, the α the adapters were trained with (the ``alpha`` of
+            :func:`lora_dense` / :func:`lora_apply`). The parameters do not record it, and a
+            merge at another α computes another function.
+
+    Returns:
+        The dict without adapters; ``lora_dense(merged[l], x)`` equals
+        ``lora_dense(params[l], x, alpha=alpha)`` up to float rounding.
+
+    Raises:
+        ValueError: ``alpha`` omitted, or not a finite number > 0.
+
+    Example:
+        >>> layer = {"kernel": jnp.eye(2), "lora_a": jnp.ones((2, 1)),
+        ...          "lora_b": jnp.ones((1, 2))}
+        >>> x = jnp.array([1.0, 2.0])
+        >>> merged = merge_lora({"l": layer}, alpha=4.0)["l"]
+        >>> lora_dense(merged, x).tolist(), lora_dense(layer, x, alpha=4.0).tolist()
+        ([13.0, 14.0], [13.0, 14.0])
+    """
+    alpha = _lora_alpha(alpha)
 
     def visit(node: Any) -> Any:
         if isinstance(node, dict) and "lora_a" in node:
