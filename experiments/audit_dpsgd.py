@@ -250,7 +250,6 @@ def one_run_records(key: jax.Array, *, confidence: float, claims=tuple(SIGMAS)) 
             num_canaries=m, input_canaries=inputs,
             input_score=lambda w, ex: -logistic_loss(w, ex), confidence=confidence,
             steps=STEPS, noise_multiplier=SIGMAS[claim], clipping="vmap",
-            require_refutable=False,  # a sanity report of correct runs (claims up to 8)
         )  # fmt: skip
         seconds = time.perf_counter() - start
         for threat, bound in (

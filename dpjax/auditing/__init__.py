@@ -28,7 +28,6 @@ from dpjax.auditing.estimators import (
     gdp_mu_from_rates,
     guesses_from_scores,
     one_run_epsilon_lower_bound,
-    one_run_max_epsilon_lower_bound,
     one_run_p_value,
 )
 from dpjax.auditing.harness import AuditResult, audit, audit_repeated, run_trials
@@ -53,7 +52,6 @@ __all__ = [
     "gdp_mu_from_rates",
     "guesses_from_scores",
     "one_run_epsilon_lower_bound",
-    "one_run_max_epsilon_lower_bound",
     "one_run_p_value",
     "porosity",
     "run_trials",

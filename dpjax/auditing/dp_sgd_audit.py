@@ -38,12 +38,10 @@ from dpjax.auditing.estimators import (
     EpsilonLowerBound,
     guesses_from_scores,
     one_run_epsilon_lower_bound,
-    one_run_max_epsilon_lower_bound,
 )
 from dpjax.dp_sgd.transforms import NoiseState
 
 __all__ = [
-    "AUTO_CANARIES",
     "CanaryRun",
     "RunAudit",
     "audit_run",
@@ -206,13 +204,7 @@ def with_noise_key(opt_state: Any, key_data: jax.Array) -> Any:
 
 def states_for_keys(state: Any, keys: jax.Array) -> Any:
     """Stack of :class:`~dpjax.dp_sgd.PrivateState` s, one per key, as ``make_private(key=k)``
-    would initialise them, from one ``init`` state.
-
-    The key derivation is ``make_private``'s own: ``noise_key, train_key = split(k)``; with
-    adaptive clipping the noise key is split once more into the gradient noise's and the
-    count noise's streams (:func:`dpjax.dp_sgd.adaptive_clip.split_noise_key`); with
-    ``noise=BandMF`` the correlated noise takes the noise key and the row-order record is
-    derived from ``k``. So the audited runs add the noises the real runs add.
+    would initialise them (``noise_key, train_key = split(k)``), from one ``init`` state.
 
     Args:
         state: the state of ``private.init(params)``.
@@ -224,35 +216,10 @@ def states_for_keys(state: Any, keys: jax.Array) -> Any:
 
     def one(k):
         noise_key, train_key = jax.random.split(k)
-        opt = _rekeyed_opt_state(state.opt_state, noise_key, k)
+        opt = with_noise_key(state.opt_state, jax.random.key_data(noise_key))
         return state._replace(key=jax.random.key_data(train_key), opt_state=opt)
 
     return jax.vmap(one)(keys)
-
-
-def _rekeyed_opt_state(opt_state: Any, noise_key: jax.Array, run_key: jax.Array) -> Any:
-    """``make_private``'s optimizer state of the run with key ``run_key`` (noise key
-    ``noise_key``), from the state of another run of the same object."""
-    from dpjax.dp_sgd import adaptive_clip  # noqa: PLC0415
-    from dpjax.dp_sgd.matrix_factorization import row_order  # noqa: PLC0415
-    from dpjax.dp_sgd.matrix_factorization.streaming import CorrelatedNoiseState  # noqa: PLC0415
-
-    data = jax.random.key_data
-    head = opt_state[0] if isinstance(opt_state, tuple) and opt_state else None
-    if isinstance(head, adaptive_clip.AdaptiveClipState):
-        gradient_key, count_key = adaptive_clip.split_noise_key(noise_key)
-        count_noise = head.count_noise._replace(
-            key=jnp.asarray(data(count_key), head.count_noise.key.dtype)
-        )
-        rest = with_noise_key(tuple(opt_state[1:]), data(gradient_key))
-        return (head._replace(count_noise=count_noise), *rest)
-    if isinstance(head, CorrelatedNoiseState):
-        record = head.row_order
-        if record is not None:
-            record = row_order.init_row_order(run_key)
-        first = head._replace(key=jnp.asarray(data(noise_key), head.key.dtype), row_order=record)
-        return (first, *opt_state[1:])
-    return with_noise_key(opt_state, data(noise_key))
 
 
 class CanaryRun:
@@ -282,20 +249,9 @@ def canary_updates(
         chunk: runs per vmapped batch (memory).
 
     Returns:
-        A :class:`CanaryRun`: x_t = −Δθ_canary·(q·n)/C per step and canary (C_t, the
-        step's clip norm, under adaptive clipping), and θ_T.
+        A :class:`CanaryRun`: x_t = −Δθ_canary·(q·n)/C per step and canary, and θ_T.
     """
     return canary_updates_many(private, params, [data], [keys], steps=steps, chunk=chunk)[0]
-
-
-def _units_of_clip_norm(private: Any, state: Any) -> Any:
-    """q·n / C of the step about to run on ``state``: C_t (the state's) under adaptive
-    clipping, where the step releases the noisy sum in units of C_t times C_t / (q·n)."""
-    from dpjax.dp_sgd.adaptive_clip import AdaptiveClipState  # noqa: PLC0415
-
-    head = state.opt_state[0] if isinstance(state.opt_state, tuple) else None
-    clip = head.clip_norm if isinstance(head, AdaptiveClipState) else private.l2_clip_norm
-    return private.expected_batch_size / clip
 
 
 def canary_updates_many(
@@ -308,15 +264,14 @@ def canary_updates_many(
     ``keys[i]`` (all keys distinct, so the runs are independent).
     """
     steps = private.steps if steps is None else _validate.positive_int("steps", steps)
+    scale = private.expected_batch_size / private.l2_clip_norm
     state = private.init(params)
 
     def one_run(s, data):
         def body(carry, _):
             p, st = carry
             p_next, st_next, _ = private.step(p, st, data)
-            delta_canary = p_next["canary"] - p["canary"]
-            scale = jnp.asarray(_units_of_clip_norm(private, st), delta_canary.dtype)
-            x = -delta_canary * scale
+            x = -(p_next["canary"] - p["canary"]) * scale
             return (p_next, st_next), x
 
         (p_final, _), xs = jax.lax.scan(body, (params, s), None, length=steps)
@@ -351,10 +306,6 @@ class RunAudit:
         params: the trained model parameters (the canaries' parameters removed).
         canaries: m, the number of gradient canaries.
         noise_multiplier: σ of the run; sampling_rate: q; steps: T.
-        guesses: k, the white-box IN guesses (and as many OUT guesses).
-        max_epsilon_lower_bound: the largest white-box ε_LB this configuration (canaries,
-            guesses, δ, confidence) can report, every guess right
-            (:func:`~dpjax.auditing.estimators.one_run_max_epsilon_lower_bound`).
     """
 
     claimed_epsilon: float
@@ -366,25 +317,11 @@ class RunAudit:
     noise_multiplier: float
     sampling_rate: float
     steps: int
-    guesses: int
-    max_epsilon_lower_bound: float
 
     @property
     def ratio(self) -> float:
         """White-box ε_LB / claimed ε."""
         return self.white_box.epsilon / self.claimed_epsilon
-
-    @property
-    def can_refute(self) -> bool:
-        """Whether this audit could refute the claim: its largest ε_LB exceeds the claim."""
-        return self.max_epsilon_lower_bound > self.claimed_epsilon
-
-
-#: canary counts :func:`audit_run` tries, in order, when ``num_canaries`` and ``guesses`` are
-#: left at their defaults (guesses m/20 each way): the first whose largest ε_LB exceeds the
-#: claim is used. 8000 Dirac canaries hold an (n + 8000) × 8000 gradient table (≈ 256 MB in
-#: float32): pass ``num_canaries`` to go further.
-AUTO_CANARIES = (1000, 2000, 4000, 8000)
 
 
 def audit_run(
@@ -397,12 +334,11 @@ def audit_run(
     l2_clip_norm: float,
     batch_size: int,
     delta: float,
-    num_canaries: int | None = None,
+    num_canaries: int = 1000,
     guesses: int | None = None,
     input_canaries: Any = None,
     input_score: Callable[[Any, Any], jax.Array] | None = None,
     confidence: float = 0.95,
-    require_refutable: bool = True,
     **make_private_kwargs: Any,
 ) -> RunAudit:
     r"""Audit ONE ``make_private`` training run with canaries (Steinke, Nasr, Jagielski 2023).
@@ -416,57 +352,36 @@ def audit_run(
     correct guesses gives ε_LB (:func:`~dpjax.auditing.one_run_epsilon_lower_bound`). Input
     canaries are scored by ``input_score(final_model_params, example)`` (black box).
 
-    An audit with m canaries and 2k guesses can never report more than the ε_LB of 2k right
-    guesses (:func:`~dpjax.auditing.estimators.one_run_max_epsilon_lower_bound`; 3.465 for
-    1000 canaries, 50 + 50 guesses, δ = 10⁻⁵, 95 %): it cannot refute a larger claim. Every
-    argument is checked, and the claim and this largest bound are computed, BEFORE any
-    training: with ``num_canaries`` and ``guesses`` left at their defaults the first m of
-    :data:`AUTO_CANARIES` (guesses m/20 each way) whose largest bound exceeds the claim is
-    used; an audit that still cannot exceed the claim is refused unless
-    ``require_refutable=False`` (then it runs and reports ``can_refute=False``).
-
     Args:
         loss_fn: the loss of ONE example, as for :func:`dpjax.make_private`.
         params: initial model parameters.
         data: the training data (pytree, leading axis n).
         key: PRNG key of the audit (canary inclusion and the run's key).
         optimizer: the optax optimizer of the model (the canary parameters get SGD).
-        l2_clip_norm: C, or an :class:`~dpjax.dp_sgd.AdaptiveClip` (the canaries' gradients
-            are then sized to its C_0; a canary is clipped while C_t ≤ 2·C_0).
+        l2_clip_norm: C.
         batch_size: expected batch size over the n + m (+ m_x) rows.
         delta: δ of the claim.
-        num_canaries: m ≥ 1 gradient canaries (default: the first of :data:`AUTO_CANARIES`
-            that can refute the claim).
-        guesses: IN and OUT guesses each, in [1, m/2] (default max(1, m // 20)); fixed before
-            the run.
+        num_canaries: m ≥ 1 gradient canaries.
+        guesses: IN and OUT guesses each (default max(1, m // 20)); fixed before the run.
         input_canaries: optional pytree of m_x input-space examples (leading axis m_x).
         input_score: ``input_score(model_params, example) -> scalar``, large = the example was
             trained on (e.g. minus its loss); required with ``input_canaries``.
-        confidence: confidence of each bound, in (0, 1).
-        require_refutable: refuse (default) an audit whose largest white-box ε_LB does not
-            exceed the claimed ε; False runs it anyway (a sanity check, not a test).
+        confidence: confidence of each bound.
         **make_private_kwargs: the rest of :func:`dpjax.make_private` (``steps`` or
             ``epochs``, ``noise_multiplier`` or ``target_epsilon``, ``clipping``, ...).
 
     Returns:
-        A :class:`RunAudit` (ε_LB next to the claimed ε and the largest reachable ε_LB, the
-        trained parameters).
+        A :class:`RunAudit` (ε_LB next to the claimed ε, the trained parameters).
 
     Raises:
-        ValueError: a bad argument (named, with its valid range), all before any training:
-            ``confidence`` outside (0, 1), σ = 0 (``noise_multiplier``: nothing to audit), or
-            (with ``require_refutable``) a claim the audit cannot refute, naming
-            ``num_canaries`` (or ``guesses`` when only the guesses were given).
+        ValueError: a bad argument (named, with its valid range).
 
     Formal guarantees:
-        Steinke, Nasr, Jagielski 2023 ("Privacy auditing with one (1) training run",
-        https://arxiv.org/abs/2305.08846), Theorem 3.1: if the run is (ε, δ)-DP under
-        add/remove of one record, the bound exceeds ε with probability ≤ 1 − confidence. An
-        excluded canary is a row that contributes 0, the zero-out neighbour make_private
-        accounts. The run's state is built with make_private's own key derivation
-        (:func:`states_for_keys`): the audited noises are the real run's. ε_LB ≤ ε is
-        evidence, not proof, of a correct implementation; ε_LB > claimed ε refutes the claim,
-        which is possible only when ``max_epsilon_lower_bound`` > claimed ε.
+        Steinke, Nasr, Jagielski 2023 ("Privacy auditing with one (1) training run"),
+        Theorem 3.1: if the run is (ε, δ)-DP under add/remove of one record, the bound exceeds
+        ε with probability ≤ 1 − confidence. An excluded canary is a row that contributes 0,
+        the zero-out neighbour make_private accounts. ε_LB ≤ ε is evidence, not proof, of a
+        correct implementation; ε_LB > claimed ε refutes the claim.
 
     Example:
         >>> import jax, jax.numpy as jnp, optax
@@ -474,50 +389,34 @@ def audit_run(
         >>> loss_fn = lambda w, ex: 0.5 * (ex["x"] @ w - ex["y"]) ** 2
         >>> result = audit_run(loss_fn, jnp.zeros(3), {"x": x, "y": x[:, 0]},
         ...     key=jax.random.key(0), optimizer=optax.sgd(0.1), l2_clip_norm=1.0,
-        ...     batch_size=150, delta=1e-5, num_canaries=100, guesses=50, steps=10,
-        ...     noise_multiplier=4.0, accounting="rdp")
-        >>> result.can_refute, result.white_box.epsilon <= result.claimed_epsilon
-        (True, True)
+        ...     batch_size=150, delta=1e-5, num_canaries=100, steps=10, noise_multiplier=1.0,
+        ...     accounting="rdp")
+        >>> result.white_box.epsilon <= result.claimed_epsilon
+        True
     """
     from dpjax.dp_sgd.private import make_private
 
-    confidence = _validate.in_range("confidence", confidence, 0.0, 1.0, low_inclusive=False)
-    delta = _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
+    m = _validate.positive_int("num_canaries", num_canaries)
+    k = max(1, m // 20) if guesses is None else _validate.positive_int("guesses", guesses)
+    if 2 * k > m:
+        _validate.fail("guesses", guesses, f"in [1, num_canaries/2 = {m // 2}]")
     if (input_canaries is None) != (input_score is None):
         _validate.fail("input_score", input_score, "given exactly when input_canaries is")
-    m_x = 0 if input_canaries is None else jnp.shape(jax.tree.leaves(input_canaries)[0])[0]
-    leaves = jax.tree.leaves(data)
-    if not leaves or any(jnp.ndim(x) < 1 for x in leaves):
-        _validate.fail("data", data, "a pytree of arrays with leading axis n >= 1")
-    n = jnp.shape(leaves[0])[0]
-    common = dict(l2_clip_norm=l2_clip_norm, batch_size=batch_size, delta=delta)
-
-    def claim_for(m: int) -> tuple[float, float]:
-        private = make_private(
-            loss_fn, optimizer=optimizer, dataset_size=n + m + m_x,
-            key=jax.random.key(0), **common, **make_private_kwargs,
-        )  # fmt: skip
-        if not private.noise_multiplier > 0.0:
-            _validate.fail(
-                "noise_multiplier", private.noise_multiplier, "> 0 (σ = 0 is not private)"
-            )
-        return private.epsilon(private.steps), private.noise_multiplier
-
-    m, k, claimed, max_lb = _audit_size(num_canaries, guesses, m_x, delta, confidence, claim_for)
-    if require_refutable and not max_lb > claimed:
-        _refuse_unrefutable(num_canaries, guesses, m, k, claimed, max_lb)
     k_incl, k_input, k_run = jax.random.split(key, 3)
     included = np.asarray(jax.random.bernoulli(k_incl, 0.5, (m,)))
-    x_included = None
+    m_x, x_included = 0, None
     if input_canaries is not None:
+        m_x = jnp.shape(jax.tree.leaves(input_canaries)[0])[0]
         x_included = np.asarray(jax.random.bernoulli(k_input, 0.5, (m_x,)))
     loss, wrapped_params, wrapped_data = add_gradient_canaries(
-        loss_fn, params, data, included, l2_clip_norm=_canary_clip_norm(l2_clip_norm),
+        loss_fn, params, data, included, l2_clip_norm=l2_clip_norm,
         input_examples=input_canaries, input_included=x_included,
     )  # fmt: skip
+    n_rows = jnp.shape(jax.tree.leaves(wrapped_data)[0])[0]
     private = make_private(
-        loss, optimizer=canary_optimizer(optimizer), dataset_size=n + m + m_x, key=k_run,
-        **common, **make_private_kwargs,
+        loss, optimizer=canary_optimizer(optimizer), l2_clip_norm=l2_clip_norm,
+        dataset_size=n_rows, batch_size=batch_size, delta=delta, key=k_run,
+        **make_private_kwargs,
     )  # fmt: skip
     run = canary_updates(private, wrapped_params, wrapped_data, k_run[None])
     scores = gradient_canary_llr(
@@ -542,56 +441,6 @@ def audit_run(
         noise_multiplier=private.noise_multiplier,
         sampling_rate=private.sampling_rate,
         steps=private.steps,
-        guesses=k,
-        max_epsilon_lower_bound=max_lb,
-    )
-
-
-def _canary_clip_norm(l2_clip_norm: Any) -> Any:
-    """The C the Dirac canaries are sized to: C, or C_0 of an adaptive clipping config."""
-    from dpjax.dp_sgd.adaptive_clip import AdaptiveClip  # noqa: PLC0415
-
-    return l2_clip_norm.initial if isinstance(l2_clip_norm, AdaptiveClip) else l2_clip_norm
-
-
-def _checked_size(num_canaries: Any, guesses: Any) -> tuple[int, int]:
-    """(m, k) of a user-given canary count and guesses (k defaults to max(1, m // 20))."""
-    m = _validate.positive_int("num_canaries", num_canaries)
-    k = max(1, m // 20) if guesses is None else _validate.positive_int("guesses", guesses)
-    if 2 * k > m:
-        _validate.fail("guesses", guesses, f"in [1, num_canaries/2 = {m // 2}]")
-    return m, k
-
-
-def _audit_size(num_canaries, guesses, m_x, delta, confidence, claim_for):
-    """(m, k, claimed ε, largest ε_LB): the user's size, or the first of AUTO_CANARIES
-    whose largest ε_LB exceeds the claim (the last one if none does)."""
-    if num_canaries is None and guesses is None:
-        sizes = [(m, max(1, m // 20)) for m in AUTO_CANARIES]
-    else:
-        sizes = [_checked_size(AUTO_CANARIES[0] if num_canaries is None else num_canaries,
-                               guesses)]  # fmt: skip
-    for m, k in sizes:
-        claimed, _ = claim_for(m)
-        max_lb = one_run_max_epsilon_lower_bound(
-            m=m + m_x, guesses=2 * k, delta=delta, confidence=confidence
-        )
-        if max_lb > claimed:
-            break
-    return m, k, claimed, max_lb
-
-
-def _refuse_unrefutable(num_canaries, guesses, m, k, claimed, max_lb) -> None:
-    name, value = ("guesses", guesses) if num_canaries is None else ("num_canaries", num_canaries)
-    if num_canaries is None and guesses is None:
-        name, value = "num_canaries", f"None (tried up to {m})"
-    _validate.fail(
-        name,
-        value,
-        f"a size whose largest one-run ε lower bound exceeds the claimed ε = {claimed:.4g}: "
-        f"{m} canaries with {k} IN and {k} OUT guesses reach at most {max_lb:.4g} even with "
-        "every guess right, so this audit cannot refute the claim (more canaries or guesses, "
-        "or require_refutable=False to run it as a sanity check, not a test)",
     )
 
 

@@ -58,7 +58,6 @@ __all__ = [
     "gdp_epsilon_lower_bound",
     "one_run_p_value",
     "one_run_epsilon_lower_bound",
-    "one_run_max_epsilon_lower_bound",
     "guesses_from_scores",
 ]
 
@@ -482,8 +481,23 @@ def one_run_epsilon_lower_bound(
     m = t.size if m is None else _validate.positive_int("m", m)
     r = int(np.count_nonzero(g))
     v = int(np.count_nonzero((g > 0) & t) + np.count_nonzero((g < 0) & ~t))
+    p = 1.0 - confidence
+
+    def rejected(eps: float) -> bool:
+        return one_run_p_value(m, r, v, eps, delta) < p
+
+    if r == 0 or not rejected(0.0):
+        eps = 0.0
+    else:
+        lo, hi = 0.0, 1.0
+        while rejected(hi) and hi < 1e3:
+            lo, hi = hi, 2.0 * hi
+        for _ in range(60):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if rejected(mid) else (lo, mid)
+        eps = lo
     return EpsilonLowerBound(
-        epsilon=_one_run_bound_from_counts(m, r, v, delta, confidence),
+        epsilon=float(eps),
         confidence=confidence,
         method="one_run",
         delta=float(delta),
@@ -491,63 +505,3 @@ def one_run_epsilon_lower_bound(
         fnr=None,
         n_eval=r,
     )
-
-
-def _one_run_bound_from_counts(m: int, r: int, v: int, delta: float, confidence: float) -> float:
-    """The largest ε whose one-run p-value for v correct of r guesses is < 1 − confidence."""
-    p = 1.0 - confidence
-
-    def rejected(eps: float) -> bool:
-        return one_run_p_value(m, r, v, eps, delta) < p
-
-    if r == 0 or not rejected(0.0):
-        return 0.0
-    lo, hi = 0.0, 1.0
-    while rejected(hi) and hi < 1e3:
-        lo, hi = hi, 2.0 * hi
-    for _ in range(60):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if rejected(mid) else (lo, mid)
-    return float(lo)
-
-
-def one_run_max_epsilon_lower_bound(
-    *, m: int, guesses: int, delta: float = 0.0, confidence: float = 0.95
-) -> float:
-    r"""The largest ε_LB a one-run audit with m canaries and r guesses can ever report.
-
-    :func:`one_run_epsilon_lower_bound` is increasing in the number v of correct guesses, so
-    its maximum is its value at v = r (every guess right). A claim ε above this value cannot
-    be refuted by such an audit, whatever the run does (a run with NO noise included): size
-    the audit (more canaries, more guesses) until it exceeds the claim before calling it a
-    test of the claim.
-
-    Args:
-        m: number of canaries (the m of the p-value: every canary, guessed or not).
-        guesses: r, the number of IN and OUT guesses together, 1 ≤ r ≤ m.
-        delta: δ of the claim, in [0, 1).
-        confidence: the confidence of the bound, in (0, 1).
-
-    Returns:
-        The ε_LB of r correct guesses out of r.
-
-    Raises:
-        ValueError: ``m`` or ``guesses`` not a positive int, ``guesses`` > ``m``, ``delta``
-            or ``confidence`` out of range.
-
-    Formal guarantees:
-        Steinke, Nasr, Jagielski 2023, "Privacy auditing with one (1) training run"
-        (NeurIPS, https://arxiv.org/abs/2305.08846), Theorem 3.1: the p-value P[W ≥ v] is
-        non-increasing in v, so no outcome of the audit gives a larger bound than v = r.
-
-    Example:
-        >>> round(one_run_max_epsilon_lower_bound(m=1000, guesses=100, delta=1e-5), 3)
-        3.465
-    """
-    m = _validate.positive_int("m", m)
-    r = _validate.positive_int("guesses", guesses)
-    if r > m:
-        _validate.fail("guesses", guesses, f"in [1, m = {m}]")
-    delta = _validate.delta("delta", delta)
-    confidence = _validate.in_range("confidence", confidence, 0.0, 1.0, low_inclusive=False)
-    return _one_run_bound_from_counts(m, r, r, delta, confidence)

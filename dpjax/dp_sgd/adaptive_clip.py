@@ -77,7 +77,6 @@ __all__ = [
     "effective_noise_multiplier",
     "init_adaptive_clip",
     "next_clip_norm",
-    "split_noise_key",
 ]
 
 #: log C_t is kept in [−LOG_CLIP_LIMIT, LOG_CLIP_LIMIT] (finite, positive and normal in
@@ -296,18 +295,6 @@ def next_clip_norm(
 # ----------------------------------------------------------------------------- make_private
 
 
-def split_noise_key(key: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """``(gradient_noise_key, count_noise_key)``: the two independent key streams of an
-    adaptive run, derived from its noise key (the one ``make_private`` gives the noise).
-
-    Everything that rebuilds an adaptive run's state from a key (e.g. the run audits of
-    :mod:`dpjax.auditing.dp_sgd_audit`) must use this derivation: the count and the gradient
-    noise are two independent Gaussians only when their keys differ.
-    """
-    gradient_key, count_key = jax.random.split(key)
-    return gradient_key, count_key
-
-
 def resolve_clip(l2_clip_norm: Any) -> float | AdaptiveClip:
     """``make_private``'s ``l2_clip_norm``: a positive float or a validated AdaptiveClip."""
     if isinstance(l2_clip_norm, AdaptiveClip):
@@ -360,7 +347,7 @@ class AdaptiveUpdate:
         )
         self.normalizer = float(normalizer)
         self.impl = jax.random.key_impl(key)
-        noise_key, self._count_key = split_noise_key(key)
+        noise_key, self._count_key = jax.random.split(key)
         self.noise = add_gaussian_noise(self.gradient_noise_multiplier, key=noise_key)
         self.optimizer = optimizer
 
