@@ -75,15 +75,123 @@ def tree_noise_like(key: jax.Array, tree: Any, sampler: Sampler) -> Any:
 
 def _add_scaled(tree: Any, noise: Any, scale: Any) -> Any:
     """``tree + scale * noise`` leaf by leaf, added in the noise's wide dtype, then cast to the
-    leaf's floating dtype (post-processing of the wide release)."""
+    leaf's floating dtype (post-processing of the wide release).
+
+    No leaf is rounded BEFORE the noise (:func:`exact_sum_with_noise`): a float64 or wide
+    integer value that the noise dtype cannot hold exactly is added on the host in float64
+    (eager calls), clamped 1-Lipschitz into the exact range (traced integers), or refused
+    (a constant of that kind closed over inside ``jit``).
+    """
 
     def add(leaf: Any, z: jax.Array) -> jax.Array:
-        out_dtype = float_dtype_of(leaf)
         check_scale_representable(scale, z.dtype)
-        wide = jnp.asarray(leaf).astype(z.dtype)
-        return (wide + jnp.asarray(scale).astype(z.dtype) * z).astype(out_dtype)
+        return exact_sum_with_noise(leaf, z, scale)
 
     return jax.tree.map(add, tree, noise)
+
+
+def _host_dtype(leaf: Any) -> np.dtype | None:
+    """The dtype a concrete host value really has (Python float → float64, int → int64)."""
+    if isinstance(leaf, bool | np.bool_):
+        return np.dtype(bool)
+    if isinstance(leaf, int):
+        return np.dtype(np.int64)
+    if isinstance(leaf, float):
+        return np.dtype(np.float64)
+    if isinstance(leaf, np.ndarray | np.generic):
+        return leaf.dtype
+    return None
+
+
+def exact_in(dtype: Any, target: Any) -> bool:
+    """Whether every value of ``dtype`` is exactly representable in the float dtype ``target``.
+
+    float16/bfloat16/float32 → float32: yes; float64 → float32: no; an integer dtype: when its
+    magnitude range fits the target's significand (int8/int16 into float32; int32 into float64).
+    """
+    dtype, target = np.dtype(dtype), np.dtype(target)
+    if dtype == np.bool_:
+        return True
+    nmant = int(jnp.finfo(target).nmant) + 1  # significand bits, the implicit one included
+    if np.issubdtype(dtype, np.integer):
+        return np.iinfo(dtype).bits - int(np.issubdtype(dtype, np.signedinteger)) <= nmant
+    if np.issubdtype(dtype, np.floating) or dtype.name == "bfloat16":
+        info = jnp.finfo(dtype)
+        return int(info.nmant) + 1 <= nmant and float(info.max) <= float(jnp.finfo(target).max)
+    return False
+
+
+def _host_sum(values: np.ndarray, noise: jax.Array, out_dtype: Any) -> jax.Array:
+    """fl_out(v + noise) with v in float64 on the host: one rounding, after the noise."""
+    if np.issubdtype(values.dtype, np.integer) and values.size:
+        if np.max(np.abs(values.astype(np.float64))) > 2.0**53:
+            _validate.fail(
+                "value",
+                "an integer beyond 2**53 in magnitude",
+                "integers that float64 holds exactly (|v| <= 2**53); rescale the statistic",
+            )
+    wide = values.astype(np.float64) + np.asarray(noise, np.float64)
+    return jnp.asarray(wide.astype(np.dtype(out_dtype)))
+
+
+def _integer_clamp_limit(target: Any) -> int:
+    """2^p for a float dtype with p significand bits: every integer in [−2^p, 2^p] is exact."""
+    return 2 ** (int(jnp.finfo(target).nmant) + 1)
+
+
+def exact_sum_with_noise(leaf: Any, z: jax.Array, scale: Any) -> jax.Array:
+    r"""``leaf + scale·z`` with the leaf never rounded before the noise is added.
+
+    The release is fl_out(v + s·z): a rounding of the sum (post-processing). Casting the
+    value to the noise dtype first, fl(v) + s·z, would widen the sensitivity: float64
+    16 777 218 and 16 777 219 are 1 apart but 2 apart in float32. The cases, by dtype:
+
+    * the leaf's dtype is exact in ``z.dtype`` (float32 and narrower floats, int8/int16, bool,
+      float64 under x64): added in ``z.dtype`` as before;
+    * a concrete value (numpy or Python float/int, or a concrete JAX integer array) that
+      ``z.dtype`` cannot hold exactly, with concrete noise (an eager call): added on the host in
+      float64, then rounded once to the output dtype. Integers beyond 2^53 in magnitude, which
+      float64 cannot hold, raise ``ValueError`` naming ``value``;
+    * a TRACED integer leaf whose range exceeds the noise dtype's exact integers (int32 under
+      float32): clamped to [−2^24, 2^24] (float32) before the cast. Clamping is 1-Lipschitz, so
+      the sensitivity is unchanged, and every clamped integer is exact in float32;
+    * a concrete value of that kind closed over inside ``jit`` (the noise is traced): used as
+      is when ``z.dtype`` holds it exactly (e.g. the Python float 3.0), else refused with
+      ``ValueError`` naming ``value`` (pass it as an argument, so that its rounding is part of
+      the caller's query, call the mechanism eagerly, or enable ``jax_enable_x64``).
+
+    Under ``jit``, an argument arrives already in its JAX dtype (float64 → float32 when x64 is
+    off): that rounding happens in JAX before dpjax sees the value, and the stated sensitivity
+    must hold for the rounded query.
+    """
+    out_dtype = float_dtype_of(leaf)
+    host = _host_dtype(leaf)
+    if host is None and _validate.is_concrete(leaf):
+        host = np.dtype(jnp.result_type(leaf)) if not exact_in(leaf.dtype, z.dtype) else None
+    if host is not None and not exact_in(host, z.dtype):
+        values = np.asarray(leaf)
+        noise = jnp.asarray(scale).astype(z.dtype) * z  # the noise s·z, as the device adds it
+        if _validate.is_concrete(noise):
+            return _host_sum(values, noise, out_dtype)
+        if not np.array_equal(values.astype(z.dtype).astype(values.dtype), values):
+            _validate.fail(
+                "value",
+                f"a {host.name} constant inside a traced function that "
+                f"{np.dtype(z.dtype).name} cannot hold exactly",
+                f"a value that {np.dtype(z.dtype).name} holds exactly: here the noise would be "
+                f"added after rounding the value to {np.dtype(z.dtype).name}, which can widen "
+                "the sensitivity; pass the value as an argument of the jitted function (it "
+                "then arrives in its JAX dtype and that rounding is part of your query), call "
+                "the mechanism outside jit, or enable jax_enable_x64",
+            )
+    x = jnp.asarray(leaf)
+    if jnp.issubdtype(x.dtype, jnp.integer) and not exact_in(x.dtype, z.dtype):
+        limit = _integer_clamp_limit(z.dtype)
+        lo = max(int(jnp.iinfo(x.dtype).min), -limit)
+        hi = min(int(jnp.iinfo(x.dtype).max), limit)
+        x = jnp.clip(x, lo, hi)
+    wide = x.astype(z.dtype)
+    return (wide + jnp.asarray(scale).astype(z.dtype) * z).astype(out_dtype)
 
 
 def check_scale_representable(scale: Any, dtype: Any) -> None:

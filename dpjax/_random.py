@@ -578,6 +578,11 @@ def os_key(impl: Any = None) -> jax.Array:
     Returns:
         A typed scalar key (``jax.random.key`` style). Keep it secret; never log it.
 
+    Raises:
+        ValueError: when called inside ``jax.jit`` or another trace: there the OS bytes are
+            read once, at compile time, and baked into the program as a constant, so every
+            call would reuse one key. Call ``os_key()`` outside and pass the key in.
+
     Example:
         >>> import jax
         >>> key = os_key()
@@ -587,7 +592,17 @@ def os_key(impl: Any = None) -> jax.Array:
     shape, dtype = _key_data_layout(impl, jax.config.jax_default_prng_impl)
     nbytes = np.dtype(dtype).itemsize * math.prod(shape)
     words = np.frombuffer(secrets.token_bytes(nbytes), dtype=dtype).reshape(shape)
-    return jax.random.wrap_key_data(words, impl=impl)
+    key = jax.random.wrap_key_data(words, impl=impl)
+    if isinstance(key, jax.core.Tracer):
+        raise ValueError(
+            "os_key must be called outside jax.jit (and other traced functions such as "
+            "jax.vmap, lax.scan bodies or a jitted training step): under a trace it runs once, "
+            "when the function is compiled, and its bytes become a constant of the compiled "
+            "program, so every call would release the SAME noise and the difference of two "
+            "releases would be noise-free. Draw the key outside and pass it in: "
+            "key = dpjax.os_key(); jitted_release(key, value)"
+        )
+    return key
 
 
 @functools.lru_cache(maxsize=32)

@@ -99,18 +99,27 @@ class LaplaceEvent(PrivacyEvent):
 
 @dataclasses.dataclass(frozen=True)
 class EpsilonDeltaEvent(PrivacyEvent):
-    """``count`` releases of a generic (ε, δ)-DP mechanism (only composition theorems apply)."""
+    """``count`` releases of a generic (ε, δ)-DP mechanism (only composition theorems apply).
+
+    ``privacy_unit`` is what one neighbour differs in, as for
+    :class:`PoissonSampledGaussianEvent`: ``"example"`` (default) or ``"user:<fingerprint>"``;
+    :meth:`dpjax.accounting.PrivacyAccountant.as_event` writes the unit of the run it
+    summarises, so a user-level run converted to (ε, δ) still refuses to compose with
+    example-level events.
+    """
 
     epsilon: float
     delta: float = 0.0
     count: int = 1
     relation: NeighbouringRelation = REPLACE_ONE
+    privacy_unit: str = EXAMPLE_UNIT
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self._coerce_float("epsilon", "delta")
         _validate.epsilon("epsilon", self.epsilon)
         _validate.delta("delta", self.delta)
+        _check_privacy_unit(self.privacy_unit)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,10 +160,7 @@ class PoissonSampledGaussianEvent(PrivacyEvent):
                 self.max_batch_size,
                 "given together with dataset_size (a padded sampler) or both None",
             )
-        if not isinstance(self.privacy_unit, str) or not (
-            self.privacy_unit == EXAMPLE_UNIT or self.privacy_unit.startswith("user:")
-        ):
-            _validate.fail("privacy_unit", self.privacy_unit, "'example' or 'user:<fingerprint>'")
+        _check_privacy_unit(self.privacy_unit)
         if self.dataset_size is not None:
             self._coerce_int("dataset_size", "max_batch_size")
             _validate.positive_int("dataset_size", self.dataset_size)
@@ -372,6 +378,11 @@ def count_is_additive(event: PrivacyEvent) -> bool:
     return not (isinstance(event, FixedBatchGaussianEvent) and event.sampling == "shuffle")
 
 
+def _check_privacy_unit(unit: Any) -> None:
+    if not isinstance(unit, str) or not (unit == EXAMPLE_UNIT or unit.startswith("user:")):
+        _validate.fail("privacy_unit", unit, "'example' or 'user:<fingerprint>'")
+
+
 def privacy_units(event: PrivacyEvent) -> frozenset[str]:
     """The privacy units of an event and of the events nested in it (``base_event``):
     ``{"example"}`` unless a user-level DP-SGD event says ``"user:<fingerprint>"``."""
@@ -437,7 +448,8 @@ def event_to_dict(event: PrivacyEvent) -> dict[str, Any]:
 
 #: Fields that records written before they existed lack (read as None: no padded sampler).
 _OPTIONAL_FIELDS = {
-    "PoissonSampledGaussianEvent": {"dataset_size", "max_batch_size", "privacy_unit"}
+    "PoissonSampledGaussianEvent": {"dataset_size", "max_batch_size", "privacy_unit"},
+    "EpsilonDeltaEvent": {"privacy_unit"},
 }
 
 

@@ -578,7 +578,9 @@ class PrivacyAccountant:
             accounting: as in :meth:`epsilon`.
 
         Returns:
-            An :class:`~dpjax.events.EpsilonDeltaEvent` with ``count=1``.
+            An :class:`~dpjax.events.EpsilonDeltaEvent` with ``count=1`` and the recorded
+            events' privacy unit (an accountant of user-level events gives a user-level event,
+            which an example-level accountant refuses).
 
         Raises:
             ValueError: nothing recorded, an infinite ε, a converted δ ≥ 1, or a conversion
@@ -599,7 +601,8 @@ class PrivacyAccountant:
             _validate.fail("delta", delta, f"small enough that the converted δ < 1 (got {dlt})")
         if eps == 0.0:
             _validate.fail("delta", delta, "a δ at which the accountant's ε is > 0")
-        return ev.EpsilonDeltaEvent(epsilon=eps, delta=dlt, relation=target)
+        (unit,) = set().union(*(ev.privacy_units(e) for e in self._events))
+        return ev.EpsilonDeltaEvent(epsilon=eps, delta=dlt, relation=target, privacy_unit=unit)
 
     def state_dict(self) -> dict[str, Any]:
         """The accountant as a plain dict of JSON-able values (save it with the training state).

@@ -22,6 +22,7 @@ from scipy import optimize, special
 from dpjax import _validate
 from dpjax import events as ev
 from dpjax.accounting.with_replacement import _pmf_delta
+from dpjax.relation import ADD_OR_REMOVE_ONE
 
 __all__ = [
     "gdp_delta",
@@ -150,6 +151,27 @@ def _events_and_vdi(events_or_accountant) -> tuple[list[ev.PrivacyEvent], float]
     return events, 1e-4
 
 
+def _has_truncated_analysis(event: ev.PrivacyEvent) -> bool:
+    """A padded-sampler event that dp-accounting analyses exactly (add/remove-one, PLD)."""
+    return (
+        isinstance(event, ev.PoissonSampledGaussianEvent)
+        and event.truncated
+        and event.relation is ADD_OR_REMOVE_ONE
+    )
+
+
+def _truncated_poisson_pld(event: ev.PoissonSampledGaussianEvent, vdi: float):
+    """The PLD of a padded Poisson sampler's ``count`` steps, by dp-accounting's analysis."""
+    import dp_accounting  # noqa: PLC0415 (heavy; only here)
+
+    from dpjax.accounting.tight import to_dp_event  # noqa: PLC0415
+
+    dp_event, relation = to_dp_event(event, method="pld")
+    accountant = dp_accounting.pld.PLDAccountant(relation, value_discretization_interval=vdi)
+    accountant.compose(dp_event)
+    return accountant._pld  # noqa: SLF001 (no public accessor)
+
+
 def tradeoff_curve(
     events: Sequence[ev.PrivacyEvent] | ev.PrivacyEvent | object,
     alphas,
@@ -166,7 +188,14 @@ def tradeoff_curve(
         δ(ε) is the PLD's (pessimistic: an upper bound on the true profile, both directions)
         of the composition, as :class:`dpjax.accounting.PrivacyAccountant` computes it; the
         supremum over a finite grid of ε only lowers β. So every test of the composition at
-        type-I error α has type-II error ≥ the returned β(α).
+        type-I error α has type-II error ≥ the returned β(α). A padded sampler's events
+        (``max_batch_size``) under add/remove-one are analysed as truncated Poisson sampling by
+        dp-accounting's ``TruncatedSubsampledGaussianDpEvent`` (its PLD; the same truncation
+        rule as :class:`dpjax.dp_sgd.PoissonSampler`); under replace-one they are evaluated
+        untruncated and pay the truncation slack δ(ε) + (1 + e^ε)·Σ count·p̄ at every ε, as
+        the accountant does (:func:`dpjax.accounting.truncation_slack`). The events pass the
+        accountant's checks: one neighbouring relation and one privacy unit (example or
+        user), else ``ValueError``.
 
     Args:
         events: events (or one event) under one relation, or a ``PrivacyAccountant``.
@@ -177,20 +206,30 @@ def tradeoff_curve(
         β, same shape as ``alphas``.
 
     Raises:
-        ValueError: events that PLD cannot account (e.g. private selection).
+        ValueError: events that PLD cannot account (e.g. private selection), events of
+            different relations (replace-one with add/remove-one) or privacy units.
 
     Example:
         >>> beta = tradeoff_curve(ev.GaussianEvent(noise_multiplier=1.0), [0.05, 0.5])
         >>> [round(float(b), 3) for b in beta]  # 1-GDP: G_1(α) = [0.7405, 0.1587]
         [0.74, 0.159]
     """
-    from dpjax.accounting.accountant import composed_pld  # noqa: PLC0415 (cycle)
+    from dpjax.accounting.accountant import PrivacyAccountant, composed_pld  # noqa: PLC0415
+    from dpjax.accounting.tight import _overflow_mass, _untruncated  # noqa: PLC0415
 
     event_list, vdi = _events_and_vdi(events)
+    PrivacyAccountant(event_list)  # the accountant's checks: one relation, one privacy unit
     alpha = np.asarray(alphas, dtype=np.float64)
     if alpha.size and (np.any(~np.isfinite(alpha)) or alpha.min() < 0.0 or alpha.max() > 1.0):
         _validate.fail("alphas", alphas, "values in [0, 1]")
-    pld = composed_pld(event_list, vdi)
+    exact = [e for e in event_list if _has_truncated_analysis(e)]
+    rest = [e for e in event_list if not _has_truncated_analysis(e)]
+    overflow_mass = _overflow_mass(rest)  # padded samplers without dp-accounting's analysis
+    plds = [composed_pld(_untruncated(rest), vdi)] if rest else []
+    plds += [_truncated_poisson_pld(e, vdi) for e in exact]
+    pld = plds[0]
+    for other in plds[1:]:
+        pld = pld.compose(other)
     if epsilons is None:
         top = max(float(pld.get_epsilon_for_delta(1e-12)), 1e-3)
         grid = np.linspace(0.0, top, 4000)
@@ -201,6 +240,9 @@ def tradeoff_curve(
         _pmf_delta(pld._pmf_remove, grid),  # noqa: SLF001 (no public accessor)
         _pmf_delta(pld._pmf_add, grid),  # noqa: SLF001
     )
+    if overflow_mass > 0.0:  # a padded sampler's truncation slack, as the accountant pays it
+        with np.errstate(over="ignore"):
+            deltas = deltas + (1.0 + np.exp(grid)) * overflow_mass
     a = alpha.reshape(-1, 1)
     e, d = grid.reshape(1, -1), deltas.reshape(1, -1)
     first = 1.0 - d - np.exp(e) * a

@@ -28,6 +28,7 @@ from dpjax.auditing.estimators import (
     gdp_mu_from_rates,
     guesses_from_scores,
     one_run_epsilon_lower_bound,
+    one_run_max_epsilon,
     one_run_p_value,
 )
 from dpjax.auditing.harness import AuditResult, audit, audit_repeated, run_trials
@@ -52,6 +53,7 @@ __all__ = [
     "gdp_mu_from_rates",
     "guesses_from_scores",
     "one_run_epsilon_lower_bound",
+    "one_run_max_epsilon",
     "one_run_p_value",
     "porosity",
     "run_trials",

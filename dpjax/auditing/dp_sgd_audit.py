@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -38,7 +39,9 @@ from dpjax.auditing.estimators import (
     EpsilonLowerBound,
     guesses_from_scores,
     one_run_epsilon_lower_bound,
+    one_run_max_epsilon,
 )
+from dpjax.dp_sgd.adaptive_clip import AdaptiveClipState
 from dpjax.dp_sgd.transforms import NoiseState
 
 __all__ = [
@@ -216,10 +219,26 @@ def states_for_keys(state: Any, keys: jax.Array) -> Any:
 
     def one(k):
         noise_key, train_key = jax.random.split(k)
-        opt = with_noise_key(state.opt_state, jax.random.key_data(noise_key))
+        opt = _rekeyed_opt_state(state.opt_state, noise_key)
         return state._replace(key=jax.random.key_data(train_key), opt_state=opt)
 
     return jax.vmap(one)(keys)
+
+
+def _rekeyed_opt_state(opt_state: Any, noise_key: jax.Array) -> Any:
+    """``opt_state`` with the noise keys ``make_private`` derives from ``noise_key``.
+
+    Adaptive clipping splits ``noise_key`` into the gradient noise's key and the count noise's
+    key (:class:`~dpjax.dp_sgd.adaptive_clip.AdaptiveUpdate`): giving both the same key, as
+    :func:`with_noise_key` would, makes the two noises equal and audits another mechanism.
+    """
+    if isinstance(opt_state, tuple) and opt_state and isinstance(opt_state[0], AdaptiveClipState):
+        grad_key, count_key = jax.random.split(noise_key)
+        clip, noise_state, rest = opt_state
+        count = with_noise_key(clip.count_noise, jax.random.key_data(count_key))
+        noise_state = with_noise_key(noise_state, jax.random.key_data(grad_key))
+        return (clip._replace(count_noise=count), noise_state, rest)
+    return with_noise_key(opt_state, jax.random.key_data(noise_key))
 
 
 class CanaryRun:
@@ -306,6 +325,8 @@ class RunAudit:
         params: the trained model parameters (the canaries' parameters removed).
         canaries: m, the number of gradient canaries.
         noise_multiplier: σ of the run; sampling_rate: q; steps: T.
+        max_epsilon: the largest white-box ε_LB this configuration (m, guesses, δ,
+            confidence) can report, every guess correct (:func:`one_run_max_epsilon`).
     """
 
     claimed_epsilon: float
@@ -317,11 +338,21 @@ class RunAudit:
     noise_multiplier: float
     sampling_rate: float
     steps: int
+    max_epsilon: float = float("inf")
 
     @property
     def ratio(self) -> float:
         """White-box ε_LB / claimed ε."""
         return self.white_box.epsilon / self.claimed_epsilon
+
+    @property
+    def can_refute(self) -> bool:
+        """Whether this audit could refute the claim at all (``max_epsilon`` > claimed ε).
+
+        When False, ε_LB ≤ claimed ε holds whatever the run does: the audit is not a test of
+        the claim (a σ/2 bug at a claimed ε of 8.3 passes every time with the defaults).
+        """
+        return self.max_epsilon > self.claimed_epsilon
 
 
 def audit_run(
@@ -402,6 +433,14 @@ def audit_run(
         _validate.fail("guesses", guesses, f"in [1, num_canaries/2 = {m // 2}]")
     if (input_canaries is None) != (input_score is None):
         _validate.fail("input_score", input_score, "given exactly when input_canaries is")
+    # Every argument is checked before the (long) training run.
+    delta = _validate.delta("delta", delta)
+    confidence = _validate.in_range("confidence", confidence, 0.0, 1.0, low_inclusive=False)
+    if confidence >= 1.0:
+        _validate.fail("confidence", confidence, "in (0, 1)")
+    sigma = make_private_kwargs.get("noise_multiplier")
+    if sigma is not None:
+        _validate.positive("noise_multiplier", sigma)
     k_incl, k_input, k_run = jax.random.split(key, 3)
     included = np.asarray(jax.random.bernoulli(k_incl, 0.5, (m,)))
     m_x, x_included = 0, None
@@ -418,6 +457,18 @@ def audit_run(
         dataset_size=n_rows, batch_size=batch_size, delta=delta, key=k_run,
         **make_private_kwargs,
     )  # fmt: skip
+    claimed = private.epsilon(private.steps)
+    reachable = one_run_max_epsilon(m=m + m_x, guesses=2 * k, delta=delta, confidence=confidence)
+    if reachable <= claimed:
+        warnings.warn(
+            f"this audit cannot refute the claimed epsilon {claimed:.3g}: with num_canaries="
+            f"{m} and guesses={k} (+{k} OUT) at delta={delta:g} the one-run bound reaches at most "
+            f"{reachable:.3g} even if every guess is right. Use more canaries and guesses "
+            "(auditing.one_run_max_epsilon sizes them) or read the result as a smoke test, "
+            "not a test of the claim (RunAudit.can_refute is False).",
+            UserWarning,
+            stacklevel=2,
+        )
     run = canary_updates(private, wrapped_params, wrapped_data, k_run[None])
     scores = gradient_canary_llr(
         np.moveaxis(run.observations[0], 0, -1),
@@ -432,7 +483,7 @@ def audit_run(
         kx = max(1, m_x // 20) if guesses is None else min(k, m_x // 2)
         black = _one_run_bound(np.asarray(s), x_included, kx, m + m_x, delta, confidence)
     return RunAudit(
-        claimed_epsilon=private.epsilon(private.steps),
+        claimed_epsilon=claimed,
         delta=delta,
         white_box=white,
         black_box=black,
@@ -441,6 +492,7 @@ def audit_run(
         noise_multiplier=private.noise_multiplier,
         sampling_rate=private.sampling_rate,
         steps=private.steps,
+        max_epsilon=reachable,
     )
 
 

@@ -452,6 +452,40 @@ def guesses_from_scores(scores, *, k_in: int, k_out: int) -> np.ndarray:
     return guesses
 
 
+def one_run_max_epsilon(
+    *, m: int, guesses: int, delta: float = 0.0, confidence: float = 0.95
+) -> float:
+    """The largest ε_LB a one-run audit can ever report: every one of its guesses correct.
+
+    With m canaries, r = ``guesses`` guesses, δ and the confidence fixed, the bound of
+    :func:`one_run_epsilon_lower_bound` is increasing in the number of correct guesses, so
+    v = r gives its maximum. An audit whose maximum is at or below a claimed ε cannot refute
+    that claim, whatever the implementation does (1 000 canaries, 50 + 50 guesses and
+    δ = 10⁻⁵ reach at most about 3.47): size m and the guesses from this before the run.
+
+    Args:
+        m: number of canaries.
+        guesses: r, the total number of IN and OUT guesses (1 ≤ r ≤ m).
+        delta: δ of the claim, in [0, 1).
+        confidence: confidence of the bound.
+
+    Returns:
+        The ε_LB with all r guesses correct.
+
+    Example:
+        >>> round(one_run_max_epsilon(m=1000, guesses=100, delta=1e-5), 2)
+        3.47
+    """
+    m = _validate.positive_int("m", m)
+    r = _validate.positive_int("guesses", guesses)
+    if r > m:
+        _validate.fail("guesses", guesses, f"at most m = {m}")
+    g = np.ones(r, dtype=np.int64)
+    return one_run_epsilon_lower_bound(
+        g, np.ones(r, dtype=bool), m=m, delta=delta, confidence=confidence
+    ).epsilon
+
+
 def one_run_epsilon_lower_bound(
     guesses, truths, *, m: int | None = None, delta: float = 0.0, confidence: float = 0.95
 ) -> EpsilonLowerBound:

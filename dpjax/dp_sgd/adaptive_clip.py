@@ -9,8 +9,9 @@ the per-example norms by a geometric update driven by a NOISY count of the uncli
            C_{t+1} = C_t \exp(-η (b̃_t - γ)),
 
 normalised by the PUBLIC expected batch size q·n (never the realised one: it differs between
-neighbours). The count is released centred: each real example adds exactly ±1/2, so under
-add/remove-one the released count moves by exactly 1/2 (padding rows add 0). The budget is
+neighbours). The count is released centred: each real example adds ±1/2 (a zero gradient,
+the zero-out row that stands for a removed record, adds 0), so under add/remove-one and under
+zero-out the released count moves by at most 1/2 (padding rows add 0). The budget is
 split (their Theorem 1): the user's noise multiplier σ is what the accountant records; the
 clipped gradient sum gets σ_Δ = (σ⁻² − (2σ_b)⁻²)^(−1/2) (:func:`effective_noise_multiplier`),
 which needs σ_b > σ/2.
@@ -43,10 +44,11 @@ gradient transform's σ_Δ (``event_for`` of a ``dp_sgd_optimizer`` built with �
 
 Formal guarantees:
     One step releases (S′ + N(0, σ_Δ² I), c + N(0, σ_b²)) with S′ the clipped sum in units of
-    C_t (ℓ2 sensitivity 1 under add/remove-one, certified in floating point) and c the centred
-    unclipped count (sensitivity exactly 1/2: an integer-valued half count, exact in float32
-    for batches below 2²⁴ rows). Rescaling the count coordinate by σ_Δ/σ_b, this is one
-    Gaussian mechanism with noise σ_Δ and joint ℓ2 sensitivity √(1 + (σ_Δ/(2σ_b))²), i.e.
+    C_t (ℓ2 sensitivity 1 under add/remove-one and zero-out, certified in floating point) and c
+    the centred unclipped count (each row adds −1/2, 0 or +1/2, a zero-gradient row 0, so the
+    sensitivity is 1/2 under add/remove-one and under zero-out: an integer-valued half count,
+    exact in float32 for batches below 2²⁴ rows). Rescaling the count coordinate by σ_Δ/σ_b,
+    this is one Gaussian mechanism with noise σ_Δ and joint ℓ2 sensitivity √(1 + (σ_Δ/(2σ_b))²), i.e.
     noise multiplier (σ_Δ⁻² + (2σ_b)⁻²)^(−1/2) = σ (Andrew et al. 2021, Theorem 1). With
     Poisson sampling at rate q, T steps are accounted exactly as DP-SGD with noise
     multiplier σ: ``PoissonSampledGaussianEvent(σ, q, count=T)`` (Abadi et al. 2016; lecture on
@@ -210,10 +212,14 @@ def accounted_noise_multiplier(
 
 
 def centred_unclipped_count(norms: jax.Array, mask: jax.Array, clip_norm: Any) -> jax.Array:
-    """Σ_i mask_i·(1[‖g_i‖ ≤ C] − 1/2) as float32, exact (an integer over 2).
+    """Σ_i mask_i·s_i as float32, exact (an integer over 2), with s_i ∈ {−1/2, 0, +1/2}.
 
-    Each real row adds exactly +1/2 or −1/2 (a NaN norm counts as clipped), padding adds 0, so
-    adding or removing one record moves it by exactly 1/2.
+    s_i = +1/2 for 0 < ‖g_i‖ ≤ C (unclipped), −1/2 for ‖g_i‖ > C or a NaN norm (clipped), and
+    0 for a zero gradient ‖g_i‖ = 0, the row that stands for a removed record (the "zero-out"
+    neighbour ``make_private`` accounts: a row that contributes 0). Padding adds 0. So adding,
+    removing or zeroing out one record moves the count by at most 1/2: a zero row that counted
+    as unclipped (+1/2) where the record counted as clipped (−1/2) moved it by 1, twice the
+    accounted sensitivity.
 
     Args:
         norms: (B,) per-example norms (e.g. ``ClippingInfo.per_example_norms``).
@@ -223,8 +229,9 @@ def centred_unclipped_count(norms: jax.Array, mask: jax.Array, clip_norm: Any) -
     Returns:
         float32 scalar.
     """
-    unclipped = mask & (norms <= jnp.asarray(clip_norm, norms.dtype))
-    twice = 2 * jnp.sum(unclipped, dtype=jnp.int32) - jnp.sum(mask, dtype=jnp.int32)
+    counted = mask & (norms != jnp.zeros((), norms.dtype))  # NaN != 0: counted (as clipped)
+    unclipped = counted & (norms <= jnp.asarray(clip_norm, norms.dtype))
+    twice = 2 * jnp.sum(unclipped, dtype=jnp.int32) - jnp.sum(counted, dtype=jnp.int32)
     return twice.astype(jnp.float32) * jnp.float32(0.5)
 
 

@@ -174,6 +174,15 @@ def _clip_norm_of(clipped_grad: Any, l2_clip_norm: float | None) -> float:
     bound = getattr(clipped_grad, "l2_norm_bound", None)
     if not isinstance(bound, float) or not callable(getattr(clipped_grad, "sensitivity", None)):
         _validate.fail("clipped_grad", clipped_grad, "a function built by dpjax.clipped_grad")
+    if getattr(clipped_grad, "nan_safe", True) is False:
+        _validate.fail(
+            "nan_safe",
+            False,
+            "True in the clipped_grad given to a DP optimizer: with nan_safe=False one example "
+            "with a NaN/inf gradient makes the noisy sum NaN, which reveals that the example "
+            "was in the batch with certainty while the run is accounted as usual "
+            "(nan_safe=False is for inspecting clipped sums, never for releasing them)",
+        )
     if l2_clip_norm is not None and float(l2_clip_norm) != bound:
         _validate.fail(
             "l2_clip_norm",
@@ -219,7 +228,8 @@ def dp_sgd_optimizer(
 
     Raises:
         ValueError: negative σ, non-positive normaliser, neither ``clipped_grad`` nor
-            ``l2_clip_norm``, an ``l2_clip_norm`` different from ``clipped_grad``'s, or (at
+            ``l2_clip_norm``, an ``l2_clip_norm`` different from ``clipped_grad``'s, a
+            ``clipped_grad`` built with ``nan_safe=False`` (named ``nan_safe``), or (at
             init/update) a wrapping ``optax.MultiSteps``, ``optax.masked`` or
             ``optax.multi_transform``; at update, a tree or shapes other than ``params``'
             (with ``params`` omitted: other than those given to ``init`` in this process; and

@@ -32,6 +32,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from dpjax import _validate
 from dpjax._noise import float_dtype_of
@@ -59,13 +60,17 @@ def _check_granularity(granularity: float) -> float:
     return float(granularity)
 
 
-def grid_sensitivity(sensitivity: float, granularity: float, num_coordinates: int = 1) -> float:
+def grid_sensitivity(
+    sensitivity: float, granularity: float, num_coordinates: int = 1, *, on_grid: bool = False
+) -> float:
     r"""Δ_g = g(⌊Δ₁/g⌋ + d): the ℓ1 sensitivity of f rounded to the grid gℤ, d coordinates.
 
     Args:
         sensitivity: ℓ1 sensitivity Δ₁ of f (all coordinates together).
         granularity: g, a power of two.
         num_coordinates: d, the number of coordinates of f (1 for a scalar).
+        on_grid: f takes values on gℤ by its dtype (an integer query with g ≤ 1), so rounding
+            moves nothing: Δ_g = g·max(1, ⌊Δ₁/g⌋), without the d extra steps.
 
     Returns:
         Δ_g, a multiple of g.
@@ -87,11 +92,21 @@ def grid_sensitivity(sensitivity: float, granularity: float, num_coordinates: in
     _validate.positive("sensitivity", sensitivity)
     g = _check_granularity(granularity)
     d = _validate.positive_int("num_coordinates", num_coordinates)
+    if on_grid:
+        if g > 1.0:
+            _validate.fail("granularity", granularity, "at most 1 for a query on the grid")
+        # integer k, k′ with ‖k − k′‖₁ ≤ Δ₁/g: at most ⌊Δ₁/g⌋ (and one step at least).
+        return g * max(1.0, float(math.floor(float(sensitivity) / g)))
     return g * (math.floor(float(sensitivity) / g) + float(d))
 
 
 def discrete_laplace_rate(
-    *, sensitivity: float, epsilon: float, granularity: float, num_coordinates: int = 1
+    *,
+    sensitivity: float,
+    epsilon: float,
+    granularity: float,
+    num_coordinates: int = 1,
+    on_grid: bool = False,
 ) -> Fraction:
     r"""The rate a = S/T of the integer noise, P[K = k] ∝ e^{−a|k|}: ε g/Δ_g rounded DOWN.
 
@@ -100,6 +115,7 @@ def discrete_laplace_rate(
         epsilon: ε > 0.
         granularity: g, a power of two.
         num_coordinates: d, the number of coordinates of f.
+        on_grid: f is integer-valued by its dtype and g ≤ 1 (see :func:`grid_sensitivity`).
 
     Returns:
         a = ⌊(εg/Δ_g)·T⌋/T as a ``Fraction`` with T = 2^30 (T halved until S < 2^30 for
@@ -119,7 +135,7 @@ def discrete_laplace_rate(
         Fraction(1, 2)
     """
     _validate.epsilon("epsilon", epsilon)
-    delta_g = grid_sensitivity(sensitivity, granularity, num_coordinates)
+    delta_g = grid_sensitivity(sensitivity, granularity, num_coordinates, on_grid=on_grid)
     ideal = Fraction(float(epsilon)) * Fraction(float(granularity)) / Fraction(delta_g)
     if ideal > _MAX_RATE:
         _validate.fail(
@@ -140,7 +156,12 @@ def discrete_laplace_rate(
 
 
 def discrete_laplace_ratio(
-    *, sensitivity: float, epsilon: float, granularity: float, num_coordinates: int = 1
+    *,
+    sensitivity: float,
+    epsilon: float,
+    granularity: float,
+    num_coordinates: int = 1,
+    on_grid: bool = False,
 ) -> float:
     """r = e^{−a} (a of :func:`discrete_laplace_rate`): P[K = k] ∝ r^{|k|} for each coordinate."""
     rate = discrete_laplace_rate(
@@ -148,6 +169,7 @@ def discrete_laplace_ratio(
         epsilon=epsilon,
         granularity=granularity,
         num_coordinates=num_coordinates,
+        on_grid=on_grid,
     )
     return math.exp(-float(rate))
 
@@ -247,15 +269,69 @@ def discrete_laplace(
     dtype = float_dtype_of(value)
     _check_output_dtype(dtype, half, g)
     refuse_nonfinite("value", value)
-    x = jnp.asarray(value, dtype)
+    on_grid = _is_integer_query(value) and g <= 1.0
+    if _validate.is_concrete(value) and all(map(_validate.is_concrete, jax.tree.leaves(value))):
+        k_f = _host_grid_index(value, g=g, half=half)  # exact: float64 on the host, no cast
+    else:
+        k_f = _grid_index(_exact_traced(jnp.asarray(value), dtype, g=g, half=half), g=g, half=half)
     rate = discrete_laplace_rate(
-        sensitivity=sensitivity, epsilon=epsilon, granularity=g, num_coordinates=max(x.size, 1)
+        sensitivity=sensitivity,
+        epsilon=epsilon,
+        granularity=g,
+        num_coordinates=max(int(k_f.size), 1),
+        on_grid=on_grid,
     )
     proposal = LaplaceProposal(t=rate.denominator, s=rate.numerator, cap=2 * half + 1)
-    k_f = _grid_index(x, g=g, half=half)
-    noise, _ = integer_noise(key, jnp.shape(x), proposal)
+    noise, _ = integer_noise(key, jnp.shape(k_f), proposal)
     k_y = jnp.clip(k_f + noise, -half, half)
     return k_y.astype(dtype) * jnp.asarray(g, dtype)
+
+
+def _is_integer_query(value: Any) -> bool:
+    """Whether f's dtype makes it integer-valued (bool, Python/numpy/JAX integers)."""
+    if isinstance(value, bool | int | np.integer | np.bool_):
+        return True
+    dtype = getattr(value, "dtype", None)
+    return dtype is not None and (
+        np.issubdtype(np.dtype(dtype), np.integer) or np.dtype(dtype) == np.bool_
+    )
+
+
+def _host_grid_index(value: Any, *, g: float, half: int) -> jax.Array:
+    """k_f for a concrete value, in float64 on the host: clamp to ±half·g, then round.
+
+    The value is never rounded to a narrower float first: float64 2 097 153.4 and
+    2 097 152.6 (0.8 apart) round to float32 2 097 153.5 and 2 097 152.5, whose grid indices
+    at g = 1 are 2 apart instead of at most 1. (NaN cannot occur: concrete non-finite input was
+    refused.) Integers are exact in float64 up to 2^53; beyond that the clamp to ±half·g
+    (≤ 2^22·g) is applied to a monotone rounding, which gives the same index.
+    """
+    x = np.asarray(value).astype(np.float64)
+    limit = half * g
+    k = np.clip(np.round(np.clip(x, -limit, limit) / g), -half, half)
+    return jnp.asarray(k.astype(np.int32))
+
+
+def _exact_traced(x: jax.Array, dtype: Any, *, g: float, half: int) -> jax.Array:
+    """A traced value cast to ``dtype`` with no rounding that matters for the grid index.
+
+    Integers are clamped to ±⌊half·g⌋ in integer arithmetic BEFORE the cast, so every value
+    that reaches the float dtype is exact in it (refused when ⌊half·g⌋ itself is not: a
+    rounding to a float and then to the grid could cost one more grid step than Δ_g pays).
+    """
+    if not jnp.issubdtype(x.dtype, jnp.integer):
+        return x.astype(dtype)
+    limit = math.floor(half * g)
+    if limit > exact_dtype_limit(noise_dtype(dtype)):
+        _validate.fail(
+            "bound",
+            f"{half}·granularity for a traced integer value",
+            f"at most {exact_dtype_limit(noise_dtype(dtype))} (integers above it are rounded "
+            "when cast to a float before the grid index): lower the bound, or call the "
+            "mechanism eagerly (concrete values are indexed exactly in float64)",
+        )
+    x = x.astype(jnp.int32) if jnp.iinfo(x.dtype).bits < 32 else x
+    return jnp.clip(x, -limit, limit).astype(dtype)
 
 
 def _grid_index(x: jax.Array, *, g: float, half: int) -> jax.Array:
