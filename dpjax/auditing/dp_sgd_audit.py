@@ -219,25 +219,40 @@ def states_for_keys(state: Any, keys: jax.Array) -> Any:
 
     def one(k):
         noise_key, train_key = jax.random.split(k)
-        opt = _rekeyed_opt_state(state.opt_state, noise_key)
+        opt = _rekeyed_opt_state(state.opt_state, noise_key, k)
         return state._replace(key=jax.random.key_data(train_key), opt_state=opt)
 
     return jax.vmap(one)(keys)
 
 
-def _rekeyed_opt_state(opt_state: Any, noise_key: jax.Array) -> Any:
-    """``opt_state`` with the noise keys ``make_private`` derives from ``noise_key``.
+def _rekeyed_opt_state(opt_state: Any, noise_key: jax.Array, run_key: jax.Array) -> Any:
+    """``opt_state`` with the noise keys ``make_private(key=run_key)`` derives from its
+    ``noise_key``.
 
     Adaptive clipping splits ``noise_key`` into the gradient noise's key and the count noise's
     key (:class:`~dpjax.dp_sgd.adaptive_clip.AdaptiveUpdate`): giving both the same key, as
     :func:`with_noise_key` would, makes the two noises equal and audits another mechanism.
+    ``noise=BandMF`` keeps its key in a
+    :class:`~dpjax.dp_sgd.matrix_factorization.streaming.CorrelatedNoiseState` (which
+    :func:`with_noise_key` does not see: every run would draw the same noise) and the record of
+    the data's row order, keyed by ``run_key``.
     """
-    if isinstance(opt_state, tuple) and opt_state and isinstance(opt_state[0], AdaptiveClipState):
+    from dpjax.dp_sgd.matrix_factorization import row_order  # noqa: PLC0415
+    from dpjax.dp_sgd.matrix_factorization.streaming import CorrelatedNoiseState  # noqa: PLC0415
+
+    head = opt_state[0] if isinstance(opt_state, tuple) and opt_state else None
+    if isinstance(head, AdaptiveClipState):
         grad_key, count_key = jax.random.split(noise_key)
         clip, noise_state, rest = opt_state
         count = with_noise_key(clip.count_noise, jax.random.key_data(count_key))
         noise_state = with_noise_key(noise_state, jax.random.key_data(grad_key))
         return (clip._replace(count_noise=count), noise_state, rest)
+    if isinstance(head, CorrelatedNoiseState):
+        key = jnp.asarray(jax.random.key_data(noise_key), head.key.dtype)
+        record = head.row_order
+        if record is not None:  # make_private's record: init_row_order(run key)
+            record = row_order.init_row_order(run_key)
+        return (head._replace(key=key, row_order=record), *opt_state[1:])
     return with_noise_key(opt_state, jax.random.key_data(noise_key))
 
 
@@ -268,9 +283,18 @@ def canary_updates(
         chunk: runs per vmapped batch (memory).
 
     Returns:
-        A :class:`CanaryRun`: x_t = −Δθ_canary·(q·n)/C per step and canary, and θ_T.
+        A :class:`CanaryRun`: x_t = −Δθ_canary·(q·n)/C per step and canary (C_t, the
+        step's clip norm, under adaptive clipping), and θ_T.
     """
     return canary_updates_many(private, params, [data], [keys], steps=steps, chunk=chunk)[0]
+
+
+def _units_of_clip_norm(private: Any, state: Any) -> Any:
+    """q·n / C of the step about to run on ``state``: C_t (the state's) under adaptive
+    clipping, where the step releases the noisy sum in units of C_t times C_t / (q·n)."""
+    head = state.opt_state[0] if isinstance(state.opt_state, tuple) else None
+    clip = head.clip_norm if isinstance(head, AdaptiveClipState) else private.l2_clip_norm
+    return private.expected_batch_size / clip
 
 
 def canary_updates_many(
@@ -283,14 +307,15 @@ def canary_updates_many(
     ``keys[i]`` (all keys distinct, so the runs are independent).
     """
     steps = private.steps if steps is None else _validate.positive_int("steps", steps)
-    scale = private.expected_batch_size / private.l2_clip_norm
     state = private.init(params)
 
     def one_run(s, data):
         def body(carry, _):
             p, st = carry
             p_next, st_next, _ = private.step(p, st, data)
-            x = -(p_next["canary"] - p["canary"]) * scale
+            delta_canary = p_next["canary"] - p["canary"]
+            scale = jnp.asarray(_units_of_clip_norm(private, st), delta_canary.dtype)
+            x = -delta_canary * scale
             return (p_next, st_next), x
 
         (p_final, _), xs = jax.lax.scan(body, (params, s), None, length=steps)
@@ -389,7 +414,8 @@ def audit_run(
         data: the training data (pytree, leading axis n).
         key: PRNG key of the audit (canary inclusion and the run's key).
         optimizer: the optax optimizer of the model (the canary parameters get SGD).
-        l2_clip_norm: C.
+        l2_clip_norm: C, or an :class:`~dpjax.dp_sgd.AdaptiveClip` (the canaries' gradients
+            are then sized to its C_0; a canary is clipped while C_t ≤ 2·C_0).
         batch_size: expected batch size over the n + m (+ m_x) rows.
         delta: δ of the claim.
         num_canaries: m ≥ 1 gradient canaries.
@@ -448,7 +474,7 @@ def audit_run(
         m_x = jnp.shape(jax.tree.leaves(input_canaries)[0])[0]
         x_included = np.asarray(jax.random.bernoulli(k_input, 0.5, (m_x,)))
     loss, wrapped_params, wrapped_data = add_gradient_canaries(
-        loss_fn, params, data, included, l2_clip_norm=l2_clip_norm,
+        loss_fn, params, data, included, l2_clip_norm=_canary_clip_norm(l2_clip_norm),
         input_examples=input_canaries, input_included=x_included,
     )  # fmt: skip
     n_rows = jnp.shape(jax.tree.leaves(wrapped_data)[0])[0]
@@ -494,6 +520,13 @@ def audit_run(
         steps=private.steps,
         max_epsilon=reachable,
     )
+
+
+def _canary_clip_norm(l2_clip_norm: Any) -> Any:
+    """The C the Dirac canaries are sized to: C, or C_0 of an adaptive clipping config."""
+    from dpjax.dp_sgd.adaptive_clip import AdaptiveClip  # noqa: PLC0415
+
+    return l2_clip_norm.initial if isinstance(l2_clip_norm, AdaptiveClip) else l2_clip_norm
 
 
 def _one_run_bound(scores, truths, k: int, m: int, delta: float, confidence: float):
