@@ -88,6 +88,8 @@ class DataParallelClippedGrad(ReadOnlyAfterInit):
         self.axis_name = axis_name
         self.l2_clip_norm = grad_fn.l2_clip_norm
         self.l2_norm_bound = grad_fn.l2_norm_bound
+        #: the wrapped function's non-finite rule (a DP optimizer refuses nan_safe=False)
+        self.nan_safe = grad_fn.nan_safe
         self._freeze()
 
     @property
