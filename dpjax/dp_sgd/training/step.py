@@ -76,10 +76,13 @@ class Stepping:
                 released. With ``noise=BandMF(b)``: ``data`` other than the rows of the
                 run's first step in the same order (a record's part is its row index mod b;
                 a keyed digest in the secret state records them; NaN under your own
-                ``jax.jit``), or a state without that record.
+                ``jax.jit``), a state without that record, or a state at the end of the
+                plan (its ``steps`` noise rows used: a further step has none; NaN under your
+                own ``jax.jit``).
         """
         self._check_plan(state)
         self._check_data(data)
+        self._refuse_past_strategy(state)
         digest = None
         if self.noise is not None:  # banded MF: the rows must keep the first step's order
             record = _row_order.record_of(state.opt_state)
@@ -108,6 +111,23 @@ class Stepping:
         ok = ok & jnp.all(tail == jnp.asarray(row[ext:]))
 
         return _void_unless(ok, released)
+
+    def _refuse_past_strategy(self, state: Any) -> None:
+        """BandMF: refuse (host-side) a step from a state whose noise has used every row of the
+        n = ``steps`` factorization (a step past it has no noise row: NaN under ``jit``)."""
+        opt_state = _as_private_state(state).opt_state
+        if self.noise is None or not isinstance(opt_state, tuple) or not opt_state:
+            return
+        count = getattr(opt_state[0], "count", None)
+        if count is None or not _validate.is_concrete(count) or int(count) < self.steps:
+            return
+        _validate.fail(
+            "state",
+            f"a state after {int(count)} steps of this BandMF plan",
+            f"a state before the end of the plan (steps={self.steps}): the factorization has "
+            "n = steps rows and a step past it has no noise row (it would return NaN); plan "
+            "more steps in make_private",
+        )
 
     def _check_plan(self, state: Any) -> None:
         """Refuse a state whose current phase is not this object's plan (host-side).
