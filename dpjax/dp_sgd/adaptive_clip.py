@@ -48,8 +48,9 @@ Formal guarantees:
     the centred unclipped count (each row adds −1/2, 0 or +1/2, a zero-gradient row 0, so the
     sensitivity is 1/2 under add/remove-one and under zero-out: an integer-valued half count,
     exact in float32 for batches below 2²⁴ rows). Rescaling the count coordinate by σ_Δ/σ_b,
-    this is one Gaussian mechanism with noise σ_Δ and joint ℓ2 sensitivity √(1 + (σ_Δ/(2σ_b))²), i.e.
-    noise multiplier (σ_Δ⁻² + (2σ_b)⁻²)^(−1/2) = σ (Andrew et al. 2021, Theorem 1). With
+    this is one Gaussian mechanism with noise σ_Δ and joint ℓ2 sensitivity
+    √(1 + (σ_Δ/(2σ_b))²), i.e. noise multiplier (σ_Δ⁻² + (2σ_b)⁻²)^(−1/2) = σ (Andrew et al.
+    2021, Theorem 1; https://arxiv.org/abs/1905.03871). With
     Poisson sampling at rate q, T steps are accounted exactly as DP-SGD with noise
     multiplier σ: ``PoissonSampledGaussianEvent(σ, q, count=T)`` (Abadi et al. 2016; lecture on
     ML under DP, amplification by subsampling); the mechanisms compose adaptively, so C_t
