@@ -331,7 +331,8 @@ def _exact_traced(x: jax.Array, dtype: Any, *, g: float, half: int) -> jax.Array
             "mechanism eagerly (concrete values are indexed exactly in float64)",
         )
     x = x.astype(jnp.int32) if jnp.iinfo(x.dtype).bits < 32 else x
-    return jnp.clip(x, -limit, limit).astype(dtype)
+    lower = max(int(jnp.iinfo(x.dtype).min), -limit)  # uint32: −limit would wrap to 2^32 − limit
+    return jnp.clip(x, lower, limit).astype(dtype)
 
 
 def _grid_index(x: jax.Array, *, g: float, half: int) -> jax.Array:
