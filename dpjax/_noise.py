@@ -123,7 +123,8 @@ def exact_in(dtype: Any, target: Any) -> bool:
 
 def _host_sum(values: np.ndarray, noise: jax.Array, out_dtype: Any) -> jax.Array:
     """fl_out(v + noise) with v in float64 on the host: one rounding, after the noise."""
-    if np.issubdtype(values.dtype, np.integer) and values.size:
+    integral = np.issubdtype(values.dtype, np.integer) or values.dtype == np.object_
+    if integral and values.size:  # object: a Python int beyond int64/uint64
         if np.max(np.abs(values.astype(np.float64))) > 2.0**53:
             _validate.fail(
                 "value",

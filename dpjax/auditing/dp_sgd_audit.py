@@ -42,6 +42,7 @@ from dpjax.auditing.estimators import (
     one_run_max_epsilon,
 )
 from dpjax.dp_sgd.adaptive_clip import AdaptiveClipState
+from dpjax.dp_sgd.matrix_factorization.streaming import CorrelatedNoiseState
 from dpjax.dp_sgd.transforms import NoiseState
 
 __all__ = [
@@ -195,14 +196,17 @@ def canary_optimizer(optimizer: optax.GradientTransformation) -> optax.GradientT
 
 
 def with_noise_key(opt_state: Any, key_data: jax.Array) -> Any:
-    """``opt_state`` with the key data of every :class:`~dpjax.dp_sgd.NoiseState` replaced."""
+    """``opt_state`` with the key data of every noise state replaced: each
+    :class:`~dpjax.dp_sgd.NoiseState` and each banded-MF ``CorrelatedNoiseState`` (whose key
+    ``make_private`` derives the same way)."""
+    kinds = (NoiseState, CorrelatedNoiseState)
 
     def rekey(leaf):
-        if isinstance(leaf, NoiseState):
+        if isinstance(leaf, kinds):
             return leaf._replace(key=jnp.asarray(key_data, leaf.key.dtype))
         return leaf
 
-    return jax.tree.map(rekey, opt_state, is_leaf=lambda x: isinstance(x, NoiseState))
+    return jax.tree.map(rekey, opt_state, is_leaf=lambda x: isinstance(x, kinds))
 
 
 def states_for_keys(state: Any, keys: jax.Array) -> Any:

@@ -315,13 +315,15 @@ def _host_grid_index(value: Any, *, g: float, half: int) -> jax.Array:
 def _exact_traced(x: jax.Array, dtype: Any, *, g: float, half: int) -> jax.Array:
     """A traced value cast to ``dtype`` with no rounding that matters for the grid index.
 
-    Integers are clamped to ±⌊half·g⌋ in integer arithmetic BEFORE the cast, so every value
-    that reaches the float dtype is exact in it (refused when ⌊half·g⌋ itself is not: a
+    Integers are clamped to ±⌈half·g⌉ in integer arithmetic BEFORE the cast, so every value
+    that reaches the float dtype is exact in it (refused when ⌈half·g⌉ itself is not: a
     rounding to a float and then to the grid could cost one more grid step than Δ_g pays).
+    :func:`_grid_index` then clamps to ±half·g, as the host path does: ⌊half·g⌋ would index
+    3 as 4 instead of 5 at bound 2.5, granularity 1/2.
     """
     if not jnp.issubdtype(x.dtype, jnp.integer):
         return x.astype(dtype)
-    limit = math.floor(half * g)
+    limit = math.ceil(half * g)
     if limit > exact_dtype_limit(noise_dtype(dtype)):
         _validate.fail(
             "bound",
@@ -331,7 +333,8 @@ def _exact_traced(x: jax.Array, dtype: Any, *, g: float, half: int) -> jax.Array
             "mechanism eagerly (concrete values are indexed exactly in float64)",
         )
     x = x.astype(jnp.int32) if jnp.iinfo(x.dtype).bits < 32 else x
-    return jnp.clip(x, -limit, limit).astype(dtype)
+    lower = max(int(jnp.iinfo(x.dtype).min), -limit)  # uint32: −limit would wrap to 2^32 − limit
+    return jnp.clip(x, lower, limit).astype(dtype)
 
 
 def _grid_index(x: jax.Array, *, g: float, half: int) -> jax.Array:
