@@ -34,6 +34,22 @@ __all__ = [
 ]
 
 
+_MAX_GDP_MU = 1e150  # ε(δ) ≈ μ²/2 + μΦ⁻¹(1 − δ): finite in float64 up to μ ≈ 1.8e154
+_MAX_EXP_ARGUMENT = math.log(np.finfo(np.float64).max)  # e^x overflows beyond (≈ 709.78)
+_MIN_CLT_SIGMA = 1.0 / math.sqrt(_MAX_EXP_ARGUMENT)  # ≈ 0.03754
+
+
+def _alphas(alphas) -> np.ndarray:
+    """``alphas`` as a float64 array, every entry in [0, 1] (NaN refused)."""
+    try:
+        a = np.asarray(alphas, dtype=np.float64)
+    except (TypeError, ValueError):
+        _validate.fail("alphas", alphas, "type-I errors in [0, 1] (numbers)")
+    if not np.all((a >= 0.0) & (a <= 1.0)):  # NaN fails both comparisons
+        _validate.fail("alphas", alphas, "type-I errors in [0, 1] in every entry")
+    return a
+
+
 def gdp_delta(*, mu: float, epsilon: float) -> float:
     r"""δ(ε) of a μ-GDP mechanism: Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2).
 
@@ -70,7 +86,7 @@ def gdp_epsilon(*, mu: float, delta: float) -> float:
         to 1e-12 absolute.
 
     Args:
-        mu: μ ≥ 0.
+        mu: μ in [0, 1e150] (beyond, ε(δ) ≈ μ²/2 overflows a float: ``ValueError``).
         delta: δ in (0, 1).
 
     Returns:
@@ -80,7 +96,7 @@ def gdp_epsilon(*, mu: float, delta: float) -> float:
         >>> round(gdp_epsilon(mu=1.0, delta=1e-5), 3)
         4.377
     """
-    mu = _validate.non_negative("mu", mu)
+    mu = _validate.in_range("mu", mu, 0.0, _MAX_GDP_MU, high_inclusive=True)
     delta = _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False)
     if gdp_delta(mu=mu, epsilon=0.0) <= delta:
         return 0.0
@@ -105,7 +121,8 @@ def gdp_mu_clt_approximation(*, noise_multiplier: float, sampling_rate: float, s
         :func:`tradeoff_curve` or the PLD accountant before quoting it.
 
     Args:
-        noise_multiplier: σ > 0 (noise std over the clip norm, add/remove-one).
+        noise_multiplier: σ ≥ 0.0375 (noise std over the clip norm, add/remove-one; below,
+            e^(1/σ²) overflows: ``ValueError``).
         sampling_rate: q in (0, 1].
         steps: T ≥ 1.
 
@@ -119,7 +136,17 @@ def gdp_mu_clt_approximation(*, noise_multiplier: float, sampling_rate: float, s
     sigma = _validate.positive("noise_multiplier", noise_multiplier)
     q = _validate.probability("sampling_rate", sampling_rate)
     steps = _validate.positive_int("steps", steps)
-    return q * math.sqrt(steps * math.expm1(1.0 / sigma**2))
+    if 1.0 / sigma**2 > _MAX_EXP_ARGUMENT:
+        _validate.fail(
+            "noise_multiplier",
+            noise_multiplier,
+            f"at least {_MIN_CLT_SIGMA:.6g} (below it e^(1/σ²) overflows a float: the CLT μ is "
+            "infinite, no privacy)",
+        )
+    mu = q * math.sqrt(steps * math.expm1(1.0 / sigma**2))
+    if not math.isfinite(mu):
+        _validate.fail("steps", steps, "small enough that q·sqrt(T·(e^(1/σ²) − 1)) is finite")
+    return mu
 
 
 #: Short name of :func:`gdp_mu_clt_approximation` (still an approximation).
@@ -132,9 +159,16 @@ def gdp_tradeoff(mu: float, alphas) -> np.ndarray:
     Example:
         >>> [round(float(b), 4) for b in gdp_tradeoff(1.0, [0.05, 0.5])]
         [0.7405, 0.1587]
+
+    Args:
+        mu: μ ≥ 0.
+        alphas: type-I errors α in [0, 1] (a number or an array; ``ValueError`` otherwise).
+
+    Returns:
+        β = G_μ(α) for every α, as a float64 array of the shape of ``alphas``.
     """
     mu = _validate.non_negative("mu", mu)
-    a = np.asarray(alphas, dtype=np.float64)
+    a = _alphas(alphas)
     return special.ndtr(special.ndtri(1.0 - a) - mu)
 
 
