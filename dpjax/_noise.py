@@ -140,7 +140,9 @@ def _integer_clamp_limit(target: Any) -> int:
     return 2 ** (int(jnp.finfo(target).nmant) + 1)
 
 
-def exact_sum_with_noise(leaf: Any, z: jax.Array, scale: Any) -> jax.Array:
+def exact_sum_with_noise(
+    leaf: Any, z: jax.Array, scale: Any, *, out_dtype: Any = None
+) -> jax.Array:
     r"""``leaf + scale·z`` with the leaf never rounded before the noise is added.
 
     The release is fl_out(v + s·z): a rounding of the sum (post-processing). Casting the
@@ -161,11 +163,13 @@ def exact_sum_with_noise(leaf: Any, z: jax.Array, scale: Any) -> jax.Array:
       ``ValueError`` naming ``value`` (pass it as an argument, so that its rounding is part of
       the caller's query, call the mechanism eagerly, or enable ``jax_enable_x64``).
 
+    ``out_dtype``: the dtype of the rounded sum (default: the leaf's floating dtype).
+
     Under ``jit``, an argument arrives already in its JAX dtype (float64 → float32 when x64 is
     off): that rounding happens in JAX before dpjax sees the value, and the stated sensitivity
     must hold for the rounded query.
     """
-    out_dtype = float_dtype_of(leaf)
+    out_dtype = float_dtype_of(leaf) if out_dtype is None else out_dtype
     host = _host_dtype(leaf)
     if host is None and _validate.is_concrete(leaf):
         host = np.dtype(jnp.result_type(leaf)) if not exact_in(leaf.dtype, z.dtype) else None

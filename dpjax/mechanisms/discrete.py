@@ -244,6 +244,9 @@ def discrete_laplace(
         in at least float32 after clamping to ±B, and every grid point is exact in the output
         dtype (checked). Timing: the sampler's loop runs a number of rounds that depends only
         on the random words (CKS §5), not on f(D).
+        Not guarded: ``jax.pmap`` / ``shard_map`` with ONE key replicated to every device
+        gives every device's rows the same noise draw; pass one key per device (e.g.
+        ``jax.random.fold_in(key, jax.lax.axis_index(name))``) and account for every device.
         Under ``jax.vmap``: each row of a vmap that batches ``key`` with distinct keys is its own
         release with this guarantee (account for every row); a vmap of ``value`` with one key for
         all rows raises ``ValueError``, and repeated keys in the batch raise eagerly and void the

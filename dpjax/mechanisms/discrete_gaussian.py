@@ -159,6 +159,9 @@ def discrete_gaussian(key: jax.Array, value: Any, *, sensitivity: int, sigma: An
         there is no porosity: every integer is reachable from every input. Timing (CKS §5):
         the sampler's loop runs a number of rounds that depends only on the random words,
         never on f(D); it reveals the number of rejected proposals, independent of the data.
+        Not guarded: ``jax.pmap`` / ``shard_map`` with ONE key replicated to every device
+        gives every device's rows the same noise draw; pass one key per device (e.g.
+        ``jax.random.fold_in(key, jax.lax.axis_index(name))``) and account for every device.
         Under ``jax.vmap``: each row of a vmap that batches ``key`` with distinct keys is its own
         release with this guarantee (account for every row); a vmap of ``value`` with one key for
         all rows raises ``ValueError``, and repeated keys in the batch raise eagerly and void the

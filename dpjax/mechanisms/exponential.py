@@ -17,12 +17,21 @@ rows; an argmax over NaN or +inf (a data-dependent, deterministic pick) never ha
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from dpjax import _random, _validate
-from dpjax._noise import check_scale_representable, tree_noise_like
+from dpjax._noise import (
+    check_scale_representable,
+    exact_in,
+    exact_sum_with_noise,
+    float_dtype_of,
+    tree_noise_like,
+)
+from dpjax._random import noise_dtype
 from dpjax.mechanisms._nonfinite import refuse_nonfinite, sanitise_scores
 from dpjax.mechanisms._vmap_guard import guarded_release
 
@@ -64,14 +73,22 @@ def exponential_mechanism_scale(
     return factor * float(sensitivity) / float(epsilon)
 
 
-def _check_scores(scores: jax.Array) -> jax.Array:
-    scores = jnp.asarray(scores)
+def _check_scores(scores: Any) -> Any:
+    """The scores, checked, and NOT rounded: a concrete host array (float64, wide integers)
+    stays in numpy so that :func:`_noisy_scores` adds the noise to the exact values; integer
+    scores keep their dtype (finite by construction); float scores get the non-finite rule."""
+    host = not isinstance(scores, jax.Array) and _validate.is_concrete(scores)
+    scores = np.asarray(scores) if host else jnp.asarray(scores)
     if scores.ndim == 0 or scores.shape[-1] == 0:
         _validate.fail("scores", scores.shape, "an array with a non-empty last axis (candidates)")
-    if not jnp.issubdtype(scores.dtype, jnp.floating):
-        scores = scores.astype(jnp.result_type(float))
+    if scores.dtype == np.bool_:
+        scores = scores.astype(np.int32) if host else scores.astype(jnp.int32)
+    if not np.issubdtype(scores.dtype, np.floating) and scores.dtype.name != "bfloat16":
+        return scores  # integers: finite, cast exactly (or clamped) with the noise
     refuse_nonfinite("scores", scores)
-    return sanitise_scores(scores)
+    if host and not exact_in(scores.dtype, noise_dtype(float_dtype_of(scores))):
+        return scores  # concrete and finite (refused otherwise): sanitising is the identity
+    return sanitise_scores(jnp.asarray(scores))
 
 
 _NOISE_REACH = 46.0  # > 65·ln 2 = 45.05, the largest |noise| of _random.gumbel / exponential
@@ -86,7 +103,7 @@ def _noisy_scores(key: jax.Array, scores: jax.Array, sampler, scale: float) -> j
     temperatures below the best was never selected) and the argmax is taken on the float32 sum
     (a 16-bit sum ties often, and ties go to the lowest index).
     """
-    noise = tree_noise_like(key, scores, sampler)
+    noise = tree_noise_like(key, jnp.zeros(np.shape(scores), float_dtype_of(scores)), sampler)
     check_scale_representable(scale, noise.dtype)
     if not scale * _NOISE_REACH <= float(jnp.finfo(noise.dtype).max):
         _validate.fail(
@@ -94,7 +111,23 @@ def _noisy_scores(key: jax.Array, scores: jax.Array, sampler, scale: float) -> j
             scale,
             f"a temperature T with T·{_NOISE_REACH} finite in {jnp.dtype(noise.dtype).name}",
         )
-    return scores.astype(noise.dtype) + jnp.asarray(scale, noise.dtype) * noise
+    # float64 / wide-integer scores are never rounded to float32 first (neighbouring scores 1
+    # apart became 4 apart: ln-ratio 3.6 at ε = 2). Concrete ones are summed with the noise in
+    # float64 on the host and the argmax is taken THERE: only the index is private (the noisy
+    # vector is not), so a rounding between the sum and the argmax would not be
+    # post-processing.
+    if isinstance(scores, np.ndarray) and not exact_in(scores.dtype, noise.dtype):
+        w = jnp.asarray(scale, noise.dtype) * noise  # the noise T·Z as the device draws it
+        if _validate.is_concrete(w):
+            return scores.astype(np.float64) + np.asarray(w, np.float64)
+    return exact_sum_with_noise(scores, noise, scale, out_dtype=noise.dtype)
+
+
+def _argmax(noisy: Any) -> jax.Array:
+    """The released index: numpy's argmax of a host float64 sum, else JAX's."""
+    if isinstance(noisy, np.ndarray):
+        return jnp.asarray(np.argmax(noisy, axis=-1).astype(np.int32))
+    return jnp.argmax(noisy, axis=-1)
 
 
 @guarded_release("scores")
@@ -133,7 +166,10 @@ def exponential_mechanism(
         its ideal probability is positive, below e^{−48.86} = 6e-22 per such candidate (a δ
         floor; pure ε = ∞ only for pairs straddling that gap). (``jax.random.gumbel`` had
         [−4.47, 15.94] in float32, a floor of 1.4e-9, and 1024 values in [−2.27, 6.93] for
-        float16 scores.)
+        float16 scores.) Scores are never rounded before the noise: float64 or wide-integer
+        scores are added to the noise in float64 on the host (concrete) or clamped 1-Lipschitz
+        into float32's exact range (traced integers), then rounded once
+        (:func:`dpjax._noise.exact_sum_with_noise`).
         Under ``jax.vmap``: each row of a vmap that batches ``key`` with distinct keys is its own
         release with this guarantee (account for every row); a vmap of ``scores`` with one key for
         all rows raises ``ValueError``, and repeated keys in the batch raise eagerly and void the
@@ -152,7 +188,7 @@ def exponential_mechanism(
     )
     scores = _check_scores(scores)
     # argmax(u/T + G) = argmax(u + T·G), with G from 64 random bits in at least float32.
-    return jnp.argmax(_noisy_scores(key, scores, _random.gumbel, scale), axis=-1)
+    return _argmax(_noisy_scores(key, scores, _random.gumbel, scale))
 
 
 def exponential_mechanism_probabilities(
@@ -266,5 +302,4 @@ def report_noisy_max(
         1
     """
     scale = report_noisy_max_scale(sensitivity=sensitivity, epsilon=epsilon)
-    noisy = _noisy_scores(key, _check_scores(scores), _random.exponential, scale)
-    return jnp.argmax(noisy, axis=-1)
+    return _argmax(_noisy_scores(key, _check_scores(scores), _random.exponential, scale))

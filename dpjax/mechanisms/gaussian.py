@@ -263,6 +263,15 @@ def gaussian(
         (ε, δ)-DP under the relation Δ₂ holds for (lecture on properties of DP, the Gaussian
         mechanism; Balle & Wang 2018, Theorem 8 for the analytic calibration). The non-finite
         rule makes every released coordinate finite-plus-noise: never inf/NaN without noise.
+        Input dtype: ``value`` is never rounded before the noise. A concrete value that the
+        noise dtype cannot hold exactly (float64 or a wide integer while JAX computes in
+        float32) is added to the noise in float64 on the host and rounded once after;
+        traced wide integers are clamped (1-Lipschitz) into float32's exact range; an inexact
+        float64 constant closed over inside ``jit`` raises ``ValueError``
+        (:func:`dpjax._noise.exact_sum_with_noise`).
+        Not guarded: ``jax.pmap`` / ``shard_map`` with ONE key replicated to every device
+        gives every device's rows the same noise draw; pass one key per device (e.g.
+        ``jax.random.fold_in(key, jax.lax.axis_index(name))``) and account for every device.
         Under ``jax.vmap``: each row of a vmap that batches ``key`` with distinct keys is its own
         release with this guarantee (account for every row); a vmap of ``value`` with one key for
         all rows raises ``ValueError``, and repeated keys in the batch raise eagerly and void the
