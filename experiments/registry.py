@@ -27,6 +27,7 @@ EXPERIMENTS: dict[str, str] = {
     "tuning": "experiments.tuning",
     "finetune": "experiments.finetune",
     "correlated": "experiments.correlated",
+    "erm_adult": "experiments.erm_adult",
 }
 
 # Submitted first when `--jobs` > 1 (the longest at the quick scale: rates ~460 s, utility ~470,
