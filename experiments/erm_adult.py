@@ -3,7 +3,7 @@ Sarwate (2011), redone with :mod:`dpjax.erm`.
 
 Paper: K. Chaudhuri, C. Monteleoni, A. D. Sarwate, *Differentially private empirical risk
 minimization*, JMLR 12:1069–1109, 2011 (CMS11), https://jmlr.org/papers/v12/chaudhuri11a.html.
-Their §6 compares, on Adult, the misclassification error against ε of ERM with output
+Their experiments compare, on Adult, the misclassification error against ε of ERM with output
 perturbation (Algorithm 1), objective perturbation (Algorithm 2) and the non-private
 regularised ERM, for regularised logistic regression and the Huber SVM (h = 0.5), pure ε-DP.
 Their qualitative claims, checked here cell by cell:
@@ -14,7 +14,7 @@ Their qualitative claims, checked here cell by cell:
 Setting here (every choice public, none tuned on the test rows):
 
 * data: :func:`experiments.data.load_adult`: train on ``adult.data`` (30 162 complete rows),
-  test on ``adult.test`` (15 060); 105 features (6 continuous scaled by public maxima, 99
+  test on ``adult.test`` (15 060); 105 features (6 continuous scaled by fixed constants, 99
   indicators), rows divided by √14 so ‖x‖ ≤ 1 as CMS11's theorems assume; labels ±1; no
   intercept (each one-hot block sums to one, which plays its part);
 * objective J(f) = (1/n)Σ ℓ(y fᵀx) + (Λ/2)‖f‖² (CMS11's N(f) = ½‖f‖², Λ = dpjax's μ);
@@ -27,11 +27,11 @@ Setting here (every choice public, none tuned on the test rows):
 * error = misclassification rate on the test file; mean and 95 % Student-t CI over the noise
   draws (seeds); the data split is the fixed train/test split of the UCI files.
 
-What differs from the paper, and why: CMS11 average over cross-validation runs on the pooled
-rows and pick Λ by their own (private) tuning procedure in a separate experiment; the exact Λ
-and ε grid of their Adult figure and its numbers could not be read in this session (the paper's
-text was not available offline), so the figure's values are NOT printed beside ours; we report
-one curve per Λ of a public grid instead of selecting Λ on test error.
+What could not be matched: the exact protocol of the paper's Adult figure (its Λ, ε grid,
+split and number of runs) and its plotted values could not be read in this session (the
+paper's text was not available offline). So no paper column is printed; the two qualitative
+claims are checked instead, with one curve per Λ of a public grid (no selection of Λ on test
+error) on the fixed UCI train/test split.
 """
 
 from __future__ import annotations

@@ -1,22 +1,23 @@
 """UCI Adult (Kohavi 1996; ``adult.data`` 32 561 rows, ``adult.test`` 16 281 rows), one-hot
 encoded into 105 features with every row of norm ≤ 1, labels ±1 (+1: income > 50K).
 
-Preprocessing (the setting of Chaudhuri, Monteleoni, Sarwate 2011, *Differentially private
-empirical risk minimization*, JMLR 12, §6, https://jmlr.org/papers/v12/chaudhuri11a.html:
-rows with missing values removed, categorical attributes turned into binary indicator vectors,
-every column scaled to [0, 1] and every row to ‖x‖ ≤ 1, which their privacy theorems assume):
+Preprocessing. The privacy theorems of Chaudhuri, Monteleoni, Sarwate (2011), *Differentially
+private empirical risk minimization*, JMLR 12 (https://jmlr.org/papers/v12/chaudhuri11a.html,
+Theorems 6 and 9) assume every row has ‖x‖ ≤ 1; their Adult experiments drop the records with
+missing values and encode the categorical attributes as binary indicators. Here:
 
 1. rows holding a missing value (``?``) are dropped (30 162 training, 15 060 test rows remain);
 2. the 8 categorical attributes become one-hot blocks over the category lists published in
    ``adult.names`` (99 indicators; a category outside the list is an error);
-3. the 6 continuous attributes are divided by PUBLIC constants (the maxima published with the
-   data set: age 90, fnlwgt 1 490 400, education-num 16, capital-gain 99 999, capital-loss
-   4 356, hours-per-week 99) and clipped to [0, 1] — never by statistics of the training rows;
+3. the 6 continuous attributes are divided by fixed constants, the ranges of the published
+   release (age 90, fnlwgt 1 490 400, education-num 16, capital-gain 99 999 — the census
+   top-code —, capital-loss 4 356, hours-per-week 99), and clipped to [0, 1]: constants in
+   the code, never statistics computed from the rows being trained on;
 4. every row is divided by √14, the largest norm a row can have after steps 2–3 (8 ones and 6
    values ≤ 1), so ‖x‖ ≤ 1 holds for every possible record, the neighbour included.
 
-Step 4 is a public, data-independent map (CMS11 only say each row is scaled to norm ≤ 1); a
-per-row projection x/‖x‖ would also be data-independent but changes the geometry row by row.
+Step 4 is a fixed, data-independent map; a per-row projection x/‖x‖ would also be
+data-independent but changes the geometry row by row.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ CATEGORIES: dict[str, tuple[str, ...]] = {
     ),
 }  # fmt: skip
 
-# public scale of each continuous attribute (the maxima published with the data set)
+# fixed scale of each continuous attribute (the ranges of the published release)
 CONTINUOUS_SCALE: dict[str, float] = {
     "age": 90.0,
     "fnlwgt": 1_490_400.0,
