@@ -16,8 +16,13 @@ def main(argv: list[str] | None = None) -> int:
         ),
     )
     parser.add_argument("command", choices=("fetch", "verify"))
-    parser.add_argument("datasets", nargs="*", choices=[[], *checksums.SOURCES], default=[])
+    parser.add_argument(
+        "datasets", nargs="*", help=f"any of {', '.join(checksums.SOURCES)} (default: all)"
+    )
     args = parser.parse_args(argv)
+    unknown = sorted(set(args.datasets) - set(checksums.SOURCES))
+    if unknown:
+        parser.error(f"datasets must be among {list(checksums.SOURCES)}; got {unknown}")
     names = args.datasets or list(checksums.SOURCES)
     print(f"[data] cache folder: {cache.data_dir()}")
     if args.command == "fetch":

