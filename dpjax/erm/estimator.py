@@ -578,9 +578,10 @@ class PrivateLogisticRegression(_Mixin, _Base):
 def _solve(key, rows: np.ndarray, signs: np.ndarray, p: dict):
     """Run the chosen dpjax.erm solver in float64 (the caller holds ``enable_x64``)."""
     from dpjax.accounting import zcdp_rho_for_epsilon
-    from dpjax.erm import approximate_objective_perturbation, dp_gd, output_perturbation
-    from dpjax.erm.iterative import default_steps
+    from dpjax.erm.iterative import default_steps, dp_gd
     from dpjax.erm.losses import logistic
+    from dpjax.erm.objective_perturbation import approximate_objective_perturbation
+    from dpjax.erm.output_perturbation import output_perturbation
 
     X, y = jnp.asarray(rows), jnp.asarray(signs)
     pure = p["delta"] == 0.0
