@@ -249,7 +249,7 @@ def tradeoff_curve(
         [0.74, 0.159]
     """
     from dpjax.accounting.accountant import PrivacyAccountant, composed_pld  # noqa: PLC0415
-    from dpjax.accounting.tight import _overflow_mass, _untruncated  # noqa: PLC0415
+    from dpjax.accounting.padded_slack import _overflow_mass, _untruncated  # noqa: PLC0415
 
     event_list, vdi = _events_and_vdi(events)
     PrivacyAccountant(event_list)  # the accountant's checks: one relation, one privacy unit

@@ -31,7 +31,8 @@ from dp_accounting import dp_event as dp_events
 from dp_accounting import rdp
 
 from dpjax import events as ev
-from dpjax.accounting.tight import DEFAULT_RDP_ORDERS, _quiet_absl, _rdp_relation, to_dp_event
+from dpjax.accounting.conversion import _quiet_absl, to_dp_event
+from dpjax.accounting.renyi import DEFAULT_RDP_ORDERS, _rdp_relation
 
 __all__ = ["repeat_and_select_rdp", "SHAPES"]
 

@@ -1,7 +1,10 @@
 """Tight numerical accounting of noisy releases with dp-accounting: RDP and PLD.
 
-This module turns dpjax events (:mod:`dpjax.events`) into dp-accounting objects and
-answers ε(δ) for a sequence of them. It is the single evaluator that
+This module answers ε(δ) for a sequence of dpjax events (:mod:`dpjax.events`): the PLD
+evaluator and :func:`tight_epsilon`, here; the conversion of events into dp-accounting objects
+(:mod:`~dpjax.accounting.conversion`), the padded samplers' truncation slack
+(:mod:`~dpjax.accounting.padded_slack`) and the RDP evaluator (:mod:`~dpjax.accounting.renyi`)
+are re-exported from their modules. It is the single evaluator that
 :func:`dpjax.accounting.dp_sgd_epsilon`, the calibration functions and
 :class:`dpjax.accounting.PrivacyAccountant` share.
 
@@ -10,7 +13,7 @@ Which method is tight where:
 * **PLD** (privacy loss distributions; Koskela et al. 2020, Doroshenko et al. 2022) is tight up
   to its discretisation: with ``pessimistic_estimate`` (always on here) the reported ε is an
   upper bound that converges to the exact ε as ``value_discretization_interval`` shrinks. The
-  default 1e-4 is dp-accounting's; a coarser grid moved ε by 18% in a probe (issue 3).
+  default 1e-4 is dp-accounting's; a coarser grid moved ε by 18% in a probe.
   Compositions of Gaussian releases only (Gaussian events, full-batch q = 1 DP-GD, fixed-size
   batches) skip the grid: they are one Gaussian with μ = √(Σμᵢ²), answered by its exact
   profile (:func:`gaussian_epsilon_upper`). Otherwise the grid size is estimated before it is
@@ -55,17 +58,11 @@ Neighbouring relations, handled honestly:
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import functools
-import logging
 import math
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
-import dp_accounting
-import numpy as np
-from dp_accounting import rdp
 from dp_accounting.pld import common as pld_common
 from dp_accounting.pld import pld_pmf
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
@@ -73,6 +70,23 @@ from scipy import special
 
 from dpjax import _validate
 from dpjax import events as ev
+from dpjax.accounting.conversion import (
+    _DP_RELATION,
+    TIGHT_METHODS,
+    _common_relation,
+    _group,
+    fixed_batch_uses,
+    to_dp_event,
+)
+from dpjax.accounting.padded_slack import (
+    TRUNCATION_DELTA_SHARES,
+    TruncationSlackError,
+    _overflow_mass,
+    _untruncated,
+    _with_truncation_slack,
+    truncation_slack,
+)
+from dpjax.accounting.renyi import DEFAULT_RDP_ORDERS, rdp_curve, rdp_epsilon
 from dpjax.relation import ADD_OR_REMOVE_ONE, REPLACE_ONE, NeighbouringRelation, sensitivity_factor
 
 __all__ = [
@@ -98,389 +112,9 @@ __all__ = [
     "tight_epsilon",
 ]
 
-#: RDP orders: fractional near 1 (large ε), dense up to 64, geometric up to 10⁴ (small ε).
-DEFAULT_RDP_ORDERS: tuple[float, ...] = tuple(
-    float(a)
-    for a in np.unique(
-        np.concatenate(
-            [
-                1.0 + np.arange(1, 10) / 100.0,
-                1.0 + np.arange(1, 100) / 10.0,
-                np.arange(11, 65),
-                np.round(np.geomspace(64, 1e4, 25)),
-            ]
-        )
-    )
-)
 
 #: PLD discretisation of the privacy loss (dp-accounting's default; finer is tighter, slower).
 DEFAULT_VALUE_DISCRETIZATION_INTERVAL = 1e-4
-
-TIGHT_METHODS = ("pld", "rdp")
-
-REPLACE_ONE_DP = dp_accounting.NeighboringRelation.REPLACE_ONE
-
-#: A clipped sum moves by 2C under replace-one (C under add/remove-one).
-_REPLACE_FACTOR = sensitivity_factor(REPLACE_ONE)
-
-_DP_RELATION = {
-    ADD_OR_REMOVE_ONE: dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
-    REPLACE_ONE: dp_accounting.NeighboringRelation.REPLACE_ONE,
-}
-
-
-def fixed_batch_uses(event: ev.FixedBatchGaussianEvent) -> int:
-    """How many of the event's noisy releases one record can be part of.
-
-    ``"shuffle"``: ⌈count / ⌊n/b⌋⌉ (one batch per epoch, counting a partial epoch as whole);
-    ``"independent"``: ``count`` (a record may be drawn at every step).
-    """
-    if event.sampling == "shuffle":
-        per_epoch = event.dataset_size // event.batch_size
-        return -(-event.count // per_epoch)
-    return event.count
-
-
-def _unsupported(event: ev.PrivacyEvent, method: str, why: str) -> ValueError:
-    return ValueError(f"method={method!r} does not apply to {event!r}: {why}")
-
-
-def to_dp_event(
-    event: ev.PrivacyEvent, *, method: str = "pld"
-) -> tuple[dp_accounting.DpEvent, dp_accounting.NeighboringRelation]:
-    """Convert a dpjax event to a dp-accounting ``DpEvent`` and the relation to account it under.
-
-    Composing the returned ``DpEvent`` in a dp-accounting accountant of ``method``
-    (``PLDAccountant`` or ``RdpAccountant``) constructed with the returned
-    ``neighboring_relation`` gives the event's guarantee under ``event.relation``. Unit-shift
-    events (Gaussian, Laplace, and replace-one full-batch DP-GD as a Gaussian with σ/(2C)) are
-    returned with ``ADD_OR_REMOVE_ONE``, which both accountants read as "shift by one unit".
-
-    Args:
-        event: a dpjax event.
-        method: ``"pld"`` or ``"rdp"`` (the analyses supported differ).
-
-    Returns:
-        ``(dp_event, neighboring_relation)``; ``dp_event`` is self-composed ``event.count`` times.
-
-    Raises:
-        ValueError: if no analysis of ``method`` applies to the event under its relation
-            (generic (ε, δ) and Laplace DP-SGD events; replace-one Poisson sampling with RDP;
-            fixed-size batches under add/remove-one).
-
-    Example:
-        >>> e = ev.PoissonSampledGaussianEvent(noise_multiplier=1.0, sampling_rate=0.01, count=10)
-        >>> dp_event, rel = to_dp_event(e)
-        >>> type(dp_event).__name__, rel.name
-        ('SelfComposedDpEvent', 'ADD_OR_REMOVE_ONE')
-    """
-    _validate.one_of("method", method, TIGHT_METHODS)
-    unit = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
-    if isinstance(event, ev.GaussianEvent):
-        inner, rel = dp_accounting.GaussianDpEvent(event.noise_multiplier), unit
-    elif isinstance(event, ev.LaplaceEvent):
-        inner, rel = dp_accounting.LaplaceDpEvent(event.noise_multiplier), unit
-    elif isinstance(event, ev.PoissonSampledGaussianEvent) and event.truncated:
-        inner, rel = _truncated_poisson_dp_event(event, method)
-    elif isinstance(event, ev.PoissonSampledGaussianEvent):
-        inner, rel = _poisson_dp_event(event, method)
-    elif isinstance(event, ev.FixedBatchGaussianEvent):
-        if event.relation is not REPLACE_ONE:
-            raise ValueError(
-                f"event.relation must be 'replace_one' for a FixedBatchGaussianEvent; got "
-                f"{event.relation.value!r}: fixed-size batches are analysed under replace-one "
-                "only (n is public) and the Poisson analyses do not apply to them. Build the "
-                "event with relation='replace_one' (noise_multiplier stays σ/C; the "
-                "sensitivity 2C is charged by the accountant) or use Poisson sampling"
-            )
-        if event.sampling == "independent" and method == "rdp":
-            # Wang, Balle, Kasiviswanathan 2019, Theorem 27: base Gaussian on the batch has
-            # replace-one sensitivity 2C, so its σ/Δ is noise_multiplier/2.
-            inner = dp_accounting.SampledWithoutReplacementDpEvent(
-                source_dataset_size=event.dataset_size,
-                sample_size=event.batch_size,
-                event=dp_accounting.GaussianDpEvent(event.noise_multiplier / _REPLACE_FACTOR),
-            )
-            return dp_accounting.SelfComposedDpEvent(inner, event.count), REPLACE_ONE_DP
-        # No amplification: a record sits in at most `fixed_batch_uses` batches, each a
-        # Gaussian release with sensitivity 2C (parallel composition within an epoch).
-        inner = dp_accounting.GaussianDpEvent(event.noise_multiplier / _REPLACE_FACTOR)
-        return dp_accounting.SelfComposedDpEvent(inner, fixed_batch_uses(event)), unit
-    else:
-        raise _unsupported(
-            event,
-            method,
-            "only the composition theorems (basic, advanced, optimal) apply to generic (ε, δ) "
-            "and Laplace DP-SGD events",
-        )
-    return dp_accounting.SelfComposedDpEvent(inner, event.count), rel
-
-
-def _truncated_poisson_dp_event(
-    event: ev.PoissonSampledGaussianEvent, method: str
-) -> tuple[dp_accounting.DpEvent, dp_accounting.NeighboringRelation]:
-    """A padded Poisson sampler as dp-accounting's ``TruncatedSubsampledGaussianDpEvent``.
-
-    Its analysis (Poisson sampling, then a uniformly random subset of at most m of the
-    selected, Gaussian on the sum; PLD only, add/remove-one) matches
-    :class:`~dpjax.dp_sgd.PoissonSampler`'s truncation rule. ``dataset_size`` is given as
-    n + 1, the larger data set of an add-one pair (as in ``overflow_probability``).
-    dpjax's own evaluators instead add the truncation slack to δ (see
-    :func:`truncation_slack`), so they agree with ``make_private``.
-    """
-    if method != "pld" or event.relation is not ADD_OR_REMOVE_ONE:
-        raise _unsupported(
-            event,
-            method,
-            "dp-accounting analyses a truncated (padded) Poisson sampler only by PLD under "
-            "add/remove-one; dpjax.accounting.tight_epsilon accounts it by any method (the "
-            "truncation slack is added to δ)",
-        )
-    inner = dp_accounting.TruncatedSubsampledGaussianDpEvent(
-        dataset_size=event.dataset_size + 1,
-        sampling_probability=event.sampling_rate,
-        truncated_batch_size=event.max_batch_size,
-        noise_multiplier=event.noise_multiplier,
-    )
-    return inner, dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
-
-
-def _poisson_dp_event(
-    event: ev.PoissonSampledGaussianEvent, method: str
-) -> tuple[dp_accounting.DpEvent, dp_accounting.NeighboringRelation]:
-    q, nm = event.sampling_rate, event.noise_multiplier
-    unit = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
-    if event.relation is ADD_OR_REMOVE_ONE:
-        if q == 1.0:
-            return dp_accounting.GaussianDpEvent(nm), unit
-        return dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(nm)), unit
-    # Replace-one: the clipped sum moves by up to 2C.
-    if q == 1.0:
-        return dp_accounting.GaussianDpEvent(nm / _REPLACE_FACTOR), unit
-    if method == "rdp":
-        raise _unsupported(
-            event,
-            method,
-            "dp-accounting's RDP has no replace-one analysis of Poisson subsampling; use "
-            "method='pld' or the add/remove-one relation",
-        )
-    inner = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(nm))
-    return inner, dp_accounting.NeighboringRelation.REPLACE_ONE
-
-
-def _common_relation(events: Sequence[ev.PrivacyEvent]) -> NeighbouringRelation:
-    if not events:
-        _validate.fail("events", events, "a non-empty sequence of privacy events")
-    relations = {e.relation for e in events}
-    if len(relations) > 1:
-        _validate.fail(
-            "events",
-            sorted(r.value for r in relations),
-            "events under one neighbouring relation (a guarantee mixing relations is not "
-            "defined; convert the sensitivities first)",
-        )
-    return relations.pop()
-
-
-@contextlib.contextmanager
-def _quiet_absl() -> Iterator[None]:
-    """Silence dp-accounting's per-order "failed to converge ... excluding this order" warnings
-    (an excluded order only loosens the bound; :func:`rdp_epsilon` documents it)."""
-    logger = logging.getLogger("absl")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-
-
-#: Shares of δ tried, in order, for a padded sampler's truncation slack: ε is evaluated at
-#: δ·(1 − f) and the slack (1 + e^ε)·Σ count·p̄ must be ≤ f·δ. The first share is
-#: ``make_private``'s, so an event of its sampler reports its (ε, δ) exactly.
-TRUNCATION_DELTA_SHARES = (1e-3, 1e-2, 1e-1, 0.5)
-
-
-class TruncationSlackError(ValueError):
-    """δ is too small to hold a padded sampler's truncation slack (1 + e^ε)·T·p̄ (raise the
-    sampler's ``max_batch_size``, or δ)."""
-
-
-def truncation_slack(epsilon: float, overflow_mass: float) -> float:
-    """(1 + e^ε)·Σ countᵢ·p̄ᵢ: the δ a padded sampler adds to an (ε, δ) guarantee.
-
-    Formal guarantees:
-        Couple the truncated run M with the untruncated run M* on the same randomness: they
-        differ only if some step overflows, with probability ≤ m̄ = Σ countᵢ·p̄ᵢ on D and on
-        any neighbour D′. If M* is (ε, δ)-DP then for every set S,
-        P[M(D) ∈ S] ≤ P[M*(D) ∈ S] + m̄ ≤ e^ε (P[M(D′) ∈ S] + m̄) + δ + m̄, so M is
-        (ε, δ + (1 + e^ε)·m̄)-DP (the standard coupling argument; lecture on ML under DP,
-        amplification by subsampling). Other releases composed with M do not change the
-        argument (the coupling is on the whole run).
-
-    Args:
-        epsilon: ε ≥ 0 of the untruncated run.
-        overflow_mass: m̄ ≥ 0.
-
-    Returns:
-        The slack (``inf`` when e^ε overflows and m̄ > 0).
-    """
-    if overflow_mass == 0.0:
-        return 0.0
-    factor = 1.0 + math.exp(epsilon) if epsilon < 709.0 else math.inf
-    return factor * overflow_mass
-
-
-def _overflow_mass(events: Sequence[ev.PrivacyEvent]) -> float:
-    """Σ count·p̄ over the padded-sampler events (0 if there are none)."""
-    return math.fsum(
-        e.count * e.overflow_probability
-        for e in events
-        if isinstance(e, ev.PoissonSampledGaussianEvent) and e.truncated
-    )
-
-
-def _untruncated(events: Sequence[ev.PrivacyEvent]) -> list[ev.PrivacyEvent]:
-    return [
-        e.untruncated() if isinstance(e, ev.PoissonSampledGaussianEvent) and e.truncated else e
-        for e in events
-    ]
-
-
-def _with_truncation_slack(events, delta: float, evaluate) -> float:
-    """``evaluate(untruncated events, δ′)`` with the truncation slack paid from δ: the first
-    share f of :data:`TRUNCATION_DELTA_SHARES` with slack(ε(δ(1 − f))) ≤ f·δ."""
-    plain = _untruncated(events)
-    mass = _overflow_mass(events)
-    if mass == 0.0:
-        return evaluate(plain, delta)
-    if delta == 0.0:
-        return math.inf
-    for share in TRUNCATION_DELTA_SHARES:
-        eps = evaluate(plain, delta * (1.0 - share))
-        if truncation_slack(eps, mass) <= share * delta:
-            return eps
-    raise TruncationSlackError(
-        f"delta must be large enough to hold the padded sampler's truncation slack "
-        f"(1 + e^ε)·T·p̄ (T·p̄ = {mass:.3g}, ε = {eps:.4g} at δ·{1 - share:g}); got {delta!r}. "
-        "Use a larger max_batch_size in PoissonSampler (its overflow probability per step is "
-        "p̄) or a larger δ"
-    )
-
-
-def rdp_epsilon(
-    events: Sequence[ev.PrivacyEvent],
-    delta: float,
-    *,
-    orders: Sequence[float] | None = None,
-) -> float:
-    """ε(δ) of the composition of ``events`` by dp-accounting's RDP accountant.
-
-    Formal guarantees:
-        RDP composition (Mironov 2017, Proposition 1) of the Poisson-subsampled Gaussian
-        (Mironov, Talwar, Zhang 2019), the Gaussian, the Laplace, and the without-replacement
-        subsampled Gaussian (Wang, Balle, Kasiviswanathan 2019, Theorem 27), converted to (ε, δ)
-        by Canonne, Kamath and Steinke (2020), Proposition 12, minimised over ``orders``. An
-        upper bound; never tighter than :func:`pld_epsilon` up to PLD's discretisation.
-        Fractional orders whose series does not converge are skipped by dp-accounting (its
-        warnings are silenced here); skipping an order only loosens the bound. A padded
-        sampler's truncation slack is paid from δ (module docstring; :func:`truncation_slack`).
-
-    Args:
-        events: dpjax events, all under one relation.
-        delta: δ in [0, 1) (δ = 0 gives ``inf`` for Gaussian events).
-        orders: RDP orders α > 1; default :data:`DEFAULT_RDP_ORDERS`.
-
-    Returns:
-        ε.
-    """
-    delta = _validate.real("delta", delta)
-    _validate.delta("delta", delta)
-
-    def evaluate(plain: Sequence[ev.PrivacyEvent], d: float) -> float:
-        grid, curve = rdp_curve(plain, orders=orders)
-        return float(rdp.compute_epsilon(grid, curve, d)[0])
-
-    return _with_truncation_slack(events, delta, evaluate)
-
-
-def _group(events: Sequence[ev.PrivacyEvent]) -> list[ev.PrivacyEvent]:
-    """Identical events (all fields but ``count``, additive counts) joined into one, in order of
-    first appearance. Composition is commutative, so the guarantee is unchanged; evaluating one
-    event of count k + m (one self-composition, one RDP evaluation) instead of two is what keeps
-    per-step records cheap."""
-    joined: dict[ev.PrivacyEvent, int] = {}
-    out: list[ev.PrivacyEvent | None] = []
-    for e in events:
-        if not ev.count_is_additive(e):
-            out.append(e)
-            continue
-        unit = dataclasses.replace(e, count=1)
-        if unit not in joined:
-            joined[unit] = len(out)
-            out.append(e)
-        else:
-            i = joined[unit]
-            out[i] = dataclasses.replace(out[i], count=out[i].count + e.count)
-    return out
-
-
-def _rdp_relation(events: Sequence[ev.PrivacyEvent]) -> dp_accounting.NeighboringRelation:
-    """The dp-accounting relation to compose ``events`` in (validating each for RDP)."""
-    # dp-accounting's RDP treats Gaussian/Laplace events as a unit shift under every relation
-    # (tested in tests/test_accounting_tight.py), so the unit-shift events compose correctly in
-    # the replace-one accountant that independently sampled fixed-batch events need.
-    rels = {to_dp_event(e, method="rdp")[1] for e in events}
-    if dp_accounting.NeighboringRelation.REPLACE_ONE in rels:
-        return dp_accounting.NeighboringRelation.REPLACE_ONE
-    return dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
-
-
-@functools.lru_cache(maxsize=64)
-def _rdp_vector(
-    event: ev.PrivacyEvent,
-    orders: tuple[float, ...],
-    dp_relation: dp_accounting.NeighboringRelation,
-) -> np.ndarray:
-    """RDP of ``event`` at ``orders`` (read-only array), cached by event and orders."""
-    accountant = rdp.RdpAccountant(orders=list(orders), neighboring_relation=dp_relation)
-    with _quiet_absl():
-        accountant.compose(to_dp_event(event, method="rdp")[0])
-    vector = accountant.rdp
-    vector.setflags(write=False)
-    return vector
-
-
-def rdp_curve(
-    events: Sequence[ev.PrivacyEvent], *, orders: Sequence[float] | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """The RDP curve (orders α, ε_α) of the composition of ``events``.
-
-    RDP adds up under composition, so the curve is Σ countᵢ · (RDP of one release of event i):
-    one release of each distinct event is evaluated (and cached), whatever the number of
-    records, so a thousand recorded one-step events cost one evaluation and a vector sum.
-    Shuffled fixed-batch events (not additive in ``count``) are evaluated whole.
-
-    Args:
-        events: dpjax events, all under one relation.
-        orders: RDP orders α > 1; default :data:`DEFAULT_RDP_ORDERS`.
-
-    Returns:
-        ``(orders, rdp)`` float64 arrays; convert with ``dp_accounting.rdp.compute_epsilon``.
-
-    Raises:
-        ValueError: if RDP does not apply to an event (see :func:`to_dp_event`).
-    """
-    _common_relation(events)
-    grid = tuple(float(a) for a in (DEFAULT_RDP_ORDERS if orders is None else orders))
-    dp_relation = _rdp_relation(events)
-    curve = np.zeros(len(grid), dtype=np.float64)
-    for e in _group(events):
-        if ev.count_is_additive(e):
-            curve += e.count * _rdp_vector(dataclasses.replace(e, count=1), grid, dp_relation)
-        else:
-            curve += _rdp_vector(e, grid, dp_relation)
-    return np.asarray(grid, dtype=np.float64), curve
 
 
 def _unit_gaussian_mu_squared(event: ev.PrivacyEvent) -> float | None:

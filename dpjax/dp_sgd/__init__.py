@@ -1,7 +1,7 @@
 """DP-SGD: per-example clipping, Poisson sampling, noise and optimizers, in one place.
 
 The pieces compose as an optax pipeline (Abadi et al. 2016, "Deep learning with differential
-privacy", Algorithm 1; lecture on ML under DP):
+privacy", Algorithm 1, https://arxiv.org/abs/1607.00133):
 
     sampler (Poisson, padded)  ->  clipped_grad (gather + mask, per-example clip, sum)  ->
     add_gaussian_noise (once, σC)  ->  normalize_by (public expected batch size)  ->  optimizer
@@ -11,12 +11,24 @@ reads C from ``grad_fn``, and ``event_for(tx, sampler=..., state=...)`` reads σ
 
 Modules: ``samplers`` (Poisson / shuffled / uniform batches with a fixed padded shape),
 ``clipping`` (per-example clipped sums, certified against rounding), ``ghost`` (ghost clipping:
-norms without per-example gradients), ``transforms`` (noise and normalisation as optax
-``GradientTransformation``s, the Laplace DP-SGD noise), ``optimizers`` (``dp_sgd_optimizer``,
-gradient accumulation, Laplace DP-SGD), ``distributed`` (data parallel over a device mesh),
-``private`` (``make_private``: the one-call path built from these, a training loop, ε spent),
-``user_level`` (user-level DP-SGD: ``make_private(..., user_ids=...)``), ``adaptive_clip``
-(adaptive clipping, Andrew et al. 2021: C follows a quantile of the norms).
+norms without per-example gradients; its certified bounds and sums in ``_ghost_bounds`` and
+``_ghost_sums``), ``transforms`` (noise and normalisation as optax ``GradientTransformation``s,
+the Laplace DP-SGD noise), ``optimizers`` (``dp_sgd_optimizer``, gradient accumulation, Laplace
+DP-SGD), ``distributed`` (data parallel over a device mesh), ``user_level`` (user-level
+DP-SGD: ``make_private(..., user_ids=...)``), ``adaptive_clip`` (adaptive clipping, Andrew et
+al. 2021: C follows a quantile of the norms), ``finetune`` (full, LoRA, bias-only, last-layer
+fine-tuning).
+
+Two sub-packages ("rooms"): ``training`` (``make_private``: the one-call path built from these,
+the training object and its loop, its states, the plan ledger and ε spent; ``private`` is its
+former single module, kept as a re-export) and ``matrix_factorization`` (correlated noise:
+strategies, their errors and sensitivity, streaming noise, ``BandMF``).
+
+Why only these two: each holds a workflow with its own internal layers (eight and eleven
+modules) that the rest of ``dp_sgd`` does not reach into. Clipping, noise and sampling are one
+or two public modules each, imported by every other part of DP-SGD and by tests through their
+present paths; folders for them would add re-export shims and move nothing a reader needs to
+find. Revisit when one of them grows past a few modules.
 """
 
 from dpjax.dp_sgd.adaptive_clip import (

@@ -1,4 +1,4 @@
-r"""Per-backend memory choices of ghost clipping (issue 24): CPU budgets or accelerator budgets.
+r"""Per-backend memory choices of ghost clipping: CPU budgets or accelerator budgets.
 
 Ghost clipping (:mod:`dpjax.dp_sgd.ghost`) chooses at trace time, from static shapes, how to
 evaluate each sequence (T > 1) layer: per-example gradients formed once and reused for the norm
@@ -10,7 +10,7 @@ pages are not. On a GPU (or TPU) each loop iteration and each ``lax.cond`` is a 
 and a host round trip, and memory is large and fast, so the same layer is better formed for the
 whole batch at once.
 
-Found (issue 24, transformer 2×256, T = 128, B = 32): the output head (K·N = 256·8192,
+Found (transformer 2×256, T = 128, B = 32): the output head (K·N = 256·8192,
 B·K·N = 2²⁶ entries) exceeds the CPU budget 2²³, so it takes the Gram path; its fast bound is
 19% loose on the benchmark data (P² ≫ ‖∇W‖² for near-orthogonal positions), so the accurate
 branch ran on every step: a ``lax.cond``, 32 sequential per-example (256, 8192) products, then

@@ -33,9 +33,11 @@ Formal guarantees:
     user-level run is the Poisson-subsampled Gaussian mechanism over users, accounted as
     ``PoissonSampledGaussianEvent(σ, q = b/U, T)`` (McMahan et al. 2018; Abadi et al. 2016);
     see :class:`UserLevelTraining`. An example-level guarantee (ε, δ) implies for a user with
-    k rows only the group-privacy bound (kε, k·e^{(k−1)ε}·δ) (lecture on the properties of
-    DP, group privacy; Dwork & Roth 2014, Theorem 2.2 for δ = 0): (1, 10⁻⁵) at k = 10 gives
-    (10, 0.81), or (10, 0.13) with the lecture's tighter δ·(e^{kε} − 1)/(e^ε − 1).
+    k rows only the group-privacy bound (kε, k·e^{(k−1)ε}·δ) (Dwork & Roth 2014, "The
+    algorithmic foundations of differential privacy", Theorem 2.2 for δ = 0,
+    https://www.cis.upenn.edu/~aaroth/Papers/privacybook.pdf): (1, 10⁻⁵) at k = 10 gives
+    (10, 0.81), or (10, 0.13) with the tighter δ·(e^{kε} − 1)/(e^ε − 1) (the chain of k
+    neighbours, each link's δ multiplied by the e^ε of the links after it).
 """
 
 from __future__ import annotations

@@ -205,8 +205,8 @@ def default_mu(
     """The public default μ: a function of (n, d, ε, δ) and the prior radius R only (no data).
 
     Each balances the noise term of its solver's excess-risk bound (L = 1, ‖x‖ ≤ 1) against the
-    regularisation bias μR²/2 (lectures on output and objective perturbation, tuning μ;
-    literature §1.1):
+    regularisation bias μR²/2 (Chaudhuri, Monteleoni, Sarwate 2011, "Differentially private
+    empirical risk minimization", https://jmlr.org/papers/v12/chaudhuri11a.html):
 
     * ``"objective"``: μ = E‖b‖/(nR) with E‖b‖ ≈ σ√d, σ the KST12 scale (δ > 0), or
       E‖b‖ = 2d/ε (CMS11, δ = 0).
@@ -330,10 +330,11 @@ class PrivateLogisticRegression(_Mixin, _Base):
         RELEASED coefficients are ε-DP, not only the exact minimiser: the step count of the
         solve jumps with ‖b‖ and, without that noise, skips outputs differently on D and D′);
         ``"output"``: argmin sensitivity
-        2/(μn) (lecture on output perturbation, sensitivity lemma; CMS11 Corollary 8), then
+        2/(μn) (CMS11 Corollary 8), then
         CMS11 Theorem 6 (δ = 0) or the analytic Gaussian mechanism (Balle & Wang 2018);
-        ``"dp_gd"``: T Gaussian mechanisms on a clipped gradient sum of sensitivity 2 (lecture
-        on ML under DP, DP-GD with concentrated DP). The class labels ``classes_`` are those
+        ``"dp_gd"``: T Gaussian mechanisms on a clipped gradient sum of sensitivity 2, composed
+        in zCDP (Bun & Steinke 2016, "Concentrated differential privacy",
+        https://arxiv.org/abs/1605.02065). The class labels ``classes_`` are those
         given in ``classes`` (public); without ``classes`` they are read from y and released
         as they are (as in scikit-learn/diffprivlib), outside the guarantee,
         with a warning. n is treated as public.
@@ -578,9 +579,10 @@ class PrivateLogisticRegression(_Mixin, _Base):
 def _solve(key, rows: np.ndarray, signs: np.ndarray, p: dict):
     """Run the chosen dpjax.erm solver in float64 (the caller holds ``enable_x64``)."""
     from dpjax.accounting import zcdp_rho_for_epsilon
-    from dpjax.erm import approximate_objective_perturbation, dp_gd, output_perturbation
-    from dpjax.erm.iterative import default_steps
+    from dpjax.erm.iterative import default_steps, dp_gd
     from dpjax.erm.losses import logistic
+    from dpjax.erm.objective_perturbation import approximate_objective_perturbation
+    from dpjax.erm.output_perturbation import output_perturbation
 
     X, y = jnp.asarray(rows), jnp.asarray(signs)
     pure = p["delta"] == 0.0

@@ -15,7 +15,10 @@ import numpy as np
 import scipy.optimize
 
 from dpjax import _validate
-from dpjax.dp_sgd.matrix_factorization import strategies
+from dpjax.dp_sgd.matrix_factorization._toeplitz import (
+    sqrt_prefix_sum_coefficients,
+    toeplitz_matrix,
+)
 
 __all__ = ["BLT", "blt_strategy", "toeplitz_errors"]
 
@@ -53,7 +56,7 @@ class BLT(NamedTuple):
 
     def matrix(self, n: int) -> np.ndarray:
         """The n×n lower-triangular Toeplitz matrix C."""
-        return strategies.toeplitz_matrix(self.coefficients(n), n)
+        return toeplitz_matrix(self.coefficients(n), n)
 
 
 def _inverse_series(c: np.ndarray) -> np.ndarray:
@@ -136,7 +139,7 @@ def _blt_loss(params, n, buffers, objective, pattern):
 def _initial_fit(n: int, buffers: int) -> np.ndarray:
     """θ log-spaced towards 1, ω by least squares to the sqrt coefficients (the fallback fit)."""
     theta = 1.0 - np.logspace(-0.3, -np.log10(4.0 * n), buffers)
-    target = strategies.sqrt_prefix_sum_coefficients(n)[1:]
+    target = sqrt_prefix_sum_coefficients(n)[1:]
     powers = theta[None, :] ** np.arange(n - 1)[:, None]
     omega, *_ = np.linalg.lstsq(powers, target, rcond=None)
     return np.concatenate([np.log(theta / (1.0 - theta)), omega])

@@ -21,7 +21,10 @@ import numpy as np
 import scipy.linalg
 
 from dpjax import _validate
-from dpjax.dp_sgd.matrix_factorization import strategies
+from dpjax.dp_sgd.matrix_factorization._toeplitz import (
+    prefix_sum_matrix,
+    sqrt_prefix_sum_coefficients,
+)
 from dpjax.dp_sgd.matrix_factorization.blt import BLT
 from dpjax.dp_sgd.matrix_factorization.sensitivity import sensitivity_bounds
 
@@ -96,7 +99,7 @@ def prefix_sum_errors(
     """
     c = _square_lower(strategy, n)
     size = c.shape[0]
-    workload = strategies.prefix_sum_matrix(size)
+    workload = prefix_sum_matrix(size)
     b_matrix = scipy.linalg.solve_triangular(c.T, workload.T, lower=False).T
     bounds = sensitivity_bounds(
         c, min_separation=min_separation, max_participations=max_participations
@@ -129,7 +132,7 @@ def sqrt_prefix_sum_errors(n: int) -> PrefixSumErrors:
         >>> round(sqrt_prefix_sum_errors(2).max_error, 12)
         1.25
     """
-    c2 = strategies.sqrt_prefix_sum_coefficients(n) ** 2
+    c2 = sqrt_prefix_sum_coefficients(n) ** 2
     total = float(np.sum(c2))
     mean = float(np.sum((n - np.arange(n)) * c2)) / n
     return PrefixSumErrors(math.sqrt(total * mean), total, math.sqrt(total), True)

@@ -20,14 +20,12 @@ User-level DP-SGD (:mod:`dpjax.dp_sgd.user_level`) subclasses ``loop.PrivateTrai
 one that imports it back.
 """
 
-from dpjax.dp_sgd.training.accounting import SLACK_FRACTION
 from dpjax.dp_sgd.training.factory import make_private, poisson_schedule
 from dpjax.dp_sgd.training.loop import PrivateTraining
 from dpjax.dp_sgd.training.models import nnx_loss
 from dpjax.dp_sgd.training.state import PrivateState, PublicState
 
 __all__ = [
-    "SLACK_FRACTION",
     "PrivateState",
     "PrivateTraining",
     "PublicState",

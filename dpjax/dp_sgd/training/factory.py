@@ -280,7 +280,7 @@ def make_private(
         post-processing. T updates are accounted as one
         ``PoissonSampledGaussianEvent(σ, q, count=T)`` — the Poisson subsampled Gaussian
         mechanism composed T times (Abadi et al. 2016, "Deep learning with differential
-        privacy"; lecture on ML under DP, amplification by subsampling), evaluated by PLD
+        privacy", https://arxiv.org/abs/1607.00133; amplification by subsampling), evaluated by PLD
         (dp-accounting; Doroshenko et al. 2022) or RDP (Mironov et al. 2019, "Rényi
         differential privacy of the sampled Gaussian mechanism"), at δ·(1 − 10⁻³). The padded
         sampler drops records only if more than ``max_batch_size`` are drawn; its cap is chosen

@@ -12,8 +12,8 @@ The ledger holds no key and no randomness: it is public. A user-level plan
 continued under another grouping of the examples into users.
 
 Why: a state resumed under another plan would otherwise be charged at the new plan only
-(issue 20: 200 steps at σ = 0.8, q = 0.05 then 200 at σ = 4, q = 0.01 reported ε = 0.166
-instead of the composition 7.705). With the ledger, ``step``/``fit`` refuse a state whose
+(200 steps at σ = 0.8, q = 0.05 then 200 at σ = 4, q = 0.01 would report ε = 0.166 instead
+of the composition 7.705). With the ledger, ``step``/``fit`` refuse a state whose
 current phase is another plan, and ``epsilon`` composes every recorded phase.
 """
 

@@ -21,7 +21,7 @@ class PrivateState(NamedTuple):
     """Training state of :class:`PrivateTraining`: a SECRET checkpoint (a pytree of arrays).
 
     It holds the key data from which every later batch and noise draw is derived: given it,
-    one later model reveals a noise-free clipped sum (issue 20). Save it to resume a run and
+    one later model reveals a noise-free clipped sum. Save it to resume a run and
     keep it private; publish :meth:`PrivateTraining.public_state` instead.
 
     Attributes:

@@ -222,7 +222,7 @@ class Stepping:
         certified for its own m rows, ρ covers the rounding of the k·m-row total, so adding
         or removing one record moves the released sum by ≤ C (Casacuberta et al. 2022).
         """
-        from dpjax.dp_sgd import _certified  # noqa: PLC0415 (issue 20: this method only)
+        from dpjax.dp_sgd import _certified  # noqa: PLC0415 (this method only)
 
         micro = batch.micro_batches(self.physical_batch_size)
         calls, rows = micro.mask.shape
