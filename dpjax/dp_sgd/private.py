@@ -598,6 +598,20 @@ class PrivateTraining(ReadOnlyAfterInit):
 
     # ---- one step
 
+    def _check_params(self, params: Any) -> None:
+        """Parameters are floating-point arrays (``jax.grad`` differentiates them)."""
+        leaves = jax.tree.leaves(params)
+        if not leaves:
+            _validate.fail("params", params, "a pytree of floating-point arrays (none found)")
+        for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+            if not jnp.issubdtype(jnp.result_type(leaf), jnp.floating):
+                _validate.fail(
+                    "params",
+                    f"a leaf of dtype {jnp.result_type(leaf)} at {jax.tree_util.keystr(path)}",
+                    "floating-point leaves only (they are differentiated and updated; keep "
+                    "integer or boolean state out of params)",
+                )
+
     def _check_data(self, data: Any) -> None:
         leaves = jax.tree.leaves(data)
         if not leaves:
@@ -643,6 +657,7 @@ class PrivateTraining(ReadOnlyAfterInit):
                 ``jax.jit``), or a state without that record.
         """
         self._check_plan(state)
+        self._check_params(params)
         self._check_data(data)
         digest = None
         if self.noise is not None:  # banded MF: the rows must keep the first step's order
@@ -1018,6 +1033,7 @@ class PrivateTraining(ReadOnlyAfterInit):
         else:
             self._check_plan(state)
             phases = self._phases(state)
+        self._check_params(params)
         self._check_data(data)
         done = sum(t for _, t in phases)
         in_plan = self._steps_in_this_plan(phases)
@@ -1221,6 +1237,13 @@ def _resolve_steps(n: int, batch_size: int, epochs: Any, steps: Any) -> int:
 
 #: ε at or above this is reported as inf: e^ε overflows, so no truncation slack can be bounded.
 NOT_PRIVATE_EPSILON = 700.0
+#: The smallest positive σ make_private accepts. Below about 1e-151 the accountants' float64
+#: arithmetic breaks (σ² underflows: the PLD grid divided by 0; the RDP bound overflowed to a
+#: NaN read as ε = 0); σ = 1e-100 already gives ε ≈ 1e200, so nothing usable is refused.
+MIN_NOISE_MULTIPLIER = 1e-100
+#: The largest noise std σ·C make_private accepts: the noise is drawn in (at least) float32,
+#: whose largest finite value this is (above it every update was NaN).
+MAX_NOISE_STD = float(jnp.finfo(jnp.float32).max)
 #: PLD grid of the ε that sizes the sampler's cap when σ is given: a valid (pessimistic) upper
 #: bound at 1–5 % of the cost of the default grid (the cap depends on ε only through
 #: e^ε·tail, so a looser ε adds a row or two at most); ``epsilon(state)`` is full precision.
@@ -1275,6 +1298,13 @@ def _resolve_noise(
     if sigma == 0.0:
         _not_private("noise_multiplier=0: the clipped sums are released without noise")
         return sigma, math.inf
+    if sigma < MIN_NOISE_MULTIPLIER:
+        _validate.fail(
+            "noise_multiplier",
+            noise_multiplier,
+            f"0 (the clip-only baseline, NOT private) or ≥ {MIN_NOISE_MULTIPLIER:g} (a smaller "
+            "σ overflows the accountant's float64 arithmetic; its ε would exceed 1e190)",
+        )
     eps = _epsilon_bound(sigma, q, steps, accounted, accounting)
     if eps >= NOT_PRIVATE_EPSILON:
         _not_private(f"noise_multiplier={sigma:g} gives ε = {eps:g} ≥ {NOT_PRIVATE_EPSILON:g}")
@@ -1326,6 +1356,11 @@ def _plan_is_not_private(private: PrivateTraining, accounted: float) -> bool:
     return bound >= NOT_PRIVATE_EPSILON
 
 
+#: Overflow tails below this (per step) come from e^ε, not from the batch (a calibrated ε this
+#: large leaves no room for the truncation slack whatever the cap).
+_TAIL_FLOOR = 1e-250
+
+
 def _sampler_for_slack(
     n: int, requested_q: float, *, steps: int, epsilon: float, delta: float, calibrated: bool
 ) -> PoissonSampler:
@@ -1341,12 +1376,20 @@ def _sampler_for_slack(
     cap = min(n, _binomial_cap(n + 1, q, tail))
     sampler = PoissonSampler(dataset_size=n, sampling_rate=requested_q, max_batch_size=cap)
     if private and sampler.delta_slack(steps, epsilon) > budget:
+        if calibrated and tail < _TAIL_FLOOR:
+            _validate.fail(
+                "target_epsilon",
+                epsilon,
+                f"small enough that the sampler's truncation slack (1 + e^ε)·T·p̄ can fit in "
+                f"δ: at ε = {epsilon:g} a padded batch may overflow with probability at most "
+                f"{tail:.3g} per step, below what any cap of n rows reaches",
+            )
         _validate.fail(
             "batch_size",
             f"{requested_q * n:g} (q = {q:.4g})",
             "small enough that a padded batch of at most n rows overflows with probability "
             f"≤ {tail:.3g} per step (use a smaller batch_size or the full-batch DP-GD of "
-            "dpjax.erm)",
+            f"dpjax.erm; the per-step bound shrinks as e^-ε, here ε = {epsilon:.4g})",
         )
     return sampler
 
@@ -1582,6 +1625,7 @@ def make_private(
         accounting=accounting,
     )
     adaptive_clip.check_budget(l2_clip_norm, sigma)
+    _check_noise_std(l2_clip_norm, sigma)
     sampler = _sampler_for_slack(
         records,
         q,
@@ -1610,6 +1654,20 @@ def make_private(
         accounting=accounting,
         noise=noise,
     )
+
+
+def _check_noise_std(l2_clip_norm: Any, sigma: float) -> None:
+    """Refuse a fixed C whose noise std σ·C overflows float32 (every update would be NaN)."""
+    if isinstance(l2_clip_norm, adaptive_clip.AdaptiveClip):
+        return
+    if sigma * float(l2_clip_norm) > MAX_NOISE_STD:
+        _validate.fail(
+            "l2_clip_norm",
+            l2_clip_norm,
+            f"small enough that the noise std noise_multiplier·l2_clip_norm = "
+            f"{sigma:g}·{float(l2_clip_norm):g} is at most {MAX_NOISE_STD:.4g} (float32's "
+            "largest value: a larger std overflows and every update is NaN)",
+        )
 
 
 def _resolve_mf_noise(noise: Any, **kwargs: Any) -> Any:
