@@ -1155,9 +1155,15 @@ def _rekeyed(state: PrivateState, key: jax.Array) -> PrivateState:
 
 
 def _is_state_node(x: Any) -> bool:
-    """A NamedTuple state of an optax or dpjax transformation."""
+    """A NamedTuple state of an optax or dpjax transformation (not ``optax.MaskedNode``, which
+    stands for a masked-out parameter leaf inside a parameter-shaped tree)."""
     module = type(x).__module__ or ""
-    return isinstance(x, tuple) and hasattr(x, "_fields") and module.startswith(("optax", "dpjax"))
+    return (
+        isinstance(x, tuple)
+        and hasattr(x, "_fields")
+        and module.startswith(("optax", "dpjax"))
+        and type(x).__name__ != "MaskedNode"
+    )
 
 
 def _holds_state_nodes(x: Any) -> bool:

@@ -139,3 +139,33 @@ def test_fit_refuses_non_positive_steps_by_name():
             with pytest.raises(ValueError, match="^steps"):
                 p.fit(jnp.zeros(2), jnp.ones((100, 2)), steps=steps, progress=False)
     assert np.isfinite(p.epsilon(3))
+
+
+@pytest.mark.parametrize("wrapper", ["multi_transform", "masked"])
+def test_continue_from_keeps_masked_optimizers(wrapper):
+    """``optax.multi_transform`` / ``optax.masked`` inside make_private (the advertised way to
+    freeze parameters) hold ``MaskedNode`` placeholders in parameter-shaped trees: they are not
+    transformation states, so continuing such a run under another σ is not refused."""
+    params = {"a": jnp.zeros(2, jnp.float32), "b": jnp.zeros((), jnp.float32)}
+
+    def labels(p):
+        return {"a": "sgd", "b": "frozen"} if isinstance(p, dict) else "sgd"
+
+    def optimizer():
+        inner = optax.sgd(0.1, momentum=0.9)
+        if wrapper == "multi_transform":
+            return optax.multi_transform({"sgd": inner, "frozen": optax.set_to_zero()}, labels)
+        return optax.masked(inner, lambda p: jax.tree.map(lambda lab: lab == "sgd", labels(p)))
+
+    def make(sigma, key):
+        return dpjax.make_private(
+            lambda p, ex: jnp.dot(ex, p["a"]) + p["b"], optimizer=optimizer(), l2_clip_norm=1.0,
+            dataset_size=100, batch_size=10, steps=2, noise_multiplier=sigma, delta=1e-5,
+            key=jax.random.key(key),
+        )  # fmt: skip
+
+    data = jnp.ones((100, 2), jnp.float32)
+    _, state, _ = make(1.0, 0).fit(params, data, progress=False)
+    second = make(2.0, 1)
+    _, state, _ = second.fit(params, data, state=second.continue_from(state), progress=False)
+    assert int(state.step) == 4
