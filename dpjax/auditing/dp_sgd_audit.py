@@ -425,7 +425,7 @@ def audit_run(
         >>> result.white_box.epsilon <= result.claimed_epsilon
         True
     """
-    from dpjax.dp_sgd.private import make_private
+    from dpjax.dp_sgd.training.factory import make_private
 
     m = _validate.positive_int("num_canaries", num_canaries)
     k = max(1, m // 20) if guesses is None else _validate.positive_int("guesses", guesses)

@@ -39,14 +39,6 @@ from dpjax.dp_sgd.optimizers import (
     laplace_dp_sgd_optimizer,
     noise_releases,
 )
-from dpjax.dp_sgd.private import (
-    PrivateState,
-    PrivateTraining,
-    PublicState,
-    make_private,
-    nnx_loss,
-    poisson_schedule,
-)
 from dpjax.dp_sgd.samplers import (
     PaddedBatch,
     PoissonSampler,
@@ -54,6 +46,15 @@ from dpjax.dp_sgd.samplers import (
     UniformBatchSampler,
     WithReplacementSampler,
 )
+from dpjax.dp_sgd.training import (
+    PrivateState,
+    PrivateTraining,
+    PublicState,
+    make_private,
+    nnx_loss,
+    poisson_schedule,
+)
+from dpjax.dp_sgd.training import ledger as _plan  # noqa: F401 (former path of the ledger)
 from dpjax.dp_sgd.transforms import (
     PublicNoiseState,
     add_gaussian_noise,

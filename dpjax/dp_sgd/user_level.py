@@ -52,8 +52,8 @@ import numpy as np
 from dpjax import _validate
 from dpjax.dp_sgd import _certified
 from dpjax.dp_sgd.clipping import _weighted_row_sum, _zero_rows
-from dpjax.dp_sgd.private import PrivateTraining
 from dpjax.dp_sgd.samplers import PaddedBatch
+from dpjax.dp_sgd.training.loop import PrivateTraining
 
 __all__ = ["UserGrouping", "UserLevelTraining", "clipped_user_sum", "group_users"]
 

@@ -29,8 +29,9 @@ import pytest
 import dpjax
 from dpjax import dp_sgd
 from dpjax._warnings import PrivacyLeakWarning
-from dpjax.dp_sgd import _plan, ghost, optimizers, private, samplers
+from dpjax.dp_sgd import ghost, optimizers, private, samplers
 from dpjax.dp_sgd.samplers import realised_sampling_rate
+from dpjax.dp_sgd.training import ledger, loop
 
 # ----------------------------------------------------------------------------- shared checks
 
@@ -118,7 +119,7 @@ def test_make_private_charges_one_step_per_noise_release_not_per_micro_batch(mon
     k = -(-build().max_batch_size // 8)  # micro-batches per logical batch
     assert k >= 4
     with monkeypatch.context() as m:  # the peer's mistake: charge every micro-batch
-        m.setattr(_plan.Plan, "accounted_steps", lambda self, t: k * t)
+        m.setattr(ledger.Plan, "accounted_steps", lambda self, t: k * t)
         with pytest.raises(AssertionError):
             check_steps_charged_equal_noise_releases(lambda: build(key=1), steps, k)
     check_steps_charged_equal_noise_releases(build, steps, k)
@@ -201,9 +202,9 @@ def test_make_private_adds_sum_noise_before_dividing_by_the_public_normaliser(mo
             batch_size=16, steps=2, noise_multiplier=1.3, delta=1e-5, key=jax.random.key(key),
         )  # fmt: skip
 
-    real = private.add_gaussian_noise
+    real = loop.add_gaussian_noise
     with monkeypatch.context() as m:  # noise σ·C on the mean: σ·C·B before the ÷ B
-        m.setattr(private, "add_gaussian_noise", lambda s, key: real(s * 16.0, key=key))
+        m.setattr(loop, "add_gaussian_noise", lambda s, key: real(s * 16.0, key=key))
         with pytest.raises(AssertionError):
             check_mean_noise_scale(*released_noise(lambda: build(1)))
     noise, normaliser, sum_std = released_noise(build)
