@@ -72,14 +72,8 @@ class Resuming:
         phases = _plan.read_ledger(state.plan, step)
         self._refuse_another_unit(phases)
         adaptive_clip.check_continuable(state.opt_state, self.l2_clip_norm)
-        self._refuse_another_optimizer(state.opt_state)
-        new_key = None if key is None else self._check_new_key(key)
-        self._start("continue_from")
-        if new_key is not None:
-            state = _rekeyed(state, new_key)
-        if phases[-1][0] == self._plan:
-            return state
-        if phases[-1][0].bands or self._plan.bands:
+        same_plan = phases[-1][0] == self._plan
+        if not same_plan and (phases[-1][0].bands or self._plan.bands):
             _validate.fail(
                 "state",
                 "a phase change from or to correlated noise (make_private(noise=BandMF(...)))",
@@ -87,6 +81,13 @@ class Resuming:
                 "into another's rows, so the phases would not be the independent mechanisms "
                 "that ε composes; start a new run",
             )
+        self._refuse_another_optimizer(state.opt_state)
+        new_key = None if key is None else self._check_new_key(key)
+        self._start("continue_from")
+        if new_key is not None:
+            state = _rekeyed(state, new_key)
+        if same_plan:
+            return state
         ledger = _plan.append_phase(state.plan, self._plan, step)
         return state._replace(plan=jnp.asarray(ledger))
 
