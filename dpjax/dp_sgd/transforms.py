@@ -217,6 +217,34 @@ def public_opt_state(opt_state: Any) -> Any:
     return public
 
 
+def rekeyed_noise_states(opt_state: Any, key: jax.Array) -> Any:
+    """``opt_state`` with the key data of its i-th noise state replaced by that of
+    ``fold_in(key, i)`` (counts, moments and past-noise buffers kept): every later noise draw
+    comes from ``key``, none from the old streams.
+
+    Raises:
+        ValueError: a noise state whose key data is not shaped like ``key``'s (another PRNG
+            implementation).
+    """
+    found = [x for x in jax.tree.leaves(opt_state, is_leaf=_is_noise_state) if _is_noise_state(x)]
+    fresh = iter(range(len(found)))
+    like = jax.random.key_data(key)
+
+    def rekey(x: Any) -> Any:
+        if not _is_noise_state(x):
+            return x
+        if jnp.shape(x.key) != like.shape:
+            _validate.fail(
+                "key",
+                f"a key whose data has shape {like.shape}",
+                f"a key of the run's PRNG implementation (key data shape {jnp.shape(x.key)})",
+            )
+        data = jax.random.key_data(jax.random.fold_in(key, next(fresh)))
+        return x._replace(key=jnp.asarray(data, jnp.uint32))
+
+    return jax.tree.map(rekey, opt_state, is_leaf=_is_noise_state)
+
+
 def _check_key(key: Any) -> jax.Array:
     """A JAX PRNG key is required: no default, no int seeds (they invite reuse across runs)."""
     if key is None:

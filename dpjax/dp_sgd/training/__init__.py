@@ -9,8 +9,13 @@ Modules, from the bottom up (each imports only modules listed before it):
   (``PhaseAccounting``, a mixin of the training object), and the bounds ``make_private``
   uses before a run.
 - ``step``: one jit-compiled DP-SGD update (``Stepping``, a mixin of the training object).
-- ``loop``: :class:`PrivateTraining`: the run's keys and states, ``continue_from``,
-  ``public_state`` and the training loop ``fit``.
+- ``resume``: ``continue_from`` (``Resuming``, a mixin of the training object): another plan's
+  state as a new phase, or the state re-keyed (``key=``) for a re-run from a checkpoint; it
+  reads the key check of ``factory`` at call time.
+- ``loop``: :class:`PrivateTraining`: the run's keys and states, ``public_state`` and the
+  training loop ``fit``.
+- ``inputs``: the checks of ``make_private``'s arguments that need more than a range (σ the
+  accountant can handle, a noise std float32 holds).
 - ``models``: :func:`nnx_loss`, a per-example loss from a flax nnx Module.
 - ``factory``: :func:`make_private` (arguments checked, schedule, σ, the sampler's cap) and
   :func:`poisson_schedule`.

@@ -29,6 +29,7 @@ from dpjax.accounting.dp_sgd import calibrate_noise_multiplier, warn_if_delta_re
 from dpjax.dp_sgd import adaptive_clip
 from dpjax.dp_sgd.clipping import BACKENDS as CLIPPING_BACKENDS
 from dpjax.dp_sgd.samplers import PoissonSampler, _binomial_cap, realised_sampling_rate
+from dpjax.dp_sgd.training import inputs
 from dpjax.dp_sgd.training.accounting import NOT_PRIVATE_EPSILON, SLACK_FRACTION, _epsilon_bound
 from dpjax.dp_sgd.training.loop import PrivateTraining
 
@@ -138,6 +139,7 @@ def _resolve_noise(
     if sigma == 0.0:
         _not_private("noise_multiplier=0: the clipped sums are released without noise")
         return sigma, math.inf
+    inputs.refuse_vanishing_noise(sigma, noise_multiplier)
     eps = _epsilon_bound(sigma, q, steps, accounted, accounting)
     if eps >= NOT_PRIVATE_EPSILON:
         _not_private(f"noise_multiplier={sigma:g} gives ε = {eps:g} ≥ {NOT_PRIVATE_EPSILON:g}")
@@ -160,12 +162,14 @@ def _sampler_for_slack(
     cap = min(n, _binomial_cap(n + 1, q, tail))
     sampler = PoissonSampler(dataset_size=n, sampling_rate=requested_q, max_batch_size=cap)
     if private and sampler.delta_slack(steps, epsilon) > budget:
+        if calibrated:
+            inputs.refuse_epsilon_beyond_any_cap(epsilon, tail)
         _validate.fail(
             "batch_size",
             f"{requested_q * n:g} (q = {q:.4g})",
             "small enough that a padded batch of at most n rows overflows with probability "
             f"≤ {tail:.3g} per step (use a smaller batch_size or the full-batch DP-GD of "
-            "dpjax.erm)",
+            f"dpjax.erm; the per-step bound shrinks as e^-ε, here ε = {epsilon:.4g})",
         )
     return sampler
 
@@ -401,6 +405,7 @@ def make_private(
         accounting=accounting,
     )
     adaptive_clip.check_budget(l2_clip_norm, sigma)
+    inputs.refuse_overflowing_noise_std(l2_clip_norm, sigma)
     sampler = _sampler_for_slack(
         records,
         q,

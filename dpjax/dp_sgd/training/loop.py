@@ -4,7 +4,8 @@ Built by :func:`~dpjax.make_private`. It holds the pipeline (noise → ÷ q·n �
 clipped gradient, the sampler) and the plan; issues a run's keys once (``init``), restores
 (``state_template``), continues another plan's state (``continue_from``), publishes
 (``public_state``) and runs the loop (``fit``). The update is :class:`~.step.Stepping`, the
-privacy spent :class:`~.accounting.PhaseAccounting` (its two mixins).
+privacy spent :class:`~.accounting.PhaseAccounting`, ``continue_from`` (another plan, or a new
+key for a re-run) :class:`~.resume.Resuming` (its three mixins).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from dpjax.dp_sgd.matrix_factorization import row_order as _row_order
 from dpjax.dp_sgd.samplers import PoissonSampler
 from dpjax.dp_sgd.training import ledger as _plan
 from dpjax.dp_sgd.training.accounting import PhaseAccounting
-from dpjax.dp_sgd.training.state import PrivateState, PublicState, _as_private_state, _steps_of
+from dpjax.dp_sgd.training.resume import Resuming
+from dpjax.dp_sgd.training.state import PrivateState, PublicState, _as_private_state
 from dpjax.dp_sgd.training.step import Stepping
 from dpjax.dp_sgd.transforms import add_gaussian_noise, normalize_by, public_opt_state
 from dpjax.relation import ADD_OR_REMOVE_ONE
@@ -34,7 +36,7 @@ from dpjax.relation import ADD_OR_REMOVE_ONE
 __all__ = ["PrivateTraining"]
 
 
-class PrivateTraining(PhaseAccounting, Stepping, ReadOnlyAfterInit):
+class PrivateTraining(PhaseAccounting, Stepping, Resuming, ReadOnlyAfterInit):
     """DP-SGD with Poisson sampling, built by :func:`make_private` (see its guarantees).
 
     One run per object: :meth:`init` (or ``fit`` without ``state``) issues its keys once;
@@ -216,45 +218,6 @@ class PrivateTraining(PhaseAccounting, Stepping, ReadOnlyAfterInit):
         zeros = lambda x: jnp.zeros(jnp.shape(x), jnp.result_type(x))  # noqa: E731
         return jax.tree.map(zeros, self._fresh_state(params))
 
-    def continue_from(self, state: PrivateState) -> PrivateState:
-        """Continue a run made under ANOTHER plan (σ, q, C, n, …) with this one.
-
-        The keys of ``state`` continue (nothing is replayed), and a new phase is recorded in
-        its ledger from the current step on, so :meth:`epsilon` reports the composition of
-        every phase (not the cost of this plan's steps alone). A state already in this plan
-        is returned unchanged. Counts as this object's run (see :meth:`init`).
-
-        Args:
-            state: the :class:`PrivateState` of the earlier phase(s) (the optimizer state must
-                have this object's structure: same optimizer transformations).
-
-        Returns:
-            The state to pass to ``step``/``fit`` of this object.
-
-        Raises:
-            ValueError: ``state`` has no valid ledger, a phase of another privacy unit
-                (example level vs user level, or another grouping of users), a change from
-                or to a correlated-noise plan (``noise=BandMF``), or this object already ran.
-        """
-        state = _as_private_state(state)
-        step = _steps_of(state)
-        phases = _plan.read_ledger(state.plan, step)
-        self._refuse_another_unit(phases)
-        adaptive_clip.check_continuable(state.opt_state, self.l2_clip_norm)
-        self._start("continue_from")
-        if phases[-1][0] == self._plan:
-            return state
-        if phases[-1][0].bands or self._plan.bands:
-            _validate.fail(
-                "state",
-                "a phase change from or to correlated noise (make_private(noise=BandMF(...)))",
-                "a state of this plan: the noise buffers would carry one strategy's past noise "
-                "into another's rows, so the phases would not be the independent mechanisms "
-                "that ε composes; start a new run",
-            )
-        ledger = _plan.append_phase(state.plan, self._plan, step)
-        return state._replace(plan=jnp.asarray(ledger))
-
     def public_state(self, state: PrivateState, delta: float | None = None) -> PublicState:
         """What may be published of ``state`` with the parameters: no key data.
 
@@ -351,6 +314,7 @@ class PrivateTraining(PhaseAccounting, Stepping, ReadOnlyAfterInit):
         else:
             self._check_plan(state)
             phases = self._phases(state)
+        self._check_params(params)
         self._check_data(data)
         done = sum(t for _, t in phases)
         in_plan = self._steps_in_this_plan(phases)

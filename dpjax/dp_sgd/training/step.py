@@ -34,6 +34,20 @@ class Stepping:
     ``_example_loss``.
     """
 
+    def _check_params(self, params: Any) -> None:
+        """Parameters are floating-point arrays (``jax.grad`` differentiates them)."""
+        leaves = jax.tree.leaves(params)
+        if not leaves:
+            _validate.fail("params", params, "a pytree of floating-point arrays (none found)")
+        for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+            if not jnp.issubdtype(jnp.result_type(leaf), jnp.floating):
+                _validate.fail(
+                    "params",
+                    f"a leaf of dtype {jnp.result_type(leaf)} at {jax.tree_util.keystr(path)}",
+                    "floating-point leaves only (they are differentiated and updated; keep "
+                    "integer or boolean state out of params)",
+                )
+
     def _check_data(self, data: Any) -> None:
         leaves = jax.tree.leaves(data)
         if not leaves:
@@ -81,6 +95,7 @@ class Stepping:
                 own ``jax.jit``).
         """
         self._check_plan(state)
+        self._check_params(params)
         self._check_data(data)
         self._refuse_past_strategy(state)
         digest = None
