@@ -106,7 +106,7 @@ def test_grid_estimate_flags_settings_that_ran_out_of_memory():
     points = tight.pld_grid_points([usual], 1e-4)
     assert 1e5 < points <= tight.MAX_PLD_GRID_POINTS  # ≈ 2.5e5 (measured with dp-accounting)
     tiny_sigma = acc.PoissonSampledGaussianEvent(noise_multiplier=1e-4, sampling_rate=0.5)
-    with pytest.raises(ValueError, match="method='rdp'"):
+    with pytest.raises(ValueError, match="accounting='rdp'"):
         tight.plan_pld([tiny_sigma], 1e-4)
 
 

@@ -52,7 +52,7 @@ def fixed_batch_uses(event: ev.FixedBatchGaussianEvent) -> int:
 
 
 def _unsupported(event: ev.PrivacyEvent, method: str, why: str) -> ValueError:
-    return ValueError(f"method={method!r} does not apply to {event!r}: {why}")
+    return ValueError(f"accounting={method!r} does not apply to {event!r}: {why}")
 
 
 def to_dp_event(
@@ -172,7 +172,7 @@ def _poisson_dp_event(
             event,
             method,
             "dp-accounting's RDP has no replace-one analysis of Poisson subsampling; use "
-            "method='pld' or the add/remove-one relation",
+            "accounting='pld' or the add/remove-one relation",
         )
     inner = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(nm))
     return inner, dp_accounting.NeighboringRelation.REPLACE_ONE

@@ -185,7 +185,7 @@ def gaussian_epsilon_upper(mu: float, delta: float) -> float:
 
 class PLDGridTooLargeError(ValueError):
     """The PLD of a setting needs more grid points than :data:`MAX_PLD_GRID_POINTS` even at the
-    coarsest discretisation :data:`MAX_VALUE_DISCRETIZATION_INTERVAL` (use ``method="rdp"``)."""
+    coarsest discretisation :data:`MAX_VALUE_DISCRETIZATION_INTERVAL` (use ``accounting="rdp"``)."""
 
 
 class PLDGridCoarsenedWarning(UserWarning):
@@ -358,7 +358,7 @@ def _choose_vdi(events: Sequence[ev.PrivacyEvent], vdi: float) -> float:
                     f"PLD accounting at value_discretization_interval={vdi:g} needs a grid "
                     f"beyond {MAX_PLD_GRID_POINTS} points (steps beyond {MAX_PLD_STEP_POINTS}); "
                     f"coarsened it to {used:.3g}: the ε is still a valid (pessimistic) upper "
-                    "bound, only looser; compare method='rdp'",
+                    "bound, only looser; compare accounting='rdp'",
                     PLDGridCoarsenedWarning,
                     stacklevel=4,
                 )
@@ -369,7 +369,7 @@ def _choose_vdi(events: Sequence[ev.PrivacyEvent], vdi: float) -> float:
     raise PLDGridTooLargeError(
         f"PLD accounting of {list(events)!r} needs a grid beyond {MAX_PLD_GRID_POINTS} points "
         f"even at value_discretization_interval={MAX_VALUE_DISCRETIZATION_INTERVAL} (very small "
-        "noise multiplier or very many steps at a large sampling rate); use method='rdp'"
+        "noise multiplier or very many steps at a large sampling rate); use accounting='rdp'"
     )
 
 

@@ -174,7 +174,7 @@ def with_replacement_pld(
         event.noise_multiplier,
         event.batch_size,
         event.dataset_size,
-        float(value_discretization_interval),
+        _validate.positive("value_discretization_interval", value_discretization_interval),
     )
     if event.count == 1:
         return step

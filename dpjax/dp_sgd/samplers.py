@@ -52,6 +52,9 @@ __all__ = [
 DEFAULT_OVERFLOW_PROBABILITY = 1e-9
 
 
+_MAX_INDEX = 2**31 - 1  # jax.random draws int32 indices
+
+
 class PaddedBatch(NamedTuple):
     """Indices of one batch padded to a fixed length.
 
@@ -479,8 +482,8 @@ class WithReplacementSampler:
     def __init__(self, dataset_size: int, batch_size: int):
         self.dataset_size = _validate.positive_int("dataset_size", dataset_size)
         self.batch_size = _validate.positive_int("batch_size", batch_size)
-        if self.dataset_size < 2:
-            _validate.fail("dataset_size", dataset_size, "at least 2")
+        if not 2 <= self.dataset_size <= _MAX_INDEX:
+            _validate.fail("dataset_size", dataset_size, f"in [2, {_MAX_INDEX}] (int32 indices)")
 
     @property
     def expected_batch_size(self) -> float:
