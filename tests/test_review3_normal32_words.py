@@ -18,7 +18,7 @@ import pytest
 from jax.extend.random import define_prng_impl
 
 from dpjax import _random as R
-from tests.test_random_normal32 import body_words, exact_body, exact_tail
+from tests.core.test_random_normal32 import body_words, exact_body, exact_tail
 
 BLOCK = 4096
 _NAMES = itertools.count()

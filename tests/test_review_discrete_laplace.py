@@ -6,7 +6,7 @@ enumerated; float64 cells by binary search) and found DL-1 (float64 tiny rates: 
 1e-4) and DL-3 (float16 x/g overflow). DL-1/DL-2 were first fixed by refusing what the float
 sampler could not realise; since issue 26 the noise comes from the exact integer sampler of
 Canonne, Kamath, Steinke 2020 (uint32 arithmetic on random words), so both configurations are
-released with the exact law (tests/exact/test_exact_integer_noise.py measures it), with x64
+released with the exact law (tests/mechanisms/test_exact_integer_samplers.py measures it), with x64
 on or off. Issue 25's papercut (float16 values at B/g = 102 400 gave inf for 91% of outputs,
 bfloat16 collapsed to 467 values) is fixed by refusing grids the output dtype cannot hold.
 """

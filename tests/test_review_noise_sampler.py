@@ -72,7 +72,7 @@ def test_magnitude_matches_mpmath_at_extreme_and_switch_uniforms(dtype, rel):
 
 
 # float32 normal noise takes ONE word a lane (no (hi, lo) pair): its mirror symmetry is
-# tested in tests/test_random_normal32.py, so that combination is not a case here.
+# tested in tests/core/test_random_normal32.py, so that combination is not a case here.
 @pytest.mark.parametrize(
     ("dtype", "sampler"),
     [(np.float64, _random.normal), (np.float32, _random.laplace), (np.float64, _random.laplace)],

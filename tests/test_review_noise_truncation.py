@@ -57,12 +57,12 @@ def _atom_floor(*, dimension: int, sampling_rate: float, steps: int, atom: float
     return -math.expm1(steps * math.log1p(-per_release))
 
 
-@pytest.mark.parametrize("dtype", [np.float64])  # float32: tests/test_random_normal32.py
+@pytest.mark.parametrize("dtype", [np.float64])  # float32: tests/core/test_random_normal32.py
 def test_top_of_support_is_an_atom_of_one_word_pair(dtype):
     """Premise (holds): word pair (hi=0, lo=0) — 1 of 2⁶⁴ equiprobable pairs — gives +z_max,
     and the next words (lo = 1, 2, …) give strictly smaller values: an atom of mass 2⁻⁶⁴.
     (Float32 normal noise takes one word a lane; its top atom is tested in
-    tests/test_random_normal32.py.)"""
+    tests/core/test_random_normal32.py.)"""
     key = jax.random.key(0, impl=_enumerating_impl(0))
     z = np.asarray(_random.normal(key, (64,), dtype), np.float64)
     z_max = _random.gaussian_support_max(dtype)
