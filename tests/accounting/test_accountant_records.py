@@ -9,8 +9,9 @@ import pytest
 from dp_accounting import pld, rdp
 
 from dpjax import accounting as acc
-from dpjax.accounting import tight
+from dpjax.accounting import PrivacyAccountant, tight
 from dpjax.erm import bounds
+from dpjax.events import LaplaceEvent
 from dpjax.mechanisms import gaussian_epsilon
 from dpjax.mechanisms.gaussian import classic_gaussian_ratio, classic_gaussian_sigma
 from dpjax.relation import ADD_OR_REMOVE_ONE, REPLACE_ONE, sensitivity_factor
@@ -309,3 +310,52 @@ def test_dp_sgd_functions_take_accounting_and_still_read_the_former_method():
     ) == acc.max_steps(
         noise_multiplier=4.0, target_epsilon=1.0, delta=1e-5, sampling_rate=1.0, method="rdp"
     )
+
+
+# ------------------------------------------------------------------------------------------------
+# the DP-SGD training API: each test pins a violation found
+# in review and fails without its fix.
+# ------------------------------------------------------------------------------------------------
+
+# ----------------------------------------------------------------------------- serialisation
+
+
+def test_state_dict_without_count_is_refused():
+    # Before the fix a saved accountant whose event lost "count" came back as ONE release
+    # (ε of 1 step instead of 1000), with no error.
+    from dpjax.accounting import PrivacyAccountant
+    from dpjax.events import GaussianEvent
+
+    run = PrivacyAccountant([GaussianEvent(4.0, count=1000, relation="add_or_remove_one")])
+    state = run.state_dict()
+    del state["events"][0]["count"]
+    with pytest.raises(ValueError, match="count"):
+        PrivacyAccountant.from_state_dict(state)
+
+
+def test_event_dict_without_relation_is_refused():
+    # Before the fix the dict of an add/remove-one Poisson event without "relation" was read
+    # back under the class default, and a Gaussian one came back relabelled replace-one.
+    from dpjax.events import GaussianEvent, event_from_dict, event_to_dict
+
+    data = event_to_dict(GaussianEvent(4.0, count=3, relation="add_or_remove_one"))
+    del data["relation"]
+    with pytest.raises(ValueError, match="relation"):
+        event_from_dict(data)
+
+
+# ------------------------------------------------------------------------------------------------
+# Issue 25's papercuts: each test attacks one fix and fails on the code before it.
+# ------------------------------------------------------------------------------------------------
+
+# ----------------------------------------------------------------------------- accountant
+
+
+def test_accountant_state_with_empty_orders_is_a_clear_error():
+    acc = PrivacyAccountant([LaplaceEvent(noise_multiplier=1.0)])
+    state = acc.state_dict()
+    state["orders"] = []
+    with pytest.raises(ValueError, match=r"orders must be a non-empty sequence"):
+        PrivacyAccountant.from_state_dict(state)
+    with pytest.raises(ValueError, match=r"orders must be a non-empty sequence"):
+        PrivacyAccountant(orders=())

@@ -3,7 +3,8 @@
 The inverse-normal chain of :func:`dpjax._random.normal` used to be fused by XLA into every
 consumer of the draw: one copy per leaf slice of :func:`dpjax._noise.tree_iid_noise_like`'s
 flat draw, so compile time grew with the number of leaves. Large draws now run the transform
-in a loop over chunks (same values: tests/core/test_sampler_support.py, tests/dp_sgd/test_noise_transforms.py).
+in a loop over chunks (same values: tests/core/test_sampler_support.py,
+tests/dp_sgd/test_noise_transforms.py).
 """
 
 from __future__ import annotations

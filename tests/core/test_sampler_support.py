@@ -7,6 +7,9 @@ implementation whose every word is 0 or 0xFFFFFFFF, defined here so that the sam
 against the library before the fix), never by sampling.
 """
 
+from __future__ import annotations
+
+import functools
 import math
 import os
 import subprocess
@@ -16,13 +19,15 @@ import textwrap
 import flax.serialization
 import jax
 import jax.numpy as jnp
+import mpmath
 import numpy as np
 import optax
 import pytest
 from scipy import stats
 
 import dpjax
-from dpjax import _random
+from dpjax import _noise, _random
+from dpjax import _random as R
 from dpjax.dp_sgd.transforms import NoiseState
 from tests.helpers import assert_distribution
 
@@ -361,3 +366,219 @@ def test_tiny_noise_scale_is_refused_not_flushed_to_zero(sensitivity):
         )
     with pytest.raises(ValueError, match="noise scale"):
         mechanisms.laplace(jax.random.key(1), value, sensitivity=sensitivity, epsilon=1.0)
+
+
+# ------------------------------------------------------------------------------------------------
+# ghost clipping of embedding tables and the chunked 64-bit noise samplers.
+#
+# Embeddings: token ids of every integer dtype and lookup mode reach the ghost path; each
+# example's contribution to the clipped sum stays ≤ C(1 + 1e-6) (measured in float64 NumPy);
+# a table used twice is left to vmap. Samplers: the chunked word → sample transform gives the
+# same bits as the unchunked (compiled) transform, reaches the same extremes and never reuses a
+# random word across coordinates or leaves.
+# ------------------------------------------------------------------------------------------------
+
+# ------------------------------------------------------------------------------ samplers
+
+TRANSFORMS = {
+    "normal": R._normal_of_words,
+    "laplace": R._laplace_of_words,
+    "exponential": R._exponential_of_words,
+    "gumbel": R._gumbel_of_words,
+}
+SIZES = [0, 1, 2047, 2048, 2049, 2**20, 2**20 + 1]
+
+
+def wide_dtypes():
+    return [np.float32] + ([np.float64] if jax.config.jax_enable_x64 else [])
+
+
+@pytest.mark.slow  # 8–14 s a case (compiles of d-sized draws); make test-slow
+@pytest.mark.parametrize("name", sorted(TRANSFORMS))
+def test_chunked_transform_equals_the_unchunked_compiled_transform(name):
+    """Bit-identical to the compiled elementwise transform of the same words, every size.
+
+    (Eager op-by-op evaluation of the transform differs from any compiled one by ≤ 3 ulp in
+    the normal's ndtri: fusion, not chunking.)
+    """
+    sampler, transform = getattr(R, name), jax.jit(TRANSFORMS[name], static_argnums=2)
+    key = jax.random.key(7)
+    for dtype in wide_dtypes():
+        for size in SIZES:
+            shape = (size,) if size != 2049 else (3, 683)
+            out = np.asarray(jax.jit(lambda k, s=shape, d=dtype: sampler(k, s, d))(key))
+            if name == "normal" and dtype == np.float32:  # one word a lane (issue 24)
+                words = R._normal32_words(key, size)
+                want = np.asarray(jax.jit(R._normal32_of_words)(*words)).reshape(shape)
+            else:
+                hi, lo = jax.random.bits(key, (2, *shape), jnp.uint32)
+                want = np.asarray(transform(hi, lo, np.dtype(dtype)))
+            assert out.shape == shape and out.dtype == dtype
+            np.testing.assert_array_equal(out, want)
+            assert np.all(np.isfinite(out))
+
+
+@pytest.mark.slow  # 8–14 s a case (compiles of d-sized draws); make test-slow
+@pytest.mark.parametrize("name", sorted(TRANSFORMS))
+def test_chunked_draws_reach_the_same_extremes_and_no_further(name):
+    """All-zero / all-one words: every lane of a chunked draw (padding cut off) equals the
+    one-coordinate extreme that the support functions report."""
+    sampler = getattr(R, name)
+    for dtype in wide_dtypes():
+        for word in (0, 0xFFFFFFFF):
+            key = R.constant_bits_key(word)
+            single = np.asarray(sampler(key, (1,), dtype))[0]
+            for size in (2048, 2049, 2**20 + 1):
+                draw = np.asarray(jax.jit(lambda k, s=size, d=dtype: sampler(k, (s,), d))(key))
+                assert draw.shape == (size,)
+                if name == "normal" and dtype == np.float32:
+                    # every lane is a tail lane: the first and last of each block of 4096 are
+                    # refined (the extreme), the others keep the body value at m = 0 (6.338)
+                    assert np.abs(draw).max() == abs(single)
+                    refined = np.zeros(size, bool)
+                    refined[0::4096] = refined[
+                        np.minimum(np.arange(4095, size + 4095, 4096), size - 1)
+                    ] = True
+                    np.testing.assert_array_equal(draw[refined], single)
+                    assert np.all(np.abs(draw[~refined]) == pytest.approx(6.338, abs=1e-3))
+                else:
+                    np.testing.assert_array_equal(draw, np.full(size, single))
+    if name == "normal":
+        assert R.gaussian_support_max(np.float32) == pytest.approx(9.1553, abs=1e-4)
+    if name == "laplace":
+        assert R.laplace_support_max(np.float32) == pytest.approx(64 * np.log(2), rel=1e-6)
+
+
+def test_no_random_word_is_used_twice_across_coordinates_or_leaves():
+    """Leaves of sizes that straddle the chunk boundaries get disjoint slices of one draw:
+    every coordinate's 64-bit (hi, lo) pair is distinct, and the values are a slice of the
+    flat draw in order (no lane drawn twice, no padding lane)."""
+    key = jax.random.key(11)
+    sizes = [2047, 1, 2049, 2**20 + 1]
+    tree = [jnp.zeros((s,), jnp.float32) for s in sizes]
+    noise = _noise.tree_iid_noise_like(key, tree, R.normal)
+    flat = np.concatenate([np.asarray(x) for x in noise])
+    (group_key,) = jax.random.split(key, 1)
+    np.testing.assert_array_equal(flat, np.asarray(R.normal(group_key, (sum(sizes),))))
+    hi, lo = jax.random.bits(group_key, (2, sum(sizes)), jnp.uint32)
+    pairs = np.asarray(hi, np.uint64) << np.uint64(32) | np.asarray(lo, np.uint64)
+    assert np.unique(pairs).size == pairs.size
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.int32])
+def test_narrow_sampler_dtypes_are_refused(dtype):
+    with pytest.raises(ValueError, match="dtype must be float32 or float64"):
+        R.normal(jax.random.key(0), (3,), dtype)
+
+
+# ------------------------------------------------------------------------------------------------
+# the 64-bit samplers' law (these checks HOLD on the reviewed code).
+#
+# * accuracy of |Z| = −ndtri(U/2) against mpmath (50 digits) at the extreme uniforms U = 2⁻⁶⁴,
+#   around ndtri's two branch switches (U/2 = e⁻², e⁻³²) and at U = 1;
+# * exact symmetry: the complemented word pair gives exactly the negated value;
+# * the support ±9.155 (Gaussian) / ±44.36 (Laplace) on every dtype path (bf16/fp16/int leaves),
+#   through jit and vmap, for the per-leaf and the flat i.i.d. draw.
+# ------------------------------------------------------------------------------------------------
+
+Z_MAX = 9.155293772686072  # Φ̄⁻¹(2⁻⁶⁵), mpmath
+L_MAX = 64 * np.log(2.0)
+
+
+@functools.cache
+def _pattern_impl(hi_word: int, complement: bool):
+    """bits(key, (2, n)): hi = ``hi_word``, lo = 0..n−1 (both bitwise-complemented if asked)."""
+    from jax.extend.random import define_prng_impl
+
+    def random_bits(key, bit_width, shape):
+        del key
+        n = int(np.prod(shape[1:], dtype=np.int64))
+        words = jnp.stack([jnp.full((n,), hi_word, jnp.uint32), jnp.arange(n, dtype=jnp.uint32)])
+        return (~words if complement else words).reshape(shape)
+
+    return define_prng_impl(
+        key_shape=(1,),
+        seed=lambda seed: jnp.zeros((1,), jnp.uint32),
+        split=lambda key, shape: jnp.zeros((*shape, 1), jnp.uint32),
+        random_bits=random_bits,
+        fold_in=lambda key, data: key,
+        name=f"review_pattern_{hi_word:#x}_{complement}",
+    )
+
+
+def _minus_ndtri_half(u: float) -> float:
+    mpmath.mp.dps = 50
+    return float(-mpmath.sqrt(2) * mpmath.erfinv(mpmath.mpf(u) - 1))  # −Φ⁻¹(u/2)
+
+
+@pytest.mark.parametrize(("dtype", "rel"), [(np.float64, 4e-15), (np.float32, 1e-6)])
+def test_magnitude_matches_mpmath_at_extreme_and_switch_uniforms(dtype, rel):
+    """Max relative error of −ndtri(U/2): float64 8e-16, float32 3.7e-7 (measured over U =
+    2^-64 … 1/2, both ndtri switches, and U → 1)."""
+    us = np.unique(
+        np.concatenate(
+            [
+                2.0 ** -np.arange(1.0, 64.25, 0.25),
+                2 * np.exp(-2.0) * np.linspace(0.999, 1.001, 41),
+                2 * np.exp(-32.0) * np.linspace(0.999, 1.001, 41),
+                np.linspace(0.999, 1.0, 11),
+            ]
+        ).astype(dtype)
+    )
+    half = us * dtype(0.5)
+    got = np.asarray(-jax.scipy.special.ndtri(jnp.asarray(half)), np.float64)
+    want = np.array([_minus_ndtri_half(float(u)) for u in us])
+    err = np.abs(got - want) / np.maximum(np.abs(want), 1e-30)
+    assert np.all(err[want > 1e-3] <= rel)
+    assert np.all(np.abs(got - want)[want <= 1e-3] <= 16 * np.finfo(dtype).eps)
+
+
+# float32 normal noise takes ONE word a lane (no (hi, lo) pair): its mirror symmetry is
+# tested in tests/core/test_random_normal32.py, so that combination is not a case here.
+@pytest.mark.parametrize(
+    ("dtype", "sampler"),
+    [(np.float64, _random.normal), (np.float32, _random.laplace), (np.float64, _random.laplace)],
+)
+@pytest.mark.parametrize("hi_word", [0x0, 0x1, 0x00ABCDEF, 0x3FFFFFFF, 0x7FFFFFFF])
+def test_complemented_words_give_exactly_the_negated_value(dtype, sampler, hi_word):
+    """Sign bit 0 with bits (hi, lo) vs sign bit 1 with (~hi, ~lo): same magnitude, exactly."""
+    n = 512
+    pos = sampler(jax.random.key(0, impl=_pattern_impl(hi_word, False)), (n,), dtype)
+    neg = sampler(jax.random.key(0, impl=_pattern_impl(hi_word, True)), (n,), dtype)
+    pos, neg = np.asarray(pos), np.asarray(neg)
+    assert np.all(pos >= 0) and np.all(neg <= 0)
+    np.testing.assert_array_equal(pos, -neg)
+    assert np.all(np.diff(pos) <= 0)  # larger k (lo) → larger U → smaller magnitude
+
+
+LEAVES = {
+    "bf16": jnp.zeros((3,), jnp.bfloat16),
+    "f16": jnp.zeros((2,), jnp.float16),
+    "i32": jnp.zeros((2,), jnp.int32),
+    "f32": jnp.zeros((2,), jnp.float32),
+    "f64": jnp.zeros((2,), jnp.float64),
+}
+
+
+@pytest.mark.parametrize("draw", [_noise.tree_noise_like, _noise.tree_iid_noise_like])
+@pytest.mark.parametrize(
+    ("sampler", "reach"), [(jax.random.normal, Z_MAX), (jax.random.laplace, L_MAX)]
+)
+def test_support_reaches_both_ends_on_every_dtype_path_under_jit_and_vmap(draw, sampler, reach):
+    """All-zero / all-one words: every leaf's noise (float32 for bf16/fp16, default float for
+    int) reaches ±reach to float32 precision, jitted and vmapped over keys."""
+    for word, sign in ((0, 1.0), (0xFFFFFFFF, -1.0)):
+        keys = jnp.stack([_random.constant_bits_key(word)] * 2)
+        out = jax.jit(jax.vmap(lambda k: draw(k, LEAVES, sampler)))(keys)
+        wide = np.concatenate([np.asarray(z, np.float64).ravel() for z in out.values()])
+        for name, z in out.items():
+            assert z.dtype in (jnp.float32, jnp.float64), name
+            float32_normal = sampler is jax.random.normal and z.dtype == jnp.float32
+            z = np.asarray(z, np.float64)
+            if float32_normal:
+                # float32 normal, constant words: every lane is a tail lane, the first and
+                # last of a block reach the extreme, the others stay at 6.338 (issue 24)
+                assert np.all(np.abs(z) <= reach * (1 + 2e-7)) and np.all(sign * z > 6.3)
+            else:
+                np.testing.assert_allclose(z, sign * reach, rtol=2e-7)
+        np.testing.assert_allclose(np.max(sign * wide), reach, rtol=2e-7)

@@ -9,6 +9,7 @@ keyed digest of the rows in its SECRET part; each attack below ran without error
 import flax.serialization
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import optax
 import pytest
@@ -171,3 +172,120 @@ def test_fit_past_the_factorization_is_refused_before_any_step(stepped):
     private, w, state, data = stepped  # one of steps=6 done
     with pytest.raises(ValueError, match="at most 5 more step"):
         private.fit(w, data, state=state, steps=6, progress=False)
+
+
+# ------------------------------------------------------------------------------------------------
+# open findings on the new release paths (strict xfails, each with its fix).
+#
+# Each test is the attack; it fails on main today (hence ``xfail(strict=True)``), and passes once
+# the fix described in its reason lands.
+# ------------------------------------------------------------------------------------------------
+
+N_UNIT_ROWS = 300
+
+
+# Was open (review2); fixed: the secret state records a keyed digest of the data's row order
+# and step/fit refuse other data (the test failed before the fix: DID NOT RAISE).
+def test_bandmf_resumed_on_reordered_rows_is_refused():
+    private = make_private(
+        _linear,
+        optimizer=optax.sgd(0.1),
+        l2_clip_norm=1.0,
+        dataset_size=N_UNIT_ROWS,
+        batch_size=5,
+        steps=6,
+        noise_multiplier=1.0,
+        delta=1e-5,
+        key=jax.random.key(0),
+        noise=BandMF(bands=2),
+    )
+    data = jnp.asarray(np.random.default_rng(0).normal(size=(N_UNIT_ROWS, 2)), jnp.float32)
+    w = jnp.zeros(2, jnp.float32)
+    state = private.init(w)
+    w, state, _ = private.step(w, state, data)  # step 0: part 0 = even rows, record 0 there
+    swapped = data.at[jnp.array([0, 1])].set(data[jnp.array([1, 0])])  # record 0 now odd
+    with pytest.raises(ValueError, match="data"):
+        private.step(w, state, swapped)  # step 1 samples part 1: record 0 again, 1 step apart
+
+
+# ------------------------------------------------------------------------------------------------
+# row swaps that keep BandMF's keyed row-order digest.
+#
+# A swap of two rows that differ in ONE bit of ONE leaf must change the digest, whatever the
+# leaf's dtype (narrow dtypes are widened; a bit lost there would let the swap pass), and
+# whichever leaf holds the difference (leaves are salted by their index).
+# ------------------------------------------------------------------------------------------------
+
+N_DIGEST_ROWS = 8
+KEY = init_row_order(jax.random.key(11)).key
+_digest = jax.jit(row_order_digest)
+
+
+def _swap01(x):
+    x = np.array(x)
+    x[[0, 1]] = x[[1, 0]]
+    return x
+
+
+def _rows_differing_in_one_bit(dtype, bit):
+    """(N_DIGEST_ROWS, 3) rows of ``dtype``, equal but for ``bit`` flipped in row 1, column 2."""
+    dtype = np.dtype(dtype)
+    raw = np.zeros((N_DIGEST_ROWS, 3 * dtype.itemsize), np.uint8)
+    raw[:, 0] = 3  # some common content
+    raw = raw.view(dtype).copy()
+    flipped = raw[1:2].view(np.uint8).copy()
+    flipped[0, 2 * dtype.itemsize + bit // 8] ^= np.uint8(1 << (bit % 8))
+    raw[1:2] = flipped.view(dtype)
+    return raw
+
+
+DTYPES = [
+    np.int8, np.uint8, np.int16, np.uint16, np.float16, ml_dtypes.bfloat16, np.int32,
+    np.uint32, np.float32, np.complex64, ml_dtypes.float8_e4m3fn,
+]  # fmt: skip
+
+
+def _leaves(changed=None, bit=0):
+    """One leaf per dtype (rows all equal), except ``changed`` whose row 1 differs in ``bit``."""
+    out = {}
+    for dtype in DTYPES:
+        name = np.dtype(dtype).name
+        rows = _rows_differing_in_one_bit(dtype, bit) if name == changed else None
+        out[name] = (
+            rows if rows is not None else _rows_differing_in_one_bit(dtype, 0)[[0] * N_DIGEST_ROWS]
+        )
+    return out
+
+
+@pytest.mark.slow
+def test_a_swap_of_rows_differing_in_the_top_or_bottom_bit_of_any_dtype_changes_the_digest():
+    """One compiled digest for all: every dtype is a leaf of one tree (same shapes each time)."""
+    for dtype in DTYPES:
+        name, bits = np.dtype(dtype).name, 8 * np.dtype(dtype).itemsize
+        for bit in (0, bits - 1):
+            leaves = _leaves(name, bit)
+            assert not np.array_equal(
+                leaves[name][0].view(np.uint8), leaves[name][1].view(np.uint8)
+            )
+            swapped = dict(leaves, **{name: _swap01(leaves[name])})
+            as_jax = lambda tree: jax.tree.map(jnp.asarray, tree)  # noqa: E731
+            same = np.array_equal(_digest(KEY, as_jax(leaves)), _digest(KEY, as_jax(swapped)))
+            assert not same, (name, bit)
+
+
+@pytest.mark.slow
+def test_a_swap_of_bool_rows_and_of_key_rows_changes_the_digest():
+    flags = np.zeros((N_DIGEST_ROWS, 1), bool)
+    flags[1] = True
+    keys = jax.random.split(jax.random.key(0), N_DIGEST_ROWS)
+    order = jnp.array([1, 0, *range(2, N_DIGEST_ROWS)])
+    data = [jnp.asarray(flags), keys]
+    for swapped in ([jnp.asarray(flags)[order], keys], [jnp.asarray(flags), keys[order]]):
+        assert not np.array_equal(_digest(KEY, data), _digest(KEY, swapped))
+
+
+def test_moving_a_column_to_another_leaf_changes_the_digest():
+    """Leaves are salted by index: (x, y) and (y, x) are other data, not the same rows."""
+    x = jnp.arange(N_DIGEST_ROWS, dtype=jnp.float32)[:, None]
+    y = jnp.zeros((N_DIGEST_ROWS, 1), jnp.float32)
+    assert not np.array_equal(_digest(KEY, [x, y]), _digest(KEY, [y, x]))

@@ -17,7 +17,7 @@ import optax
 import pytest
 
 import dpjax
-from dpjax.dp_sgd import _certified, ghost
+from dpjax.dp_sgd import _certified, ghost, transforms
 
 C = 1.0
 SLACK = 1.0 + 1e-6  # the per-example certification's documented tolerance
@@ -210,3 +210,78 @@ def test_ghost_pairs_report_the_factor_used():
     expected = (np.minimum(1.0, f * C / norms)[:, None] * x64).sum(0)
     np.testing.assert_allclose(np.asarray(hi, np.float64) + np.asarray(lo), expected, rtol=1e-5)
     assert 0.998 < f < 1.0
+
+
+# ------------------------------------------------------------------------------------------------
+# : what reaches the noise, and the noise scale that is released.
+#
+# Grey-box shape (Cebere et al., "Privacy in Theory, Bugs in Practice", PETS 2026): with additive
+# noise the release on D minus the release on D′ under the SAME key is the difference of the
+# pre-noise values, which must be ≤ the declared sensitivity.
+#
+# * bfloat16 models: ``clipped_grad`` returns the clipped SUM rounded to bfloat16 (the weighted
+#   row sum is a bf16 tensordot) and ``accumulate_clipped_sums`` keeps its running total in the
+#   params' dtype. The noise is then drawn and added in float32, but the sum it is added to has
+#   already moved by ulp_bf16(S) ≈ 2⁻⁸·|S| between neighbours: 2·C at |S| ≈ 258, 512·C at
+#   |S| ≈ 65 792 (add/remove-one, declared sensitivity C).
+# * Laplace DP-SGD: θ_h is rounded UP to the FIRST leaf's noise dtype; a later leaf of a narrower
+#   dtype re-rounds it to nearest, below the float64 θ_h that ``laplace_dp_sgd_event`` accounts.
+# ------------------------------------------------------------------------------------------------
+
+
+def _linear_loss(params, x):
+    return jnp.sum(params * x)
+
+
+@pytest.mark.parametrize("n", [258, 65_792])
+def test_bf16_clipped_sum_moves_by_at_most_c(n):
+    """VIOLATION: n examples of gradient +1 (norm 1 = C, unclipped) vs the same plus one more.
+    Exact sums 258 → 259 (resp. 65 792 → 65 793); bf16 rounding (ties to even) returns
+    258 → 260 (resp. 65 536 → 66 048): the clipped sum moves by 2·C (resp. 512·C)."""
+    grad_fn = dpjax.clipped_grad(_linear_loss, l2_clip_norm=C)
+    params = jnp.zeros((1,), jnp.bfloat16)
+    s_without, _ = grad_fn(params, jnp.ones((n, 1), jnp.bfloat16))
+    s_with, _ = grad_fn(params, jnp.ones((n + 1, 1), jnp.bfloat16))
+    moved = abs(float(s_with[0]) - float(s_without[0]))
+    assert moved <= grad_fn.sensitivity() * (1 + 1e-6), f"clipped sum moved by {moved} > C"
+
+
+def test_bf16_release_moves_by_at_most_c_under_the_same_key():
+    """VIOLATION, end to end through dp_sgd_optimizer's noise: same
+    key, D′ = 258 examples, D = 259; the
+    float32-wide release (noise σ = 1) cast to bf16 differs by 2 = 2·C in every draw tried,
+    where the Gaussian mechanism with sensitivity C assumes pre-noise values ≤ C apart."""
+    grad_fn = dpjax.clipped_grad(_linear_loss, l2_clip_norm=C)
+    params = jnp.zeros((1,), jnp.bfloat16)
+    tx = transforms.add_gaussian_noise(1.0 * C, key=jax.random.key(3))
+    state = tx.init(params)
+    s_without, _ = grad_fn(params, jnp.ones((258, 1), jnp.bfloat16))
+    s_with, _ = grad_fn(params, jnp.ones((259, 1), jnp.bfloat16))
+    y_without, _ = tx.update(s_without, state, params)
+    y_with, _ = tx.update(s_with, state, params)
+    moved = abs(float(y_with[0]) - float(y_without[0]))
+    assert moved <= C * (1 + 1e-6), f"release moved by {moved} under the same key"
+
+
+def test_accumulated_bf16_total_moves_by_at_most_c():
+    """VIOLATION: accumulate_clipped_sums keeps the running total in the params' bf16. Micro-
+    batch sums 258 then 1 (D) vs 258 then 0 (D′), both exact in bf16: the released total is
+    260 vs 258 (noise 0 to read it), a move of 2·C."""
+    inner = dpjax.dp_sgd_optimizer(
+        optimizer=optax.sgd(1.0),
+        noise_multiplier=0.0,
+        l2_clip_norm=C,
+        normalizer=1.0,
+        key=jax.random.key(0),
+    )
+    tx = dpjax.accumulate_clipped_sums(inner, every_k=2)
+    params = jnp.zeros((1,), jnp.bfloat16)
+
+    def release(second):
+        state = tx.init(params)
+        _, state = tx.update(jnp.asarray([258.0], jnp.bfloat16), state, params)
+        out, _ = tx.update(jnp.asarray([second], jnp.bfloat16), state, params)
+        return float(out[0])
+
+    moved = abs(release(1.0) - release(0.0))
+    assert moved <= C * (1 + 1e-6), f"accumulated release moved by {moved}"

@@ -153,7 +153,8 @@ def test_gram_trick_cancellation_float32(kind, method):
 
 
 GRAM_PATTERNS = ("alternating", "alternating_all", "near_cancel", "constant")
-# seq16 (the seq8 path at T = 16) runs in the slow suite, as do T = 8…64 in tests/dp_sgd/test_clip_sweep.py
+# seq16 (the seq8 path at T = 16) runs in the slow suite, as do T = 8…64 in
+# tests/dp_sgd/test_clip_sweep.py
 GRAM_TARGETS = [
     ("seq8", "f32"),
     pytest.param("seq16", "f32", marks=pytest.mark.slow),
@@ -237,9 +238,11 @@ DEFAULT_SWEEP = [
 ]
 
 
-# "auto" everywhere: tests/dp_sgd/test_clip_sweep.py. vmap's float32 cases differ only in the layer, which
+# "auto" everywhere: tests/dp_sgd/test_clip_sweep.py. vmap's float32 cases differ only in the
+# layer, which
 # vmap does not look at (it clips the per-example gradient pytree): the seq8 bf16 case stays
-# default, the float32 layers through vmap run in the slow suite (and in tests/dp_sgd/test_clip_sweep.py)
+# default, the float32 layers through vmap run in the slow suite (and in
+# tests/dp_sgd/test_clip_sweep.py)
 DEFAULT_SWEEP_CASES = [
     pytest.param(
         *case, method, marks=pytest.mark.slow if (method, case[1]) == ("vmap", "f32") else ()

@@ -328,3 +328,25 @@ def test_low_precision_sum_is_returned_wide_for_add_remove(key, method):
         rest, _ = grad_fn(w, jnp.delete(xs, row, axis=0))
         diff = np.asarray(full, np.float64) - np.asarray(rest, np.float64)
         assert np.linalg.norm(diff) <= 1.0 + 1e-6
+
+
+# ------------------------------------------------------------------------------------------------
+# Issue 25's papercuts: each test attacks one fix and fails on the code before it.
+# ------------------------------------------------------------------------------------------------
+
+# ----------------------------------------------------------------------------- loss conventions
+
+
+def test_clipped_grad_names_make_private_form_for_a_one_pytree_loss():
+    loss = lambda w, ex: jnp.dot(w, ex[0]) - ex[1]  # noqa: E731  make_private's form
+    grad_fn = dpjax.clipped_grad(loss, l2_clip_norm=1.0)
+    with pytest.raises(ValueError, match=r"loss_fn.*loss_fn\(params, \*example\).*make_private"):
+        grad_fn(jnp.zeros(2), jnp.ones((4, 2)), jnp.ones(4))
+
+
+def test_clipped_grad_keeps_type_errors_from_inside_the_loss():
+    def loss(w, x):
+        return jnp.dot(w, x) + "not a number"
+
+    with pytest.raises(TypeError):
+        dpjax.clipped_grad(loss, l2_clip_norm=1.0)(jnp.zeros(2), jnp.ones((3, 2)))

@@ -4,6 +4,8 @@ The reference is independent of dpjax: per-example gradients by ``jax.vmap(jax.g
 clipping and summation in float64 NumPy.
 """
 
+from __future__ import annotations
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -13,6 +15,7 @@ from flax import nnx
 
 import dpjax
 from dpjax.dp_sgd import ghost
+from dpjax.dp_sgd.clipping import MIN_CLIP_NORM
 
 
 def reference(loss_fn, params, batch, clip, mask=None):
@@ -368,7 +371,8 @@ def test_mask_rows_contribute_zero(linen_mlp):
     assert np.all(np.asarray(norms[17:]) == 0.0) and int(bad) == 0
 
 
-@pytest.mark.slow  # default: tests/dp_sgd/test_clipping.py::test_nan_example_is_zeroed_and_counted (auto)
+# default: tests/dp_sgd/test_clipping.py::test_nan_example_is_zeroed_and_counted (auto)
+@pytest.mark.slow
 def test_nan_example_is_zeroed_and_counted(linen_mlp):
     loss_fn, params, (x, y) = linen_mlp
     x_bad = x.at[3].set(jnp.nan)
@@ -696,3 +700,157 @@ def test_sums_compiled_once_per_step(linen_mlp, key):
 
     w = jax.random.normal(key, (96, 96))
     assert _conditionals(seq_loss, {"w": w}, (jnp.ones((4, 3, 96)),)) == 1
+
+
+# ------------------------------------------------------------------------------------------------
+# the accurate-retry cond couples every example's clip factor.
+#
+# ``_ghost_impl`` recomputes ALL rows' bounds with the accurate formulas when ANY kept row's fast
+# bound is non-finite or loose (``lax.cond(retry, ...)``). Since the certified-clipping changes,
+# the accurate T = 1 bounds of several layers are stacked and zero-padded to the widest width W
+# (``_rank_one_bounds_scaled``) and certified with γ_{W+2} and the floor 4(W+2)·tiny, so they
+# are LARGER than the fast bounds (γ_{K+2}) for every narrower part. One example whose fast
+# bound overflows (‖a‖² = inf, ‖a‖·‖g‖ finite) thus lowers the clip factor of every OTHER
+# clipped example by ≈ (W − K)·u: removing it moves the released sum by its own ≈ C plus
+# (B − 1)·δ·C. Before the change the accurate T = 1 bound was the fast one scaled by exact
+# powers of two (same bits), so the flip was harmless for T = 1 layers (this test passes on
+# eed4a2e: 0.9988·C in float32, 0.999999999998·C in float64). For T > 1 Gram taps the
+# same coupling is OLDER and larger (fast and accurate Gram bounds differ by up to 2 % for
+# rows that are not "loose"): ``test_retry_flip_gram_float32``, 1.58·C on eed4a2e too.
+#
+# Attack: 2-layer linear MLP (K = 512 → 4 → 2, W1 = 0, W2 = 1), every example x = e₁, v = 10
+# (clipped, same direction); example 0 has x = −2⁶⁵·e₁ (float32; −2⁵¹⁵ in float64) and
+# v = 2⁻¹⁰: its fast bound overflows, its accurate bound is finite, and its clipped gradient
+# points against the others'. Its contribution is measured by differencing the released sums
+# with and without it (mask), in float64.
+#
+# Fixed: the retry branch selects per row, so a row's bound depends on its own data only:
+# ``cond(retry, lambda: where(loose, accurate_total, fast_total), lambda: fast_total)``
+# (row-wise where over sq/n2/u2; ``loose`` is per row). These tests failed before the fix.
+# ------------------------------------------------------------------------------------------------
+
+
+def _loss(params, x, v):
+    h = x @ params["w1"]
+    return jnp.dot(h @ params["w2"], v)
+
+
+def _contribution_of_first(batch: int, dtype, big: float) -> float:
+    """ℓ2 change of the released sum when example 0 is removed (mask), C = 1."""
+    k, h, n = 512, 4, 2
+    params = {"w1": jnp.zeros((k, h), dtype), "w2": jnp.ones((h, n), dtype)}
+    xs = np.zeros((batch, k), dtype)
+    xs[:, 0] = 1.0
+    xs[0, 0] = -big
+    vs = np.full((batch, n), 10.0, dtype)
+    vs[0] = 2.0**-10
+    grad_fn = dpjax.clipped_grad(_loss, l2_clip_norm=1.0, backend="ghost")
+    args = (params, jnp.asarray(xs), jnp.asarray(vs))
+    full, info = grad_fn(*args, mask=jnp.ones(batch, bool))
+    assert int(info.num_nonfinite) == 0  # example 0 is kept (clipped), not dropped
+    drop = np.ones(batch, bool)
+    drop[0] = False
+    rest, _ = grad_fn(*args, mask=jnp.asarray(drop))
+    diff = [np.asarray(full[p], np.float64) - np.asarray(rest[p], np.float64) for p in full]
+    return float(np.sqrt(sum(np.sum(d * d) for d in diff)))
+
+
+def test_retry_flip_float32():
+    with jax.enable_x64(False):
+        got = _contribution_of_first(64, np.float32, 2.0**65)
+    assert got <= 1.0, f"removing example 0 moved the sum by {got!r} > C = 1"
+
+
+def test_retry_flip_float64():
+    got = _contribution_of_first(256, np.float64, 2.0**515)
+    assert got <= 1.0, f"removing example 0 moved the sum by {got!r} > C = 1"
+
+
+def _gram_loss(params, x, v):
+    return jnp.sum((x @ params["w"]) * v)
+
+
+def test_retry_flip_gram_float32():
+    """T = 2 Gram tap (K = 2048, N = 8: not materialised), float32 without x64, B = 64.
+
+    Every other example cancels: a_1 = a_2 = e₁, g_1 = 100·u, g_2 = −85·u (ε = 0.15), so its
+    fast bound is 1.9 % above the accurate one yet not "loose" (n2 < 1.0201·sq): it is
+    clipped 0.9 % harder when no retry happens. Example 0 (a = 2⁶⁵·e₁, g_1 = 2⁻¹²·u, the same
+    direction) overflows the fast bound and triggers the retry for the whole batch: removing
+    it moves the sum by its own C plus 63·0.009·C. Pre-existing (eed4a2e gives the same 1.58).
+    """
+    b, t, k, n = 64, 2, 2048, 8
+    u = np.full(n, 0.5, np.float32)
+    xs = np.zeros((b, t, k), np.float32)
+    xs[:, :, 0] = 1.0
+    xs[0, :, 0] = 2.0**65
+    vs = np.zeros((b, t, n), np.float32)
+    vs[:, 0] = 100.0 * u
+    vs[:, 1] = -85.0 * u
+    vs[0, 0] = 2.0**-12 * u
+    vs[0, 1] = 0.0
+    with jax.enable_x64(False):
+        params = {"w": jnp.zeros((k, n), jnp.float32)}
+        grad_fn = dpjax.clipped_grad(_gram_loss, l2_clip_norm=1.0, backend="ghost")
+        full, info = grad_fn(params, jnp.asarray(xs), jnp.asarray(vs), mask=jnp.ones(b, bool))
+        drop = np.ones(b, bool)
+        drop[0] = False
+        rest, _ = grad_fn(params, jnp.asarray(xs), jnp.asarray(vs), mask=jnp.asarray(drop))
+    assert int(info.num_nonfinite) == 0
+    got = float(np.linalg.norm(np.asarray(full["w"], np.float64) - np.asarray(rest["w"])))
+    assert got <= 1.0, f"removing example 0 moved the sum by {got!r} > C = 1"
+
+
+# ------------------------------------------------------------------------------------------------
+# the ghost T = 1 bound ``‖a‖²·‖g‖²`` underflows to 0 for tiny C.
+#
+# ``_rank_one_from_sums`` multiplies the two certified sums of squares in the wide dtype. When
+# the exact product is below the smallest normal number, XLA:CPU flushes it to 0 (FTZ), the
+# bound U becomes 0 and the clip factor min(1, C/U) is 1: the example entered the sum UNCLIPPED
+# (5.4·C at C = 1e-20 in float32; present before the certified-clipping changes too). Its
+# contribution is then < √tiny·√(flushed terms) (2⁻⁶³ in float32), so only clip norms far
+# below any real use were affected. Fix: ``clipped_grad`` refuses C < 2⁻⁴⁰
+# (:data:`dpjax.dp_sgd.clipping.MIN_CLIP_NORM`), and the worst flush at C = 2⁻⁴⁰ stays ≤ C.
+#
+# Each contribution is measured by differencing the released sums with and without the example
+# (mask), in float64.
+# ------------------------------------------------------------------------------------------------
+
+
+def underflow_loss(params, x, v):
+    return jnp.dot(x @ params["w"], v)
+
+
+def _contribution(backend: str, clip: float, dtype, tiny_scale: float) -> float:
+    """ℓ2 change of the released sum when example 0 (a = g = tiny_scale·e₁) is removed."""
+    b, k, n = 4, 3, 2
+    xs = np.zeros((b, k), dtype)
+    vs = np.zeros((b, n), dtype)
+    xs[0, 0] = tiny_scale
+    vs[0, 0] = tiny_scale
+    params = {"w": jnp.zeros((k, n), dtype)}
+    grad_fn = dpjax.clipped_grad(underflow_loss, l2_clip_norm=clip, backend=backend)
+    full, _ = grad_fn(params, jnp.asarray(xs), jnp.asarray(vs), mask=jnp.ones(b, bool))
+    drop = np.ones(b, bool)
+    drop[0] = False
+    rest, _ = grad_fn(params, jnp.asarray(xs), jnp.asarray(vs), mask=jnp.asarray(drop))
+    diff = np.asarray(full["w"], np.float64) - np.asarray(rest["w"], np.float64)
+    return float(np.linalg.norm(diff))
+
+
+@pytest.mark.parametrize("clip", [1e-20, 1e-200, MIN_CLIP_NORM / 2])
+@pytest.mark.parametrize("per_layer", [False, True])
+def test_clip_norms_that_underflow_the_bounds_are_refused(clip, per_layer):
+    norm = {"w": clip} if per_layer else clip
+    with pytest.raises(ValueError, match="l2_clip_norm.*2\\^-40"):
+        dpjax.clipped_grad(underflow_loss, l2_clip_norm=norm, per_layer=per_layer)
+
+
+def test_the_worst_flushed_example_stays_below_the_smallest_clip_norm():
+    """float32: a = g = 2⁻³²·e₁ flushes ‖a‖²‖g‖² = 2⁻¹²⁸ to 0 (unclipped), contribution
+    2⁻⁶⁴ ≤ C = 2⁻⁴⁰: the floor on C covers the flush."""
+    with jax.enable_x64(False):
+        got = _contribution("ghost", MIN_CLIP_NORM, np.float32, 2.0**-32)
+        control = _contribution("vmap", MIN_CLIP_NORM, np.float32, 2.0**-32)
+    assert 0.0 < got <= MIN_CLIP_NORM
+    assert 0.0 < control <= MIN_CLIP_NORM

@@ -26,7 +26,7 @@ from tests.dp_sgd.test_ghost import assert_close, reference, run
 
 
 def jitted_reference(loss_fn, params, batch, clip):
-    """:func:`tests.dp_sgd.test_ghost.reference` with the per-example gradients from ONE jitted call.
+    """``tests.dp_sgd.test_ghost.reference`` with the per-example gradients from ONE jitted call.
 
     (flax's eager ops differ from their jitted versions by ~1e-8 relative even in float64.)
     """
@@ -270,3 +270,143 @@ def test_embedding_contribution_within_clip_in_float32(dim, t):
     for method, (worst, least) in out.items():
         assert worst <= H.bound(), (method, worst)
         assert least >= 0.99, (method, least)
+
+
+# ------------------------------------------------------------------------------------------------
+# ghost clipping of embedding tables and the chunked 64-bit noise samplers.
+#
+# Embeddings: token ids of every integer dtype and lookup mode reach the ghost path; each
+# example's contribution to the clipped sum stays ≤ C(1 + 1e-6) (measured in float64 NumPy);
+# a table used twice is left to vmap. Samplers: the chunked word → sample transform gives the
+# same bits as the unchunked (compiled) transform, reaches the same extremes and never reuses a
+# random word across coordinates or leaves.
+# ------------------------------------------------------------------------------------------------
+
+CLIP = 1.0
+BOUND = CLIP * (1.0 + 1e-6)
+V, D, T = 300, 4, 6
+ROW_GATHER = jax.lax.GatherDimensionNumbers(
+    offset_dims=(1,), collapsed_slice_dims=(0,), start_index_map=(0,)
+)
+
+
+def to64(tree):
+    """Leaves as float64 NumPy (``jnp.asarray(x, float64)`` stays float32 with x64 off)."""
+    return [np.asarray(v, np.float64) for v in jax.tree.leaves(tree)]
+
+
+def norm64(leaves):
+    return float(np.sqrt(sum(np.sum(v * v) for v in leaves)))
+
+
+def clipped_sum_reference(loss_fn, params, batch, clip):
+    """Per-example grads by ``vmap(grad)``, clipped and summed in float64 NumPy (no dpjax);
+    an example with a non-finite gradient is dropped (``nan_safe``)."""
+    per_example = to64(jax.vmap(jax.grad(loss_fn), in_axes=(None, 0, 0))(params, *batch))
+    norms = np.sqrt(sum(np.sum(g.reshape(g.shape[0], -1) ** 2, axis=1) for g in per_example))
+    finite = np.isfinite(norms)  # nan_safe: a non-finite example contributes zero
+    scale = np.where(finite, np.minimum(1.0, clip / np.where(finite, norms, 1.0)), 0.0)
+    return [np.einsum("b...,b->...", np.where(np.isfinite(g), g, 0.0), scale) for g in per_example]
+
+
+def embedding_params(dtype=jnp.float32):
+    rng = np.random.default_rng(15)
+    return {
+        "e": jnp.asarray(rng.standard_normal((V, D)), dtype),
+        "w": jnp.asarray(rng.standard_normal(D), dtype),
+    }
+
+
+def lookup(mode):
+    """A per-example loss reading the table through one row-lookup ``gather`` of ``mode``."""
+
+    def loss(p, tok, y):
+        if mode in ("clip", "fill"):
+            rows = jnp.take(p["e"], tok, axis=0, mode=mode)
+        elif mode == "promise_in_bounds":
+            rows = p["e"].at[tok].get(mode=mode)
+        else:  # raw lax.gather: the token dtype reaches the gather unchanged
+            rows = jax.lax.gather(p["e"], tok[:, None], ROW_GATHER, (1, D), mode=mode[4:])
+        return jnp.sum(jnp.nan_to_num(rows @ p["w"]) * y)
+
+    return loss
+
+
+@pytest.mark.parametrize("token_dtype", [jnp.int8, jnp.uint8])
+@pytest.mark.parametrize("mode", ["clip", "fill", "raw_clip", "raw_fill"])
+def test_narrow_token_ids_with_a_larger_vocabulary_match_per_example_clipping(token_dtype, mode):
+    """int8 / uint8 ids into a table with V = 300 > 256 rows (the vmap path handles them).
+
+    The ghost path compared the ids with ``jnp.asarray(V − 1, id dtype)`` and scattered the
+    clipped rows with the id dtype; both raised OverflowError for V − 1 > the dtype's max, so
+    ``backend="ghost"`` (and ``"auto"``, which picks it) crashed on such a batch.
+    """
+    params = embedding_params()
+    loss = lookup(mode)
+    toks = np.array([[0, 5, 5, 120, 127, 1], [3, 3, 3, 3, 3, 3], [1, 2, 0, 4, 100, 6]])
+    if jnp.issubdtype(token_dtype, jnp.signedinteger):
+        toks[2] = [-1, -5, -128, 7, 7, 100]  # negative ids: clamped to 0 (clip) or dropped
+    toks = jnp.asarray(toks, token_dtype)
+    y = jnp.asarray(np.random.default_rng(0).standard_normal((3, T)) * 100.0, jnp.float32)
+    plan, _ = ghost.plan(loss, params, toks, y)
+    assert any(isinstance(t, EmbeddingTap) for t in plan.taps)
+    expected = clipped_sum_reference(loss, params, (toks, y), CLIP)
+    for backend in ("ghost", "auto"):
+        total = jax.jit(dpjax.clipped_grad(loss, l2_clip_norm=CLIP, backend=backend))(
+            params, toks, y
+        )
+        total = total[0] if isinstance(total, tuple) else total
+        for got, want in zip(to64(total), expected, strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("model", ["promise_in_bounds", "fill", "tied", "twice"])
+def test_embedding_add_remove_contribution_within_clip(model):
+    """Out-of-range ids (V, V + 7, −1), all-equal tokens with cancelling ±1e30 gradients, a
+    masked padding row holding inf: removing one example changes the sum by ≤ C(1 + 1e-6) in
+    float64, the masked row changes it by exactly 0.
+
+    A table used as lookup and output head (tied) or looked up twice is not tapped (vmap).
+    """
+    params = embedding_params()
+    params["w"] = jnp.asarray(np.random.default_rng(1).standard_normal((D, 5)), jnp.float32)
+    if model in ("promise_in_bounds", "fill"):
+        look = lookup(model)
+
+        def loss(p, tok, y):
+            return look({"e": p["e"], "w": p["w"][:, 0]}, tok, y)
+    elif model == "tied":
+
+        def loss(p, tok, y):
+            return jnp.sum((p["e"][tok] @ p["e"].T)[:, 0] * y) + jnp.sum(p["w"])
+    else:
+
+        def loss(p, tok, y):
+            return jnp.sum(((p["e"][tok] + p["e"][(tok + 1) % V]) @ p["w"])[:, 0] * y)
+
+    rng = np.random.default_rng(2)
+    plan, _ = ghost.plan(loss, params, jnp.zeros((5, T), jnp.int32), jnp.zeros((5, T), jnp.float32))
+    tapped_table = any(isinstance(t, EmbeddingTap) for t in plan.taps)
+    assert tapped_table == (model in ("promise_in_bounds", "fill"))
+    fn = jax.jit(dpjax.clipped_grad(loss, l2_clip_norm=CLIP, backend="auto"))
+    toks = rng.integers(0, V, (5, T))
+    toks[1] = 3
+    toks[0, :3] = [V, V + 7, -1]
+    alternating = (-1.0) ** np.arange(T) * (1.0 + 10.0 ** rng.uniform(-7, -2, (5, T)))
+    mask = jnp.asarray([True, True, True, True, False])
+    worst, least = 0.0, np.inf
+    for mag in (1.0, 1e3, 1e30):
+        tok, y = jnp.asarray(toks, jnp.int32), jnp.asarray(mag * alternating, jnp.float32)
+        y = y.at[4, 0].set(jnp.inf)  # the masked padding row is non-finite: still contributes 0
+        full = to64(fn(params, tok, y, mask=mask)[0])
+        assert all(np.all(np.isfinite(v)) for v in full)
+        for i in range(5):
+            rest = to64(fn(params, tok, y, mask=mask.at[i].set(False))[0])
+            diff = norm64([a - b for a, b in zip(full, rest, strict=True)])
+            worst = max(worst, diff)
+            if 1 <= i < 4 and mag == 1e3:  # row 0 (out-of-range ids) is NaN under "fill"
+                least = min(least, diff)
+            if i == 4:  # the padding row contributes exactly nothing
+                assert diff == 0.0
+    assert worst <= BOUND, worst
+    assert least >= 0.99 * CLIP, least  # non-vacuous: these examples are clipped

@@ -442,7 +442,8 @@ def test_fit_with_x64_off_in_float32():
         ({"noise_multiplier": None}, "noise_multiplier"),  # neither
         ({"noise_multiplier": -1.0}, "noise_multiplier"),
         ({"noise_multiplier": None, "target_epsilon": 0.0}, "target_epsilon"),
-        # σ whose ε ≥ 700 is no longer refused: NOT PRIVATE, warned (tests/accounting/test_sigma_and_delta.py)
+        # σ whose ε ≥ 700 is no longer refused: NOT PRIVATE, warned
+        # (tests/accounting/test_sigma_and_delta.py)
         ({"clipping": "fast"}, "clipping"),
         ({"accounting": "moments"}, "accounting"),
         ({"physical_batch_size": 0}, "physical_batch_size"),
@@ -472,3 +473,26 @@ def test_bad_key_and_bad_data_are_refused(key, linear_private):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert private.epsilon(state) == 0.0
+
+
+# ------------------------------------------------------------------------------------------------
+# Issue 25's papercuts: each test attacks one fix and fails on the code before it.
+# ------------------------------------------------------------------------------------------------
+
+
+def test_make_private_with_clipped_grad_form_names_both_conventions():
+    n = 200
+    data = (jnp.ones((n, 2)), jnp.ones(n))
+    private = dpjax.make_private(
+        lambda w, x, y: jnp.dot(w, x) - y,  # clipped_grad's form given to make_private
+        optimizer=optax.sgd(0.1),
+        l2_clip_norm=1.0,
+        dataset_size=n,
+        batch_size=20,
+        steps=1,
+        noise_multiplier=1.0,
+        delta=1e-5,
+        key=jax.random.key(0),
+    )
+    with pytest.raises(ValueError, match=r"make_private calls loss_fn\(params, example"):
+        private.fit(jnp.zeros(2), data, progress=False)

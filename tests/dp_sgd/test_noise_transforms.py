@@ -1,5 +1,7 @@
 """Noise and normalisation transforms: noise scale (KS), fresh noise per step/leaf, keys."""
 
+from __future__ import annotations
+
 import functools
 import math
 
@@ -11,6 +13,8 @@ import pytest
 from scipy import stats
 
 import dpjax
+from dpjax import _random
+from dpjax.dp_sgd import transforms
 from dpjax.dp_sgd.transforms import laplace_dp_sgd_theta
 from tests.helpers import assert_distribution
 
@@ -281,3 +285,168 @@ def test_noise_transforms_put_the_clipped_sum_behind_a_barrier(key, make):
     updates = {"w": jnp.ones((4, 3), jnp.float32)}
     jaxpr = jax.make_jaxpr(tx.update)(updates, tx.init(updates))
     assert "optimization_barrier" in str(jaxpr)
+
+
+# ------------------------------------------------------------------------------------------------
+# key handling in the noise transforms (these checks HOLD).
+#
+# * a checkpoint (flax to_bytes / from_bytes) restored into ``tx.init`` continues the stream bit
+#   for bit, for threefry, rbg and unsafe_rbg keys (the impl comes from the transform's key);
+# * no two coordinates of one release, no two dtype groups, no two consecutive releases, and no
+#   two states of a vmapped batch share noise.
+# ------------------------------------------------------------------------------------------------
+
+serialization = pytest.importorskip("flax.serialization")
+
+
+@pytest.mark.parametrize("impl", ["threefry2x32", "rbg", "unsafe_rbg"])
+@pytest.mark.parametrize("make", ["gaussian", "laplace"])
+def test_restored_state_continues_the_stream(impl, make):
+    key = jax.random.key(11, impl=impl)
+    if make == "gaussian":
+        tx = transforms.add_gaussian_noise(1.0, key=key)
+    else:
+        tx = transforms.add_laplace_dp_sgd_noise(
+            l1_sensitivity=1.0, epsilon=1.0, rho=0.5, kappa=0.0, key=key
+        )
+    params = jnp.zeros(4, jnp.float32)
+    first, state = tx.update(params, tx.init(params))
+    second, _ = tx.update(params, state)
+    restored = serialization.from_bytes(tx.init(params), serialization.to_bytes(state))
+    again, _ = tx.update(params, restored)
+    np.testing.assert_array_equal(np.asarray(again), np.asarray(second))
+    assert not np.any(np.asarray(second) == np.asarray(first))  # not a replay
+
+
+def test_no_shared_noise_across_coordinates_groups_steps_or_batched_states():
+    tx = transforms.add_gaussian_noise(1.0, key=jax.random.key(12))
+    tree = {"a": jnp.zeros(64, jnp.float32), "b": jnp.zeros(64, jnp.float64)}
+    state = tx.init(tree)
+    out1, state1 = tx.update(tree, state)
+    out2, _ = tx.update(tree, state1)
+    values = np.concatenate(
+        [np.asarray(v, np.float64) for out in (out1, out2) for v in jax.tree.leaves(out)]
+    )
+    assert np.unique(values).size == values.size  # 256 continuous draws, all distinct
+    batch = jax.vmap(lambda s: tx.update(tree, s)[0])(
+        jax.tree.map(lambda x: jnp.stack([x, x]), state)
+    )
+    np.testing.assert_array_equal(np.asarray(batch["a"][0]), np.asarray(batch["a"][1]))
+    # identical states give identical noise: the only replay risk is the caller's (a vmapped
+    # batch must carry distinct keys); distinct states give distinct noise:
+    states = jax.vmap(lambda k: tx.init(tree)._replace(key=jax.random.key_data(k)))(
+        jax.random.split(jax.random.key(13), 2)
+    )
+    distinct = jax.vmap(lambda s: tx.update(tree, s)[0])(states)
+    assert not np.any(np.asarray(distinct["a"][0]) == np.asarray(distinct["a"][1]))
+
+
+# ------------------------------------------------------------------------------------------------
+# : what reaches the noise, and the noise scale that is released.
+#
+# Grey-box shape (Cebere et al., "Privacy in Theory, Bugs in Practice", PETS 2026): with additive
+# noise the release on D minus the release on D′ under the SAME key is the difference of the
+# pre-noise values, which must be ≤ the declared sensitivity.
+#
+# * bfloat16 models: ``clipped_grad`` returns the clipped SUM rounded to bfloat16 (the weighted
+#   row sum is a bf16 tensordot) and ``accumulate_clipped_sums`` keeps its running total in the
+#   params' dtype. The noise is then drawn and added in float32, but the sum it is added to has
+#   already moved by ulp_bf16(S) ≈ 2⁻⁸·|S| between neighbours: 2·C at |S| ≈ 258, 512·C at
+#   |S| ≈ 65 792 (add/remove-one, declared sensitivity C).
+# * Laplace DP-SGD: θ_h is rounded UP to the FIRST leaf's noise dtype; a later leaf of a narrower
+#   dtype re-rounds it to nearest, below the float64 θ_h that ``laplace_dp_sgd_event`` accounts.
+# ------------------------------------------------------------------------------------------------
+
+
+def _exact_theta(h: int, **kw) -> float:
+    return float(transforms.laplace_dp_sgd_theta(np.asarray([float(h)]), **kw)[0])
+
+
+def test_laplace_theta_not_below_accounted_in_a_mixed_dtype_tree(monkeypatch):
+    """VIOLATION (1 ulp, 5.5e-8 relative): {"a": float64, "b": float32} at h = 4 (ρ = ½, κ = 0,
+    Δ₁ = ε = 1). θ_4 = 5.568914100752346 is rounded up in float64 (the first leaf's noise
+    dtype) and re-rounded to NEAREST float32 for leaf b: 5.5689139 < θ_4, so b's Laplace scale
+    is below the one ``laplace_dp_sgd_event`` accounts. (The scale each leaf receives is read
+    where ``_add_scaled`` checks it; it casts it with ``astype``, i.e. round to nearest.)"""
+    from dpjax import _noise
+
+    kw = dict(l1_sensitivity=1.0, epsilon=1.0, rho=0.5, kappa=0.0)
+    h = 4
+    theta = _exact_theta(h, **kw)
+    assert float(np.float32(theta)) < theta  # precondition: nearest float32 is below
+    seen = []
+    original = _noise.check_scale_representable
+
+    def record(scale, dtype):
+        seen.append(float(np.asarray(scale).astype(dtype)))
+        return original(scale, dtype)
+
+    monkeypatch.setattr(_noise, "check_scale_representable", record)
+    tx = transforms.add_laplace_dp_sgd_noise(key=jax.random.key(5), **kw)
+    tree = {"a": jnp.zeros(1, jnp.float64), "b": jnp.zeros(1, jnp.float32)}
+    state = tx.init(tree)._replace(count=jnp.asarray(h - 1, jnp.int32))
+    tx.update(tree, state)
+    assert len(seen) == 2
+    assert min(seen) >= theta, f"leaf scales {seen!r}; accounted θ_4 = {theta!r}"
+
+
+@pytest.mark.parametrize("h", [1, 4, 8, 9, 11, 37])
+def test_laplace_theta_rounded_up_for_a_float32_tree(h):
+    """Holds: a float32-only tree gets θ_h rounded UP (released/L ≥ θ_h), also under vmap
+    over a batch of states and under lax.scan."""
+    kw = dict(l1_sensitivity=1.0, epsilon=1.0, rho=0.5, kappa=0.75)
+    key = _random.constant_bits_key(0)
+    tx = transforms.add_laplace_dp_sgd_noise(key=key, **kw)
+    tree = jnp.zeros(2, jnp.float32)
+    laplace_top = float(_random.laplace(key, (1,), np.float32)[0])
+    state = tx.init(tree)._replace(count=jnp.asarray(h - 1, jnp.int32))
+    noisy, _ = jax.jit(tx.update)(tree, state)
+    assert float(noisy[0]) / laplace_top >= _exact_theta(h, **kw) * (1 - 2**-24)
+    states = jax.vmap(lambda c: state._replace(count=c))(jnp.arange(h, dtype=jnp.int32))
+    batched = jax.vmap(lambda s: tx.update(tree, s)[0])(states)
+    expect = np.asarray([_exact_theta(i + 1, **kw) for i in range(h)])
+    assert np.all(np.asarray(batched[:, 0], np.float64) / laplace_top >= expect * (1 - 2**-24))
+
+    def body(s, _):
+        out, s = tx.update(tree, s)
+        return s, out[0]
+
+    _, scanned = jax.lax.scan(body, tx.init(tree), None, length=h)
+    np.testing.assert_array_equal(np.asarray(scanned), np.asarray(batched[:, 0]))
+
+
+_X64_OFF_CODE = """
+import jax, jax.numpy as jnp, numpy as np
+from dpjax import _noise
+from dpjax.dp_sgd import transforms
+kw = dict(l1_sensitivity=1.0, epsilon=1.0, rho=0.5, kappa=0.0)
+seen = []
+original = _noise.check_scale_representable
+def record(scale, dtype):
+    seen.append(float(np.asarray(scale).astype(dtype)))
+    return original(scale, dtype)
+_noise.check_scale_representable = record
+tx = transforms.add_laplace_dp_sgd_noise(key=jax.random.key(1), **kw)
+tree = {"a": jnp.zeros(1, jnp.int32), "b": jnp.zeros(1, jnp.float32)}
+for h in (4, 8, 9, 11):
+    seen.clear()
+    tx.update(tree, tx.init(tree)._replace(count=jnp.asarray(h - 1, jnp.int32)))
+    exact = float(transforms.laplace_dp_sgd_theta(np.asarray([float(h)]), **kw)[0])
+    assert len(seen) == 2 and min(seen) >= exact, (h, seen, exact)
+print("ok")
+"""
+
+
+def test_laplace_theta_rounded_up_with_x64_off():
+    """Holds: x64 off, int32 + float32 leaves (both float32 noise): every leaf's θ_h ≥ the
+    float64 θ_h for h = 4, 8, 9, 11 (the h where nearest-float32 is below)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "JAX_ENABLE_X64": "0"}
+    result = subprocess.run(
+        [sys.executable, "-c", _X64_OFF_CODE], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().endswith("ok")

@@ -166,3 +166,36 @@ def test_accumulation_validates(key):
     )
     with pytest.raises(ValueError, match="every_k"):
         dpjax.accumulate_clipped_sums(inner, every_k=0)
+
+
+# ------------------------------------------------------------------------------------------------
+# the DP-SGD training API: each test pins a violation found
+# in review and fails without its fix.
+# ------------------------------------------------------------------------------------------------
+
+
+def test_event_for_warns_when_releases_accumulate_independent_micro_draws():
+    """k independent Poisson draws at rate q/k accumulated into one release are NOT one draw at
+    rate q: event_for(tx, sampler=micro_sampler) would account rate q/k with T/k releases and
+    under-state ε. The tell-tale is a normaliser (q·n) that is not the micro sampler's q·n/k."""
+    import warnings
+
+    import optax
+
+    logical = dpjax.PoissonSampler(dataset_size=1000, sampling_rate=0.04)
+    micro = dpjax.PoissonSampler(dataset_size=1000, sampling_rate=0.01)
+    grad_fn = dpjax.clipped_grad(lambda w, x: jnp.dot(w, x), l2_clip_norm=1.0)
+    inner = dpjax.dp_sgd_optimizer(
+        optimizer=optax.sgd(0.1),
+        clipped_grad=grad_fn,
+        noise_multiplier=1.0,
+        normalizer=logical.expected_batch_size,
+        key=jax.random.key(0),
+    )
+    tx = dpjax.accumulate_clipped_sums(inner, every_k=4)
+    with pytest.warns(UserWarning, match="micro_batches"):
+        dpjax.dp_sgd.event_for(tx, sampler=micro, steps=10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        event = dpjax.dp_sgd.event_for(tx, sampler=logical, steps=10)
+    assert event.sampling_rate == logical.sampling_rate

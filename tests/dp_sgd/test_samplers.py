@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import dpjax
+from dpjax.dp_sgd.samplers import PaddedBatch
 from dpjax.events import FixedBatchGaussianEvent, PoissonSampledGaussianEvent
 from tests.helpers import mean_tolerance
 
@@ -193,3 +194,50 @@ def test_sampler_events_are_accepted_by_the_accountant():
         acc = PrivacyAccountant([sampler.event(noise_multiplier=1.2, steps=100)])
         assert acc.relation == dpjax.REPLACE_ONE
         assert 0 < acc.epsilon(1e-5, accounting="rdp") < math.inf
+
+
+# ------------------------------------------------------------------------------------------------
+# Issue 25's papercuts: each test attacks one fix and fails on the code before it.
+# ------------------------------------------------------------------------------------------------
+
+# ----------------------------------------------------------------------------- PaddedBatch dtypes
+
+
+def _grad_of_rows(dtype, n, rows):
+    grad_fn = dpjax.clipped_grad(lambda w, x: jnp.dot(w, x), l2_clip_norm=1.0)
+    X = jnp.zeros((n, 1), jnp.float32).at[jnp.asarray(rows)].set(0.5)  # norms < C: no clip
+    batch = PaddedBatch(jnp.asarray(rows, dtype), jnp.ones((len(rows),), bool))
+    jitted = jax.jit(lambda w, x, b: grad_fn(w, x, batch=b)[0])
+    return float(jitted(jnp.zeros(1, jnp.float32), X, batch)[0]), float(
+        grad_fn(jnp.zeros(1, jnp.float32), X, batch=batch)[0][0]
+    )
+
+
+@pytest.mark.parametrize(
+    "dtype, n, rows",
+    [
+        (jnp.uint8, 256, [1, 2, 255]),  # n wraps to 0 in uint8; 255 is the dtype's max
+        (jnp.uint8, 300, [50, 100, 200]),  # 300 wraps to 44
+        (jnp.uint16, 70_000, [5000, 9, 65535]),
+        (jnp.int8, 300, [1, 2, 127]),  # 300 does not fit int8
+        (jnp.int16, 70_000, [1, 32767, 3]),
+        (jnp.int32, 300, [1, 2, 299]),
+    ],
+)
+def test_padded_batch_small_index_dtypes_count_every_real_row(dtype, n, rows):
+    jitted, eager = _grad_of_rows(dtype, n, rows)
+    assert jitted == 1.5 and eager == 1.5
+
+
+def test_padded_batch_small_dtype_out_of_range_and_repeats_still_caught():
+    grad_fn = dpjax.clipped_grad(lambda w, x: jnp.dot(w, x), l2_clip_norm=1.0)
+    X = jnp.full((100, 1), 0.5, jnp.float32)
+    w = jnp.zeros(1, jnp.float32)
+    out = PaddedBatch(jnp.array([3, 200], jnp.uint8), jnp.ones((2,), bool))
+    with pytest.raises(ValueError, match=r"batch.indices must be in \[0, 100\)"):
+        grad_fn(w, X, batch=out)
+    neg = PaddedBatch(jnp.array([3, -1], jnp.int8), jnp.ones((2,), bool))
+    assert float(jax.jit(lambda b: grad_fn(w, X, batch=b)[0][0])(neg)) == 0.5
+    X256 = jnp.full((256, 1), 0.5, jnp.float32)
+    twice = PaddedBatch(jnp.array([255, 255], jnp.uint8), jnp.ones((2,), bool))
+    assert float(jax.jit(lambda b: grad_fn(w, X256, batch=b)[0][0])(twice)) == 0.5

@@ -3,6 +3,7 @@
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import jax
 import numpy as np
@@ -12,8 +13,11 @@ from dpjax.erm import PrivateLogisticRegression, losses, objective_perturbation
 from dpjax.erm.estimator import clip_rows, default_mu, public_features
 
 sklearn = pytest.importorskip("sklearn")
+
 from sklearn.base import clone  # noqa: E402
 from sklearn.utils.estimator_checks import parametrize_with_checks  # noqa: E402
+
+from dpjax.erm.estimator import PrivacyLeakWarning  # noqa: E402
 
 
 def _blobs(n=200, d=4, seed=0):
@@ -279,3 +283,113 @@ def test_labels_read_from_the_data_warn_and_public_classes_do_not():
         PrivateLogisticRegression(
             epsilon=1.0, classes=[1, 2, 3], random_state=jax.random.key(3)
         ).fit(X, y)
+
+
+# ------------------------------------------------------------------------------------------------
+# Issue 25's papercuts: each test attacks one fix and fails on the code before it.
+# ------------------------------------------------------------------------------------------------
+
+# ----------------------------------------------------------------------------- estimator scale
+
+
+def _breast_cancer():
+    datasets = pytest.importorskip("sklearn.datasets")
+    return datasets.load_breast_cancer(return_X_y=True)
+
+
+def test_estimator_without_a_scale_warns_and_reports_every_row_clipped():
+    X, y = _breast_cancer()
+    clf = PrivateLogisticRegression(epsilon=3.0, classes=[0, 1], random_state=jax.random.key(0))
+    with pytest.warns(PrivacyLeakWarning, match="neither data_norm nor bounds"):
+        clf.fit(X, y)
+    assert clf.clipped_fraction_ == 1.0  # raw features: every row norm is > 1
+
+
+def test_estimator_with_public_bounds_learns_and_clips_nothing():
+    X, y = _breast_cancer()
+    # stand-in for published feature ranges (a real release takes them from a data dictionary)
+    bounds = (np.floor(X.min(axis=0)), np.ceil(X.max(axis=0)))
+    majority = max(np.mean(y), 1.0 - np.mean(y))  # 0.627
+    scores = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrivacyLeakWarning)
+        for k in range(3):
+            clf = PrivateLogisticRegression(
+                epsilon=3.0, classes=[0, 1], bounds=bounds, random_state=jax.random.key(k)
+            ).fit(X, y)
+            scores.append(clf.score(X, y))
+    assert clf.clipped_fraction_ == 0.0
+    # n = 569: a score's sd around the majority rate is ≤ 0.021; require a 6-sd improvement
+    assert np.mean(scores) > majority + 6 * 0.021
+
+
+def test_estimator_scale_maps_and_coefficients_in_original_units():
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-5.0, 15.0, size=(40, 2))
+    y = (X[:, 0] > 5.0).astype(int)
+    clf = PrivateLogisticRegression(
+        epsilon=5.0, classes=[0, 1], bounds=([-5.0, -5.0], [15.0, 15.0]), data_norm=12.0,
+        random_state=jax.random.key(0),
+    ).fit(X, y)  # fmt: skip
+    centred_norm = np.linalg.norm(X - 5.0, axis=1)
+    assert clf.clipped_fraction_ == np.mean(centred_norm > 12.0)
+    inside = X[centred_norm <= 12.0]
+    np.testing.assert_allclose(
+        clf.decision_function(inside), inside @ clf.coef_[0] + clf.intercept_[0], rtol=1e-12
+    )
+    # (100, 100): box-clipped to (15, 15), then scaled to norm 12 around the centre (5, 5)
+    mapped = np.full((1, 2), 5.0 + 10.0 * 12.0 / np.sqrt(200.0))
+    np.testing.assert_allclose(
+        clf.decision_function(np.array([[100.0, 100.0]])),
+        mapped @ clf.coef_[0] + clf.intercept_[0],
+        rtol=1e-12,
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(data_norm=0.0), "data_norm"),
+        (dict(data_norm=float("inf")), "data_norm"),
+        (dict(bounds=(1.0, 1.0)), "bounds"),
+        (dict(bounds=(0.0,)), "bounds"),
+        (dict(bounds=([0.0, 0.0, 0.0], [1.0, 1.0, 1.0])), "bounds"),
+    ],
+)
+def test_estimator_bad_scale_is_refused(kwargs, name):
+    X = np.array([[1.0, 0.2], [0.9, 0.1], [-1.0, 0.0], [-0.8, -0.3]])
+    clf = PrivateLogisticRegression(classes=[0, 1], random_state=jax.random.key(0), **kwargs)
+    with pytest.raises(ValueError, match=name):
+        clf.fit(X, np.array([0, 0, 1, 1]))
+
+
+def test_estimator_delta_at_least_one_over_n_warns_naming_n():
+    X = np.tile(np.array([[0.5, 0.1], [-0.5, 0.0]]), (50, 1))
+    y = np.tile([1, 0], 50)
+    clf = PrivateLogisticRegression(
+        epsilon=1.0, delta=0.01, classes=[0, 1], data_norm=1.0, random_state=jax.random.key(0)
+    )
+    with pytest.warns(PrivacyLeakWarning, match=r"1/n = 1/100"):
+        clf.fit(X, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrivacyLeakWarning)
+        clf.set_params(delta=1e-5, random_state=jax.random.key(1)).fit(X, y)
+
+
+# ----------------------------------------------------------------------------- pure ε, released
+
+
+def test_estimator_objective_pure_epsilon_covers_the_released_iterate():
+    """The AGD iterate alone is not ε-DP (its step count jumps with ‖b‖); the estimator now
+    releases it plus gamma-norm noise for the residual 2τ, spending 1% of ε on it."""
+    X = np.tile(np.array([[0.5, 0.1], [-0.5, 0.0], [0.2, -0.4]]), (40, 1))
+    y = np.tile([1, 0, 1], 40)
+    eps = 2.0
+    clf = PrivateLogisticRegression(
+        epsilon=eps, delta=0.0, classes=[0, 1], data_norm=1.0, random_state=jax.random.key(0)
+    ).fit(X, y)
+    res = clf.result_
+    mu_total = clf.mu_ + res.extra_regularization
+    assert res.sensitivity == pytest.approx(2e-9 / mu_total, rel=1e-12)  # Δ_o = 2τ
+    assert res.noise_scale == pytest.approx(res.sensitivity / (0.01 * eps), rel=1e-12)
+    assert res.event.epsilon == eps and res.event.delta == 0.0

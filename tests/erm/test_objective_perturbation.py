@@ -11,8 +11,8 @@ from scipy import stats
 from dpjax import ADD_OR_REMOVE_ONE
 from dpjax.erm import bounds, losses, objective, objective_perturbation, solve
 from dpjax.erm.objective_perturbation import calibrate
-from tests.helpers import assert_distribution
 from tests.erm.test_solver import sphere_data
+from tests.helpers import assert_distribution
 
 KW = dict(mu=0.1, epsilon=0.5, delta=1e-5)
 

@@ -12,8 +12,8 @@ from dpjax import ADD_OR_REMOVE_ONE, REPLACE_ONE
 from dpjax.erm import bounds, losses, objective, output_perturbation, solve
 from dpjax.events import EpsilonDeltaEvent, GaussianEvent
 from dpjax.mechanisms import analytic_gaussian_sigma
-from tests.helpers import assert_distribution
 from tests.erm.test_solver import sphere_data
+from tests.helpers import assert_distribution
 
 
 @pytest.mark.parametrize("loss", [losses.logistic, losses.hinge, losses.linear])

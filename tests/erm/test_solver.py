@@ -167,3 +167,48 @@ def test_solver_fails_closed_flag_when_iterations_run_out():
     res = solve(X, y, loss=losses.logistic, mu=1e-3, max_iter=1)
     assert not bool(res.converged)
     assert float(res.certificate) > 1e-18
+
+
+# ------------------------------------------------------------------------------------------------
+# Issue 25's papercuts: each test attacks one fix and fails on the code before it.
+# ------------------------------------------------------------------------------------------------
+
+# ----------------------------------------------------------------------------- ERM labels
+
+
+def test_reference_solve_refuses_zero_one_labels_for_margin_losses():
+    X = jnp.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8], [0.0, -1.0]])
+    y01 = jnp.array([1.0, 0.0, 1.0, 0.0])
+    with pytest.raises(ValueError, match=r"y must be in \{−1, \+1\}"):
+        solve(X, y01, loss=losses.logistic, mu=0.1)
+    assert bool(solve(X, 2.0 * y01 - 1.0, loss=losses.logistic, mu=0.1).converged)
+
+
+def test_accelerated_solve_meets_tau_on_both_sides_of_a_step_count_jump():
+    """The premise of the output-noise argument: ‖ŵ − w_p‖ ≤ τ for every b, also where K(‖b‖)
+    changes by one (the place where b ↦ ŵ is discontinuous)."""
+    from dpjax.erm.accelerated import accelerated_steps, smoothness_bound
+    from dpjax.erm.objective_perturbation import tilted_minimiser
+    from dpjax.erm.solver import solve_prepared
+
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(60, 3))
+    X = jnp.asarray(X / np.linalg.norm(X, axis=1, keepdims=True))
+    y = jnp.asarray(np.where(rng.normal(size=60) > 0, 1.0, -1.0))
+    mu, tau = 0.05, 1e-6
+    beta = smoothness_bound(loss_smoothness=losses.logistic.smoothness, mu=mu)
+    root_kappa = np.sqrt(beta / mu)
+    # K(R) = ⌈√κ ln((1+κ)R²/τ²)⌉ jumps at R_m = τ·sqrt(e^{m/√κ}/(1+κ)); R = (L + ‖b‖/n)/μ
+    m = int(np.ceil(root_kappa * np.log((1 + beta / mu) * (3.0 / mu) ** 2 / tau**2)))
+    r_jump = tau * np.sqrt(np.exp(m / root_kappa) / (1.0 + beta / mu))
+    direction = jnp.asarray([0.6, -0.8, 0.0])
+    counts = []
+    for side in (1.0 - 1e-6, 1.0 + 1e-6):
+        tilt = direction * (mu * r_jump * side - 1.0)  # ‖tilt‖ = ‖b‖/n
+        radius = (1.0 + float(jnp.linalg.norm(tilt))) / mu
+        counts.append(accelerated_steps(mu=mu, beta=beta, radius=radius, accuracy=tau))
+        w_hat = tilted_minimiser(X, y, loss=losses.logistic, mu=mu, tilt=tilt, accuracy=tau)
+        exact = solve_prepared(X, y, loss=losses.logistic, mu=mu, tilt=tilt, tol=1e-26)
+        assert float(exact.certificate) <= 1e-26
+        assert float(jnp.linalg.norm(w_hat.params - exact.params)) <= tau
+    assert counts[1] == counts[0] + 1  # the two tilts straddle a jump of K

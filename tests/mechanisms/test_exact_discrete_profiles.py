@@ -499,3 +499,133 @@ def test_discrete_laplace_small_rates_are_accepted_and_exact(key):
     tiny = dict(sensitivity=1.0, epsilon=1.2e-13, granularity=2.0, bound=2000.0)  # a < 2^-30
     with pytest.raises(ValueError, match="epsilon must be at least"):
         M.discrete_laplace(key, jnp.zeros(1), **tiny)
+
+
+# ------------------------------------------------------------------------------------------------
+# randomized response and of the exact-profile harness itself.
+#
+# Randomized response: the law is re-derived from the code path (the library's word → report
+# map run on the words at every boundary, then counted with integers) and its ε checked with
+# 100-digit decimal arithmetic, independently of ``randomized_response_other_weight``'s own
+# 60-digit computation. The harness (``dpjax.auditing.exact``) is cross-checked against exact
+# rational arithmetic (``fractions.Fraction``) and probed at zeros, ties and underflow.
+# ------------------------------------------------------------------------------------------------
+
+# ---------------------------------------------------------------- the harness
+
+
+def random_rational_law(rng, n, zeros):
+    w = rng.integers(0, 6, n) if zeros else rng.integers(1, 6, n)
+    if w.sum() == 0:
+        w[0] = 1
+    return [Fraction(int(x), int(w.sum())) for x in w]
+
+
+def test_harness_against_exact_rational_arithmetic():
+    rng = np.random.default_rng(0)
+    checked = 0
+    for trial in range(400):
+        n = int(rng.integers(1, 7))
+        p = random_rational_law(rng, n, zeros=trial % 2 == 0)
+        q = random_rational_law(rng, n, zeros=trial % 3 == 0)
+        if trial % 5 == 0:
+            q = list(p)  # ties: identical laws
+        pf, qf = [float(x) for x in p], [float(x) for x in q]
+        for base in (1, 2, 3):  # e^ε rational: ε = ln base
+            want = sum(max(Fraction(0), a - base * b) for a, b in zip(p, q, strict=True))
+            got = exact.hockey_stick_delta(pf, qf, math.log(base))
+            assert abs(got - float(want)) <= 1e-12, (p, q, base)
+        ratios = [a / b for a, b in zip(p, q, strict=True) if a > 0 and b > 0]
+        if any(a > 0 and b == 0 for a, b in zip(p, q, strict=True)):
+            assert exact.max_log_ratio(pf, qf) == math.inf
+        else:
+            assert exact.max_log_ratio(pf, qf) == pytest.approx(math.log(max(ratios)), abs=1e-12)
+        assert exact.hockey_stick_delta(pf, qf, math.inf) == pytest.approx(
+            float(sum(a for a, b in zip(p, q, strict=True) if b == 0)), abs=1e-15
+        )
+        checked += 1
+    assert checked == 400
+    with pytest.raises(ValueError, match="sum to 1"):
+        exact.pure_epsilon([0.5, 0.4], [0.5, 0.5])
+    with pytest.raises(ValueError, match="non-negative"):
+        exact.pure_epsilon([1.5, -0.5], [0.5, 0.5])
+
+
+def test_harness_tiny_but_normal_probabilities():
+    # what held: masses down to 1e-300 keep exact ratios and δ
+    p, q = [1.0, 1e-300, 0.0], [1.0 - 1e-16, math.e * 1e-300, 0.0]
+    assert exact.max_log_ratio(q, p) == pytest.approx(1.0, abs=1e-12)
+    assert exact.hockey_stick_delta([1.0 - 1e-300, 1e-300], [1.0, 0.0], 5.0) == 1e-300
+
+
+# H-1 (fixed): laws were float64 probabilities only: the ideal discrete Laplace law (r = e^-1,
+# B/g = 744) has cells of mass e^-744 ≈ 1e-323 (subnormal) and 0; pure_epsilon returned inf
+# (B/g ≥ 744) or 1.0296 (claim 1); exponential_mechanism_law on (0, −1490) likewise. The law
+# builders now return exact.Law, which carries the log-probabilities.
+def test_harness_profiles_of_ideal_laws_with_long_tails():
+    r = math.exp(-1.0)
+    for h in (744.0, 800.0):
+        p = exact.discrete_laplace_law(0.0, ratio=r, bound=h, granularity=1.0)
+        q = exact.discrete_laplace_law(1.0, ratio=r, bound=h, granularity=1.0)
+        assert exact.pure_epsilon(p, q) == pytest.approx(1.0, abs=1e-9), h
+    kw = dict(sensitivity=1.0, epsilon=1.0)
+    p = exact.exponential_mechanism_law([0.0, -1490.0], **kw)
+    q = exact.exponential_mechanism_law([0.0, -1491.0], **kw)
+    assert exact.pure_epsilon(p, q) <= 1.0 + 1e-9
+
+
+def test_harness_against_dp_accounting_pld():
+    # independent implementation: dp_accounting's PLD from the two pmfs (both directions,
+    # symmetric=False); its pessimistic / optimistic estimates bracket the exact δ(ε)
+    from dp_accounting.pld import privacy_loss_distribution as pld
+
+    def logs(law):
+        return {i: math.log(x) for i, x in enumerate(np.ravel(law)) if x > 0}
+
+    r = math.exp(-0.5)
+    pairs = [
+        (
+            exact.discrete_laplace_law([0.3, -0.2], ratio=r, bound=3.0, granularity=1.0),
+            exact.discrete_laplace_law([1.6, -0.9], ratio=r, bound=3.0, granularity=1.0),
+        ),
+        (
+            exact.exponential_mechanism_law([0.0, 1.0, 5.0], sensitivity=1.0, epsilon=2.0),
+            exact.exponential_mechanism_law([1.0, 0.0, 4.0], sensitivity=1.0, epsilon=2.0),
+        ),
+        (
+            exact.randomized_response_law(0, epsilon=1.5, num_categories=4),
+            exact.randomized_response_law(3, epsilon=1.5, num_categories=4),
+        ),
+        (np.array([0.5, 0.3, 0.2, 0.0]), np.array([0.2, 0.3, 0.4, 0.1])),
+    ]
+    for p, q in pairs:
+        brackets = [
+            pld.from_two_probability_mass_functions(
+                logs(p),
+                logs(q),
+                pessimistic_estimate=pe,
+                symmetric=False,
+                value_discretization_interval=1e-5,
+            )
+            for pe in (True, False)
+        ]
+        for eps in (0.0, 0.25, 0.5, 1.0, 2.0):
+            mine = exact.delta_at(p, q, eps)
+            hi, lo = (b.get_delta_for_epsilon(eps) for b in brackets)
+            assert lo - 1e-12 <= mine <= hi + 1e-12, (eps, lo, mine, hi)
+
+
+def test_harness_log_laws_keep_tails_and_derived_arrays_drop_them():
+    # H-1: a Law carries exact log-probabilities through product_law; any array derived from
+    # it (a mixture, a slice) is read as plain probabilities, never with stale logs
+    r = math.exp(-1.0)
+    p = exact.discrete_laplace_law([0.0, 0.0], ratio=r, bound=800.0, granularity=1.0)
+    q = exact.discrete_laplace_law([1.0, 0.0], ratio=r, bound=800.0, granularity=1.0)
+    assert isinstance(p, exact.Law) and p.log.shape == p.shape == (1601, 1601)
+    assert exact.pure_epsilon(p, q) == pytest.approx(1.0, abs=1e-9)
+    assert exact.delta_at(p, q, 1.0) <= 1e-15 and exact.delta_at(p, q, 0.5) > 0.1  # rounding
+    mixture = 0.5 * p + 0.5 * q
+    assert mixture.log is None
+    plain = np.asarray(p)
+    assert exact.pure_epsilon(plain, np.asarray(q)) == math.inf  # the old false alarm
+    assert exact.pure_epsilon(mixture, p) == math.inf  # no logs: read as probabilities

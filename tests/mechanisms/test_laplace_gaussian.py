@@ -7,6 +7,7 @@ import pytest
 from scipy import stats
 
 from dpjax import mechanisms as M
+from dpjax.mechanisms import gaussian, laplace
 from tests.helpers import assert_distribution
 
 N = 200_000
@@ -177,3 +178,38 @@ def test_traced_non_finite_value_is_zeroed_before_the_noise(key, name):
         jax.random.split(key, 3), jnp.array([jnp.nan, 1.0], jnp.float32)
     )
     assert batched.dtype == jnp.float32 and np.all(np.isfinite(np.asarray(batched)))
+
+
+# ------------------------------------------------------------------------------------------------
+# Issue 25's papercuts: each test attacks one fix and fails on the code before it.
+# ------------------------------------------------------------------------------------------------
+
+# ----------------------------------------------------------------------------- huge sensitivity
+
+
+@pytest.mark.parametrize(
+    "mechanism, kwargs",
+    [(gaussian, dict(delta=1e-5)), (laplace, {})],
+)
+@pytest.mark.parametrize("dtype, sensitivity", [(jnp.float32, 1e300), (jnp.float16, 1e4)])
+def test_noise_that_overflows_the_value_dtype_is_refused(mechanism, kwargs, dtype, sensitivity):
+    value = jnp.zeros(3, dtype)
+    with pytest.raises(ValueError, match=r"sensitivity must be at most .* value \+ noise overflow"):
+        mechanism(jax.random.key(0), value, sensitivity=sensitivity, epsilon=1.0, **kwargs)
+
+
+@pytest.mark.parametrize("mechanism, kwargs", [(gaussian, dict(delta=1e-5)), (laplace, {})])
+def test_largest_admissible_sensitivity_releases_finite_noise(mechanism, kwargs):
+    value = jnp.zeros(1000, jnp.float32)
+    with pytest.raises(ValueError) as info:
+        mechanism(jax.random.key(1), value, sensitivity=1e300, epsilon=1.0, **kwargs)
+    limit = float(str(info.value).split("at most ")[1].split(" ")[0])
+    out = mechanism(jax.random.key(1), value, sensitivity=0.99 * limit, epsilon=1.0, **kwargs)
+    assert np.all(np.isfinite(np.asarray(out)))
+    assert float(jnp.max(jnp.abs(out))) > 1e-3 * float(jnp.finfo(jnp.float32).max)
+
+
+def test_value_near_dtype_max_counts_in_the_limit():
+    big = jnp.full(2, 3e38, jnp.float32)
+    with pytest.raises(ValueError, match="sensitivity must be at most"):
+        gaussian(jax.random.key(2), big, sensitivity=1e37, epsilon=1.0, delta=1e-5)

@@ -1,4 +1,7 @@
+import decimal
+import importlib
 import math
+from fractions import Fraction
 
 import jax
 import jax.numpy as jnp
@@ -6,6 +9,7 @@ import numpy as np
 import pytest
 
 from dpjax import mechanisms as M
+from dpjax.auditing import exact
 from tests.helpers import assert_frequencies
 
 N = 100_000
@@ -136,3 +140,114 @@ def test_pytree_values(key):
 def test_bad_inputs_raise(call):
     with pytest.raises(ValueError, match="must be"):
         call()
+
+
+# ------------------------------------------------------------------------------------------------
+# randomized response and of the exact-profile harness itself.
+#
+# Randomized response: the law is re-derived from the code path (the library's word → report
+# map run on the words at every boundary, then counted with integers) and its ε checked with
+# 100-digit decimal arithmetic, independently of ``randomized_response_other_weight``'s own
+# 60-digit computation. The harness (``dpjax.auditing.exact``) is cross-checked against exact
+# rational arithmetic (``fractions.Fraction``) and probed at zeros, ties and underflow.
+# ------------------------------------------------------------------------------------------------
+
+rr = importlib.import_module("dpjax.mechanisms.randomized_response")
+WORDS = 2**32
+EPSILONS = sorted(
+    {float(e) for e in np.geomspace(0.01, 40.0, 41)} | {math.log(3.0), 22.18, 22.2, 39.9, 40.0}
+)
+
+
+def exp_decimal(eps):
+    with decimal.localcontext() as ctx:
+        ctx.prec = 100
+        return decimal.Decimal(eps).exp()
+
+
+def independent_other_weight(eps, k):
+    """m = ⌈2^32/(e^ε + k − 1)⌉ at 100 digits (1 where that is below 1)."""
+    with decimal.localcontext() as ctx:
+        ctx.prec = 100
+        exact_m = decimal.Decimal(WORDS) / (exp_decimal(eps) + (k - 1))
+        return max(1, int(exact_m.to_integral_value(rounding=decimal.ROUND_CEILING)))
+
+
+def boundary_words(threshold, k):
+    """Words at every place the map w → report can change, plus 4096 random ones."""
+    span = 3 * (k - 1)
+    ws = set(range(0, span)) | set(range(max(0, threshold - span), threshold + span))
+    ws |= set(range(WORDS - span, WORDS))
+    ws |= set(np.random.default_rng(k).integers(0, WORDS, 4096, dtype=np.uint64).tolist())
+    return np.array(sorted(w for w in ws if 0 <= w < WORDS), dtype=np.uint32)
+
+
+@pytest.mark.parametrize("k", [2, 3, 4, 5])
+def test_randomized_response_law_rederived_from_the_code_path(k):
+    for eps in EPSILONS:
+        m = rr.randomized_response_other_weight(epsilon=eps, num_categories=k)
+        assert m == independent_other_weight(eps, k), (eps, k)
+        threshold = (k - 1) * m
+        words = boundary_words(threshold, k)
+        for c in range(k):
+            got = np.asarray(rr._respond(jnp.int32(c), jnp.asarray(words), other_weight=m, k=k))
+            w = words.astype(np.int64)
+            expected = np.where(w < threshold, (c + 1 + w % (k - 1)) % k, c)
+            np.testing.assert_array_equal(got, expected)
+        # counting the preimages of that map: every other category has exactly m words
+        # (the words below (k − 1)m, split evenly by w mod (k − 1)), the truth the rest
+        law = [Fraction(m, WORDS)] * k
+        law[0] = Fraction(WORDS - threshold, WORDS)
+        np.testing.assert_array_equal(
+            exact.randomized_response_law(0, epsilon=eps, num_categories=k),
+            np.array([float(x) for x in law]),
+        )
+        ratio = law[0] / law[1]  # the realised e^{ε_real}
+        assert ratio >= 1
+        assert decimal.Decimal(ratio.numerator) <= exp_decimal(eps) * ratio.denominator
+
+
+def with_words(monkeypatch, words):
+    monkeypatch.setattr(rr, "_random_words", lambda key, value: jnp.asarray(words, jnp.uint32))
+
+
+@pytest.mark.parametrize("k", [2, 3, 5])
+def test_out_of_domain_under_jit_is_category_zero_with_the_same_randomness(monkeypatch, k):
+    # grey-box check: with the SAME random words, an out-of-domain entry under jit reports
+    # exactly what category 0 reports, so its law is a k-RR law and any replace-one pair
+    # (in-domain or not) stays within e^ε. Dtypes: float (NaN, ±inf, 2.5, −1, k), int8/int64
+    # (−1, k), uint8 (255), bool (k = 2).
+    eps = 1.0
+    m = rr.randomized_response_other_weight(epsilon=eps, num_categories=k)
+    words = boundary_words((k - 1) * m, k)[:64]
+    with_words(monkeypatch, words)
+    run = jax.jit(
+        lambda v: rr.randomized_response(jax.random.key(0), v, epsilon=eps, num_categories=k)
+    )
+    zero = np.asarray(run(jnp.zeros(words.size, jnp.int32)))
+    cases = [
+        (jnp.float32, [np.nan, np.inf, -np.inf, 2.5, -1.0, float(k)]),
+        (jnp.float64, [np.nan, 1e300]),
+        (jnp.int8, [-1, k]),
+        (jnp.int64, [-(2**40), 2**40]),
+        (jnp.uint8, [255]),
+    ]
+    for dtype, bad in cases:
+        for b in bad:
+            got = np.asarray(run(jnp.full(words.size, b, dtype)))
+            np.testing.assert_array_equal(got.astype(np.int64), zero, err_msg=f"{dtype} {b}")
+    if k == 2:  # bool: True is category 1, reports as the int path does
+        one = np.asarray(run(jnp.ones(words.size, jnp.int32)))
+        got = np.asarray(run(jnp.ones(words.size, bool)))
+        np.testing.assert_array_equal(got.astype(np.int64), one)
+
+
+def test_randomized_response_under_vmap_matches_the_batched_call(key):
+    # vmap over (key, value) pairs reproduces the per-row call; domain rule applies per row
+    vals = jnp.array([0, 4, -3, 2], jnp.int32)
+    keys = jax.random.split(key, 4)
+    f = lambda k, v: rr.randomized_response(k, v, epsilon=2.0, num_categories=3)  # noqa: E731
+    batched = np.asarray(jax.vmap(f)(keys, vals))
+    rows = [int(jax.jit(f)(keys[i], vals[i])) for i in range(4)]
+    np.testing.assert_array_equal(batched, rows)
+    assert set(batched.tolist()) <= {0, 1, 2}

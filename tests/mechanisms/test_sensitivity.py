@@ -1,5 +1,7 @@
 import itertools
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -80,3 +82,57 @@ def test_closed_forms_and_lecture_values():
 def test_bad_inputs_raise(call):
     with pytest.raises(ValueError, match="must be"):
         call()
+
+
+# ------------------------------------------------------------------------------------------------
+# the non-finite rule and of the clipped-mean sensitivity.
+#
+# What holds: under ``jit`` a NaN / ±inf / huge / −0.0 / out-of-range record is released exactly
+# as its public value (NaN ↦ midpoint, clip) in float32, float16 and bfloat16 too (the existing
+# tests cover float64 only), for ``smooth_median`` and ``bounded_laplace``.
+#
+# What breaks:
+#
+# * the eager ``ValueError`` of ``smooth_median`` prints the data's exact min and max (and the
+#   refusal of non-finite values prints how many records are non-finite): a noiseless release
+#   of private values through an exception message, which the ``jit`` path never makes;
+# * ``refuse_non_finite`` crashes (``TracerBoolConversionError``) when concrete data are closed
+#   over by a jitted function, so ``jax.jit(lambda k: smooth_median(k, data, ...))`` fails;
+# * ``clipped_mean`` in float32 sums k clipped values in float32: when the range [l, u] is narrow
+#   compared with |l| the mean of neighbours moves by up to 12.5× the declared (u − l)/k
+#   (Casacuberta et al. 2022), so the Laplace noise calibrated to (u − l)/k is too small.
+# ------------------------------------------------------------------------------------------------
+
+# --- clipped_mean: float32 summation moves the mean by more than (u − l)/k -------------------
+
+
+def _noiseless_mean(values, lower, upper):
+    """The library's own pre-noise mean: at ε = 1e12 the Laplace noise (scale Δ/ε) is far below
+    half an ulp of the mean, so the float32 release is the computed mean itself."""
+    out = M.clipped_mean(
+        jax.random.key(0), jnp.asarray(values), lower=lower, upper=upper, epsilon=1e12
+    )
+    return float(out)
+
+
+@pytest.mark.parametrize(
+    "lower, upper, k, seed", [(1e6, 1e6 + 1.0, 100, 0), (1000.0, 1001.0, 1000, 25)]
+)
+def test_clipped_mean_float32_mean_moves_at_most_the_sensitivity(lower, upper, k, seed):
+    # The exact law of the float32 release is round(m + bZ) (b = Δ/ε); on every output cell its
+    # log-ratio between neighbours is at most |m − m′|/b, with equality in the tails, so ε-DP
+    # holds iff the computed means satisfy |m − m′| ≤ Δ = (u − l)/k.
+    # Fails on the reviewed code: |m − m′| = 12.5Δ at [1e6, 1e6 + 1], k = 100 (one float32 ulp
+    # of 1e6 is 0.0625 = 6.25Δ; after a one-ulp move the event {output = m} has probability
+    # 0.956 on D and 0.022 on D′ with exact Laplace noise at ε = 1: log-ratio 3.78) and
+    # 1.04Δ at [1000, 1001], k = 1000 (float32 summation; Casacuberta, Shoemate, Vadhan,
+    # Wagaman 2022).
+    sensitivity = (upper - lower) / k
+    values = np.random.default_rng(seed).uniform(lower, upper, k).astype(np.float32)
+    mean = _noiseless_mean(values, lower, upper)
+    worst = 0.0
+    for i, replacement in itertools.product(range(3), (lower, upper)):
+        neighbour = values.copy()
+        neighbour[i] = np.float32(replacement)
+        worst = max(worst, abs(_noiseless_mean(neighbour, lower, upper) - mean) / sensitivity)
+    assert worst <= 1.0 + 1e-6, worst

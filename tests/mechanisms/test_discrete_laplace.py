@@ -1,15 +1,4 @@
-"""Adversarial review of ``discrete_laplace``: the law its sampler realises, dtypes, grid.
-
-History: the review computed the law of the old float samplers exactly (every float32 uniform
-enumerated; float64 cells by binary search) and found DL-1 (float64 tiny rates: realised ε
-1.85e-3 at a claimed 1.2e-13), DL-2 (float32 uniforms with x64 off: ε = 0.125 at a claimed
-1e-4) and DL-3 (float16 x/g overflow). DL-1/DL-2 were first fixed by refusing what the float
-sampler could not realise; since issue 26 the noise comes from the exact integer sampler of
-Canonne, Kamath, Steinke 2020 (uint32 arithmetic on random words), so both configurations are
-released with the exact law (tests/mechanisms/test_exact_integer_samplers.py measures it), with x64
-on or off. Issue 25's papercut (float16 values at B/g = 102 400 gave inf for 91% of outputs,
-bfloat16 collapsed to 467 values) is fixed by refusing grids the output dtype cannot hold.
-"""
+"""``discrete_laplace``: the law its sampler realises, its dtypes and its grid."""
 
 import os
 import subprocess
@@ -23,11 +12,25 @@ import pytest
 from dpjax import mechanisms as M
 from dpjax.mechanisms import discrete
 
+# ------------------------------------------------------------------------------------------------
+# ``discrete_laplace``: the law its sampler realises, dtypes, grid.
+#
+# History: the review computed the law of the old float samplers exactly (every float32 uniform
+# enumerated; float64 cells by binary search) and found DL-1 (float64 tiny rates: realised ε
+# 1.85e-3 at a claimed 1.2e-13), DL-2 (float32 uniforms with x64 off: ε = 0.125 at a claimed
+# 1e-4) and DL-3 (float16 x/g overflow). DL-1/DL-2 were first fixed by refusing what the float
+# sampler could not realise; since issue 26 the noise comes from the exact integer sampler of
+# Canonne, Kamath, Steinke 2020 (uint32 arithmetic on random words), so both configurations are
+# released with the exact law (tests/mechanisms/test_exact_integer_samplers.py measures it),
+# with x64 on or off. Float16 values at B/g = 102 400 (inf for 91% of outputs) and bfloat16
+# (collapsed to 467 values) are fixed by refusing grids the output dtype cannot hold.
+# ------------------------------------------------------------------------------------------------
+
 F64_TINY = dict(sensitivity=1.0, epsilon=1.2e-13, granularity=2.0, bound=2000.0)
 F32_WORST = dict(sensitivity=0.5, epsilon=1e-4, granularity=1.0, bound=40000.0)
 
 
-def test_review_tiny_rates_are_rounded_down_or_refused(key):
+def test_tiny_rates_are_rounded_down_or_refused(key):
     # DL-1 configuration: a = 1.2e-13 < 2^-30 is below the integer sampler's rate resolution
     # and refused by name; F32_WORST (a = 5e-5) is released with the rate rounded DOWN
     with pytest.raises(ValueError, match="epsilon must be at least"):
@@ -56,7 +59,7 @@ print("ok")
 
 
 @pytest.mark.slow  # an x64-off subprocess (~10 s)
-def test_review_x64_off_releases_with_the_exact_sampler():
+def test_x64_off_releases_with_the_exact_sampler():
     # DL-2 (superseded by issue 26): with x64 off the release runs (it raised before), eager
     # and jitted agree, outputs are grid points
     code = X64_OFF_RELEASE.format(kw=F32_WORST)
@@ -68,7 +71,7 @@ def test_review_x64_off_releases_with_the_exact_sampler():
 # ---------------------------------------------------------------- 16-bit values
 
 
-def test_review_float16_grid_beyond_its_exact_range_is_refused(key):
+def test_float16_grid_beyond_its_exact_range_is_refused(key):
     # issue 25 papercut: B/g = 102 400 in float16 gave inf for 91% of outputs (and bfloat16
     # collapsed the grid to 467 values); every grid point must now be exact in the dtype
     kw = dict(sensitivity=0.25, epsilon=1.0, bound=100.0, granularity=2.0**-10)
@@ -97,7 +100,7 @@ def test_review_float16_grid_beyond_its_exact_range_is_refused(key):
 
 
 @pytest.mark.parametrize("dtype, half", [(jnp.float16, 2048), (jnp.bfloat16, 256)])
-def test_review_16_bit_values_release_every_grid_point_exactly(key, dtype, half):
+def test_16_bit_values_release_every_grid_point_exactly(key, dtype, half):
     # at the largest accepted grid the 16-bit output is exactly g·k_y: compare with the
     # float32 release under the same key (the integer noise does not depend on the dtype)
     g = 2.0**-4
@@ -164,12 +167,12 @@ print("ok", worst)
 
 
 @pytest.mark.slow  # 16 configurations × 2 dtypes, each jitted once (~25 s)
-def test_review_grid_sensitivity_same_key_x64_on():
+def test_grid_sensitivity_same_key_x64_on():
     exec(GREY_BOX, {})
 
 
 @pytest.mark.slow  # an x64-off subprocess (~25 s)
-def test_review_grid_sensitivity_same_key_x64_off():
+def test_grid_sensitivity_same_key_x64_off():
     # issue 26: with x64 off discrete_laplace runs; the grey-box pairs hold there too
     env = dict(os.environ, JAX_ENABLE_X64="0", JAX_PLATFORMS="cpu")
     done = subprocess.run([sys.executable, "-c", GREY_BOX], env=env, capture_output=True, text=True)

@@ -1,51 +1,31 @@
-"""Review 2: open findings on the new release paths (strict xfails, each with its fix).
-
-Each test is the attack; it fails on main today (hence ``xfail(strict=True)``), and passes once
-the fix described in its reason lands.
-"""
+"""Privacy units: events carry their unit (example or user), units are validated and round-trip,
+and the accountant composes events only within one unit (a selection over mixed units is
+refused)."""
 
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
 import dpjax
 from dpjax.accounting import PrivacyAccountant
-from dpjax.dp_sgd import BandMF, make_private
+from dpjax.dp_sgd import make_private
 from dpjax.events import PoissonSampledGaussianEvent
+
+# ------------------------------------------------------------------------------------------------
+# open findings on the new release paths (strict xfails, each with its fix).
+#
+# Each test is the attack; it fails on main today (hence ``xfail(strict=True)``), and passes once
+# the fix described in its reason lands.
+# ------------------------------------------------------------------------------------------------
 
 N = 300
 
 
 def _linear(w, x):
     return x @ w
-
-
-# Was open (review2); fixed: the secret state records a keyed digest of the data's row order
-# and step/fit refuse other data (the test failed before the fix: DID NOT RAISE).
-def test_bandmf_resumed_on_reordered_rows_is_refused():
-    private = make_private(
-        _linear,
-        optimizer=optax.sgd(0.1),
-        l2_clip_norm=1.0,
-        dataset_size=N,
-        batch_size=5,
-        steps=6,
-        noise_multiplier=1.0,
-        delta=1e-5,
-        key=jax.random.key(0),
-        noise=BandMF(bands=2),
-    )
-    data = jnp.asarray(np.random.default_rng(0).normal(size=(N, 2)), jnp.float32)
-    w = jnp.zeros(2, jnp.float32)
-    state = private.init(w)
-    w, state, _ = private.step(w, state, data)  # step 0: part 0 = even rows, record 0 there
-    swapped = data.at[jnp.array([0, 1])].set(data[jnp.array([1, 0])])  # record 0 now odd
-    with pytest.raises(ValueError, match="data"):
-        private.step(w, state, swapped)  # step 1 samples part 1: record 0 again, 1 step apart
 
 
 # Was open (review2); fixed: events carry their privacy unit and the accountant refuses
