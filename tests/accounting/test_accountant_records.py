@@ -323,6 +323,7 @@ def test_dp_sgd_functions_take_accounting_and_still_read_the_former_method():
 def test_state_dict_without_count_is_refused():
     # Before the fix a saved accountant whose event lost "count" came back as ONE release
     # (ε of 1 step instead of 1000), with no error.
+    """Catches an accountant state missing an event's count loading with a default count."""
     from dpjax.accounting import PrivacyAccountant
     from dpjax.events import GaussianEvent
 
@@ -336,6 +337,7 @@ def test_state_dict_without_count_is_refused():
 def test_event_dict_without_relation_is_refused():
     # Before the fix the dict of an add/remove-one Poisson event without "relation" was read
     # back under the class default, and a Gaussian one came back relabelled replace-one.
+    """Catches an event dict missing its relation loading with a default relation."""
     from dpjax.events import GaussianEvent, event_from_dict, event_to_dict
 
     data = event_to_dict(GaussianEvent(4.0, count=3, relation="add_or_remove_one"))
@@ -352,6 +354,7 @@ def test_event_dict_without_relation_is_refused():
 
 
 def test_accountant_state_with_empty_orders_is_a_clear_error():
+    """Catches a state dict with empty RDP orders loading (or crashing) instead of a ValueError."""
     acc = PrivacyAccountant([LaplaceEvent(noise_multiplier=1.0)])
     state = acc.state_dict()
     state["orders"] = []

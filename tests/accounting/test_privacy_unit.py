@@ -31,6 +31,7 @@ def _linear(w, x):
 # Was open (review2); fixed: events carry their privacy unit and the accountant refuses
 # to mix units (the test failed before the fix: DID NOT RAISE).
 def test_user_level_event_does_not_compose_with_example_level_events():
+    """Catches user-level and example-level events composing into one meaningless epsilon."""
     ids = np.repeat(np.arange(N // 3), 3)
     private = make_private(
         _linear,
@@ -50,6 +51,7 @@ def test_user_level_event_does_not_compose_with_example_level_events():
 
 
 def test_privacy_unit_is_validated_and_round_trips():
+    """Catches an invalid privacy unit accepted, or the unit lost in an event's dict round trip."""
     unit = "user:00000000deadbeef"
     event = PoissonSampledGaussianEvent(1.0, 0.01, count=3, privacy_unit=unit)
     back = dpjax.events.event_from_dict(dpjax.events.event_to_dict(event))
@@ -62,6 +64,7 @@ def test_privacy_unit_is_validated_and_round_trips():
 
 
 def test_user_level_events_compose_with_each_other_and_inside_a_selection():
+    """Catches the unit check refusing valid compositions of events of one user-level unit."""
     unit = "user:00000000deadbeef"
     user = PoissonSampledGaussianEvent(1.0, 0.01, count=10, privacy_unit=unit)
     twice = PrivacyAccountant([user, user]).epsilon(1e-5)

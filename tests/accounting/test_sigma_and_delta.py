@@ -341,6 +341,7 @@ def test_converted_delta_is_never_below_the_exact_value():
     # Before the fix δ·expm1(2ε)/expm1(ε) came out BELOW the exact (1 + e^ε)·δ on about half
     # of the inputs (by up to 3.5e-16 relative): the replace-one guarantee as computed was
     # slightly stronger than the one group privacy proves. Reference: 40-digit decimals.
+    """Catches a relation conversion returning delta below the exact value."""
     import decimal
 
     from dpjax.accounting import convert_relation

@@ -56,6 +56,7 @@ def test_os_key_passed_into_jit_gives_fresh_noise_per_call():
 
 @pytest.mark.parametrize("x64", [True, False])
 def test_os_key_10000_draws_full_width_and_distinct(x64):
+    """Catches os_key drawing fewer than 64 random bits (repeated or narrow keys)."""
     with jax.enable_x64(x64):
         data = np.stack([np.asarray(jax.random.key_data(dpjax.os_key())) for _ in range(10_000)])
     assert data.shape == (10_000, 2) and data.dtype == np.uint32
@@ -67,6 +68,7 @@ def test_os_key_10000_draws_full_width_and_distinct(x64):
 
 
 def test_os_key_wraps_the_os_words_without_truncation(monkeypatch):
+    """Catches os_key truncating an OS seed at or above 2^63 when x64 is off."""
     words = np.array([0xFFFFFFFF, 0x80000001], np.uint32)  # a seed ≥ 2⁶³
     monkeypatch.setattr(secrets, "token_bytes", lambda n: words.tobytes()[:n])
     with jax.enable_x64(False):
@@ -75,5 +77,6 @@ def test_os_key_wraps_the_os_words_without_truncation(monkeypatch):
 
 
 def test_os_key_other_impl_gets_all_its_words():
+    """Catches os_key filling only part of the key data of a wider PRNG implementation (rbg)."""
     data = np.asarray(jax.random.key_data(dpjax.os_key("rbg")))
     assert data.shape == (4,) and data.dtype == np.uint32

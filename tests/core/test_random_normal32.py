@@ -294,6 +294,7 @@ def _key_of_words(words: np.ndarray) -> jax.Array:
 
 @pytest.mark.parametrize("d", [1, 2, 4095, 4096, 4097, 8191, 8192, 8193, 12289])
 def test_each_tail_lane_reads_its_own_word_of_the_one_draw(d):
+    """Catches two tail lanes of the float32 normal reading the same random word."""
     rng = np.random.default_rng(d)
     blocks = -(-d // BLOCK)
     lanes = body_words(rng, d)

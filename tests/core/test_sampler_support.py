@@ -467,6 +467,7 @@ def test_no_random_word_is_used_twice_across_coordinates_or_leaves():
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.int32])
 def test_narrow_sampler_dtypes_are_refused(dtype):
+    """Catches the normal sampler accepting 16-bit or integer dtypes."""
     with pytest.raises(ValueError, match="dtype must be float32 or float64"):
         R.normal(jax.random.key(0), (3,), dtype)
 

@@ -416,6 +416,7 @@ def _release(state, count):
 
 
 def test_a_vmap_over_per_example_counts_with_one_state_is_refused():
+    """Catches a vmap over per-example counts sharing one adaptive-clip state (one noise draw)."""
     state = init_adaptive_clip(VMAP_CONFIG, key=jax.random.key(0))
     counts = jnp.array([0.5, -0.5, 0.5], jnp.float32)
     with pytest.raises(ValueError, match="updates"):
@@ -424,6 +425,7 @@ def test_a_vmap_over_per_example_counts_with_one_state_is_refused():
 
 @pytest.mark.slow
 def test_one_release_and_a_vmap_over_runs_still_work():
+    """Catches the adaptive-clip vmap guard refusing legitimate single and per-run releases."""
     state = init_adaptive_clip(VMAP_CONFIG, key=jax.random.key(0))
     one = _release(state, jnp.float32(0.5))
     assert bool(jnp.isfinite(one))

@@ -187,6 +187,7 @@ N_UNIT_ROWS = 300
 # Was open (review2); fixed: the secret state records a keyed digest of the data's row order
 # and step/fit refuse other data (the test failed before the fix: DID NOT RAISE).
 def test_bandmf_resumed_on_reordered_rows_is_refused():
+    """Catches BandMF resuming on data whose row order changed (it would reuse correlated noise)."""
     private = make_private(
         _linear,
         optimizer=optax.sgd(0.1),
@@ -275,6 +276,7 @@ def test_a_swap_of_rows_differing_in_the_top_or_bottom_bit_of_any_dtype_changes_
 
 @pytest.mark.slow
 def test_a_swap_of_bool_rows_and_of_key_rows_changes_the_digest():
+    """Catches BandMF's row-order digest missing a swap of bool rows or of key rows."""
     flags = np.zeros((N_DIGEST_ROWS, 1), bool)
     flags[1] = True
     keys = jax.random.split(jax.random.key(0), N_DIGEST_ROWS)

@@ -338,6 +338,7 @@ def test_low_precision_sum_is_returned_wide_for_add_remove(key, method):
 
 
 def test_clipped_grad_names_make_private_form_for_a_one_pytree_loss():
+    """Catches an opaque error when make_private's loss form is given to clipped_grad."""
     loss = lambda w, ex: jnp.dot(w, ex[0]) - ex[1]  # noqa: E731  make_private's form
     grad_fn = dpjax.clipped_grad(loss, l2_clip_norm=1.0)
     with pytest.raises(ValueError, match=r"loss_fn.*loss_fn\(params, \*example\).*make_private"):
@@ -345,6 +346,8 @@ def test_clipped_grad_names_make_private_form_for_a_one_pytree_loss():
 
 
 def test_clipped_grad_keeps_type_errors_from_inside_the_loss():
+    """Catches a TypeError raised inside the loss being swallowed or mislabelled by clipped_grad."""
+
     def loss(w, x):
         return jnp.dot(w, x) + "not a number"
 

@@ -756,12 +756,14 @@ def _contribution_of_first(batch: int, dtype, big: float) -> float:
 
 
 def test_retry_flip_float32():
+    """Catches the accurate-retry cond letting one removed example move the sum > C (float32)."""
     with jax.enable_x64(False):
         got = _contribution_of_first(64, np.float32, 2.0**65)
     assert got <= 1.0, f"removing example 0 moved the sum by {got!r} > C = 1"
 
 
 def test_retry_flip_float64():
+    """Catches the accurate-retry cond letting one removed example move the sum > C (float64)."""
     got = _contribution_of_first(256, np.float64, 2.0**515)
     assert got <= 1.0, f"removing example 0 moved the sum by {got!r} > C = 1"
 
@@ -841,6 +843,7 @@ def _contribution(backend: str, clip: float, dtype, tiny_scale: float) -> float:
 @pytest.mark.parametrize("clip", [1e-20, 1e-200, MIN_CLIP_NORM / 2])
 @pytest.mark.parametrize("per_layer", [False, True])
 def test_clip_norms_that_underflow_the_bounds_are_refused(clip, per_layer):
+    """Catches clip norms so small that the ghost bound underflows to 0 being accepted."""
     norm = {"w": clip} if per_layer else clip
     with pytest.raises(ValueError, match="l2_clip_norm.*2\\^-40"):
         dpjax.clipped_grad(underflow_loss, l2_clip_norm=norm, per_layer=per_layer)

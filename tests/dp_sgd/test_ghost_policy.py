@@ -223,6 +223,7 @@ def _moves(dtype, scales, t, k):
     "dtype", [jnp.float32, jnp.bfloat16, jnp.float16], ids=lambda d: jnp.dtype(d).name
 )
 def test_removing_any_extreme_row_moves_the_sum_by_at_most_c(dtype, shape):
+    """Catches accelerator-policy ghost clipping moving the sum by more than C on extreme rows."""
     big = float(jnp.finfo(dtype).max) ** 0.5 * 4.0  # its square overflows the dtype
     scales = [big, 1.0, float(jnp.finfo(dtype).tiny), np.nan, 1e3, 1e3]
     moves, bad, full = _moves(dtype, scales, *shape)
@@ -234,6 +235,7 @@ def test_removing_any_extreme_row_moves_the_sum_by_at_most_c(dtype, shape):
 
 
 def test_the_shapes_take_the_gram_and_the_book_kept_paths_under_the_accelerator_policy():
+    """Catches the accelerator policy not reaching the Gram / book-kept ghost paths it claims."""
     with _ghost_policy.use(_ghost_policy.ACCELERATOR):
         for (t, k), formed in zip(SHAPES, (False, True), strict=True):
             p = {"w": jnp.zeros((k, k)), "head": jnp.zeros((k, 2))}
@@ -273,6 +275,7 @@ def _policy_seen_while_other_thread_forces(policy):
 
 
 def test_policy_forced_in_another_thread_is_not_seen_here():
+    """Catches a ghost policy forced in one thread leaking into another thread."""
     baseline = _ghost_policy.current()
     accelerator, cpu = _ghost_policy.ACCELERATOR, _ghost_policy.CPU
     other = accelerator if baseline != accelerator else cpu
@@ -280,6 +283,7 @@ def test_policy_forced_in_another_thread_is_not_seen_here():
 
 
 def test_policy_forced_here_is_kept_while_another_thread_forces_another():
+    """Catches another thread's forced ghost policy overriding this thread's."""
     with _ghost_policy.use(_ghost_policy.CPU):
         seen = _policy_seen_while_other_thread_forces(_ghost_policy.ACCELERATOR)
         assert seen == _ghost_policy.CPU

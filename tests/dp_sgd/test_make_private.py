@@ -481,6 +481,7 @@ def test_bad_key_and_bad_data_are_refused(key, linear_private):
 
 
 def test_make_private_with_clipped_grad_form_names_both_conventions():
+    """Catches an opaque error when clipped_grad's loss form is given to make_private."""
     n = 200
     data = (jnp.ones((n, 2)), jnp.ones(n))
     private = dpjax.make_private(

@@ -302,6 +302,7 @@ serialization = pytest.importorskip("flax.serialization")
 @pytest.mark.parametrize("impl", ["threefry2x32", "rbg", "unsafe_rbg"])
 @pytest.mark.parametrize("make", ["gaussian", "laplace"])
 def test_restored_state_continues_the_stream(impl, make):
+    """Catches a checkpoint-restored noise state restarting (reusing) the noise stream."""
     key = jax.random.key(11, impl=impl)
     if make == "gaussian":
         tx = transforms.add_gaussian_noise(1.0, key=key)
@@ -319,6 +320,7 @@ def test_restored_state_continues_the_stream(impl, make):
 
 
 def test_no_shared_noise_across_coordinates_groups_steps_or_batched_states():
+    """Catches noise shared across coordinates, dtype groups, steps or batched states."""
     tx = transforms.add_gaussian_noise(1.0, key=jax.random.key(12))
     tree = {"a": jnp.zeros(64, jnp.float32), "b": jnp.zeros(64, jnp.float64)}
     state = tx.init(tree)

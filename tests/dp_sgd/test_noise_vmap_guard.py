@@ -128,12 +128,14 @@ def noised(tx, state):
 
 
 def test_vmap_with_spmd_axis_name_is_refused(tx):
+    """Catches a vmap with spmd_axis_name slipping past the noise transforms' vmap guard."""
     state = tx.init(GUARD_ROWS[0])
     with pytest.raises(ValueError, match="updates"):
         jax.vmap(noised(tx, state), spmd_axis_name="rows")(GUARD_ROWS)
 
 
 def test_vmap_of_a_custom_vjp_wrapper_is_refused(tx):
+    """Catches a custom_vjp wrapper hiding a vmapped noise update from the guard."""
     state = tx.init(GUARD_ROWS[0])
 
     @jax.custom_vjp
@@ -146,6 +148,7 @@ def test_vmap_of_a_custom_vjp_wrapper_is_refused(tx):
 
 
 def test_vmap_of_a_checkpointed_jitted_update_is_refused(tx):
+    """Catches jit + checkpoint hiding a vmapped noise update from the guard."""
     state = tx.init(GUARD_ROWS[0])
     inner = jax.jit(jax.checkpoint(noised(tx, state)))
     with pytest.raises(ValueError, match="updates"):
@@ -153,6 +156,7 @@ def test_vmap_of_a_checkpointed_jitted_update_is_refused(tx):
 
 
 def test_vmap_over_one_dict_subtree_is_refused(tx):
+    """Catches a vmap over only one subtree of the updates (that subtree's rows share noise)."""
     updates = {"a": GUARD_ROWS, "b": GUARD_ROWS[0]}
     state = tx.init({"a": GUARD_ROWS[0], "b": GUARD_ROWS[0]})
     with pytest.raises(ValueError, match="updates"):
@@ -160,6 +164,7 @@ def test_vmap_over_one_dict_subtree_is_refused(tx):
 
 
 def test_outer_vmap_over_rows_inner_vmap_over_runs_is_refused(tx):
+    """Catches nested vmaps (rows outside, runs inside) sharing noise across rows."""
     states = jax.vmap(lambda k: tx.init(GUARD_ROWS[0])._replace(key=jax.random.key_data(k)))(
         jax.random.split(jax.random.key(5), 2)
     )
@@ -169,6 +174,7 @@ def test_outer_vmap_over_rows_inner_vmap_over_runs_is_refused(tx):
 
 
 def test_outer_vmap_over_runs_inner_vmap_over_rows_is_refused(tx):
+    """Catches nested vmaps (runs outside, rows inside) sharing noise across rows."""
     states = jax.vmap(lambda k: tx.init(GUARD_ROWS[0])._replace(key=jax.random.key_data(k)))(
         jax.random.split(jax.random.key(5), 2)
     )
@@ -177,12 +183,14 @@ def test_outer_vmap_over_runs_inner_vmap_over_rows_is_refused(tx):
 
 
 def test_lax_map_with_batch_size_is_refused(tx):
+    """Catches lax.map with batch_size (a vmap inside) sharing noise across rows."""
     state = tx.init(GUARD_ROWS[0])
     with pytest.raises(ValueError, match="updates"):
         jax.lax.map(noised(tx, state), GUARD_ROWS, batch_size=3)
 
 
 def test_vmap_inside_shard_map_is_refused(tx):
+    """Catches a vmapped noise update inside shard_map slipping past the guard."""
     state = tx.init(GUARD_ROWS[0])
     mesh = Mesh(np.array(jax.devices()[:1]), ("d",))
     body = jax.shard_map(
@@ -209,6 +217,7 @@ def test_a_key_batched_by_the_data_but_repeated_is_refused(tx):
 
 @pytest.mark.slow
 def test_a_key_batched_by_the_data_but_repeated_is_voided_under_jit_slow(tx):
+    """Catches a key made batched by the data but repeated across rows releasing shared noise."""
     state = tx.init(GUARD_ROWS[0])
 
     def sneaky(g):
@@ -231,6 +240,7 @@ def _same_noise_on_every_row(out):
     "next to the vmap guard, and in make_private's docs: never map tx.update over rows)",
 )
 def test_lax_map_over_rows_with_one_state_gets_distinct_noise(tx):
+    """Catches lax.map over rows with one state releasing the same noise on every row."""
     out = jax.lax.map(noised(tx, tx.init(GUARD_ROWS[0])), GUARD_ROWS)
     assert not _same_noise_on_every_row(out)
 
@@ -242,6 +252,7 @@ def test_lax_map_over_rows_with_one_state_gets_distinct_noise(tx):
     "class as lax.map (state reuse in a loop); fix: none in the guard",
 )
 def test_vmap_of_a_sequential_vmap_wrapper_gets_distinct_noise(tx):
+    """Catches sequential_vmap over rows releasing the same noise on every row."""
     f = jax.custom_batching.sequential_vmap(noised(tx, tx.init(GUARD_ROWS[0])))
     out = jax.vmap(f)(GUARD_ROWS)
     assert not _same_noise_on_every_row(out)
@@ -275,6 +286,7 @@ def test_a_grid_of_runs_whose_keys_repeat_across_levels_is_refused(tx):
 
 @pytest.mark.slow
 def test_a_grid_of_runs_whose_keys_repeat_across_levels_is_voided_under_jit(tx):
+    """Catches a 2-level grid of runs whose keys repeat across levels releasing shared noise."""
     k1, k2 = jax.random.key_data(jax.random.split(jax.random.key(7), 2))
     keys = jnp.stack([jnp.stack([k1, k2]), jnp.stack([k2, k1])])
     grid = jnp.stack([GUARD_ROWS[:2], GUARD_ROWS[1:]])
@@ -284,6 +296,7 @@ def test_a_grid_of_runs_whose_keys_repeat_across_levels_is_voided_under_jit(tx):
 
 @pytest.mark.slow
 def test_a_grid_of_runs_with_distinct_keys_passes(tx):
+    """Catches the guard voiding a legitimate grid of runs with distinct keys."""
     keys = jax.random.key_data(jax.random.split(jax.random.key(7), 4)).reshape(2, 2, -1)
     grid = jnp.stack([GUARD_ROWS[:2], GUARD_ROWS[1:]])
     update = jax.vmap(jax.vmap(lambda g, s: tx.update(g, s)[0]))

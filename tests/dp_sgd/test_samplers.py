@@ -225,11 +225,13 @@ def _grad_of_rows(dtype, n, rows):
     ],
 )
 def test_padded_batch_small_index_dtypes_count_every_real_row(dtype, n, rows):
+    """Catches uint8/int8 padded-batch indices wrapping around and dropping real rows."""
     jitted, eager = _grad_of_rows(dtype, n, rows)
     assert jitted == 1.5 and eager == 1.5
 
 
 def test_padded_batch_small_dtype_out_of_range_and_repeats_still_caught():
+    """Catches small-dtype batch indices escaping the range and repeat checks."""
     grad_fn = dpjax.clipped_grad(lambda w, x: jnp.dot(w, x), l2_clip_norm=1.0)
     X = jnp.full((100, 1), 0.5, jnp.float32)
     w = jnp.zeros(1, jnp.float32)

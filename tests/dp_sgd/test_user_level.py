@@ -447,6 +447,7 @@ def _shared_row_grouping() -> dict:
 def test_shared_row_moves_the_sum_by_two_clip_norms_so_the_grouping_is_refused():
     # the attack: if row 0 sits in two users, removing user 0 (its rows: 0 and 1) also
     # changes user 1's vector; with aligned rows the released sum moves by ~2C > C
+    """Catches a grouping that puts one row in two users (sensitivity 2C) being accepted."""
     fields = _shared_row_grouping()
     forged = object.__new__(UserGrouping)  # what the unchecked dataclass used to accept
     for name, value in fields.items():
@@ -486,6 +487,7 @@ def test_shared_row_moves_the_sum_by_two_clip_norms_so_the_grouping_is_refused()
 
 def test_a_valid_grouping_keeps_the_per_user_bound():
     # the same three rows, each in one user: removing user 0 moves the sum by ≤ C
+    """Catches removing one user of a valid grouping moving the clipped sum by more than C."""
     g = group_users(np.array([10, 10, 11]))
     rows = jnp.array([[1e3, 0.0], [1e3, 0.0], [1e3, 0.0]])
     with_0 = clipped_user_sum(
@@ -504,6 +506,7 @@ def test_a_valid_grouping_keeps_the_per_user_bound():
 
 
 def test_table_edited_after_grouping_is_refused():
+    """Catches a grouping table edited in place after its fingerprint was taken."""
     g = group_users(np.array([0, 0, 1, 1]))
     with pytest.raises(ValueError, match="read-only"):
         g.table[1, 0] = g.table[0, 0]  # would put row 0 in both users, after the fingerprint
@@ -511,6 +514,7 @@ def test_table_edited_after_grouping_is_refused():
 
 def test_a_fingerprint_that_is_not_the_tables_is_refused():
     # the ledger records the fingerprint: it must name the table the step uses
+    """Catches a grouping whose table was replaced while its fingerprint stayed."""
     g = group_users(np.array([0, 0, 1, 1]))
     other = np.array([[1, 0], [2, 3]], np.int32)
     with pytest.raises(ValueError, match="grouping.fingerprint"):
@@ -519,6 +523,7 @@ def test_a_fingerprint_that_is_not_the_tables_is_refused():
 
 @pytest.mark.parametrize("bad_row", [-1, 4])
 def test_a_row_outside_the_data_is_refused(bad_row):
+    """Catches a grouping that names a row outside [0, dataset_size)."""
     fields = _shared_row_grouping()
     fields["table"] = np.array([[0, 1], [2, bad_row]], np.int32)
     fields["dataset_size"] = 4
@@ -529,6 +534,7 @@ def test_a_row_outside_the_data_is_refused(bad_row):
 def test_a_batch_naming_one_user_twice_is_refused():
     # clipped_user_sum is public and promises "removing one user moves the sum by ≤ C"; a
     # batch [0, 0] (e.g. a with-replacement sampler) sums user 0 twice: removing it moves 2C
+    """Catches a user batch naming one user twice (that user would count twice)."""
     g = group_users(np.array([10, 10, 11]))
     rows = jnp.array([[1e3, 0.0], [1e3, 0.0], [0.0, 0.0]])
     loss = lambda w, x: x @ w  # noqa: E731

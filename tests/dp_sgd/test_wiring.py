@@ -334,6 +334,7 @@ def test_masked_dp_optimizer_is_refused(key, wrapper):
     # leaves the DP optimizer does not see straight through: before the fix leaf "b" was updated
     # by EXACTLY −(clipped sum) (no noise) while event_for(dp_tx, state=...) still accounted the
     # run as DP-SGD with σ = 1.
+    """Catches optax.masked / multi_transform hiding leaves from the DP optimizer's noise."""
     grad_fn, params = _two_leaf_setup()
     dp = _dp(grad_fn, key)
     if wrapper == "multi_transform":
@@ -346,6 +347,7 @@ def test_masked_dp_optimizer_is_refused(key, wrapper):
 
 def test_masked_update_is_refused_even_with_a_handmade_state(key):
     # init bypassed (state built from the unwrapped optimizer): update refuses too.
+    """Catches masked updates passing the DP optimizer via a handmade state."""
     grad_fn, params = _two_leaf_setup()
     dp = _dp(grad_fn, key)
     clipped_sum, _ = grad_fn(params, jnp.ones((4, 3)))
@@ -359,6 +361,7 @@ def test_masked_update_is_refused_even_with_a_handmade_state(key):
 def test_per_leaf_optimizer_inside_the_dp_optimizer_still_works(key):
     # The supported spelling: the per-leaf choice is post-processing of the noisy sum, every
     # leaf is noised (both leaves move by noise, not by the exact clipped sum).
+    """Catches the mask refusal also refusing a per-leaf optimizer inside the DP optimizer."""
     grad_fn, params = _two_leaf_setup()
     inner = optax.multi_transform(
         {"fast": optax.sgd(1.0), "slow": optax.sgd(0.5)}, {"a": "fast", "b": "slow"}
@@ -382,6 +385,7 @@ def test_per_leaf_optimizer_inside_the_dp_optimizer_still_works(key):
 def test_dp_optimizer_sigma_is_read_only(key):
     # Before the fix ``tx.noise_multiplier = 5.0`` (the Opacus idiom for changing σ) was
     # accepted: the noise kept σ = 1 while event_for reported σ = 5 (ε under-stated).
+    """Catches the DP optimizer's noise multiplier being mutable after accounting."""
     grad_fn = dpjax.clipped_grad(lambda w, x: jnp.dot(w, x), l2_clip_norm=1.0)
     tx = dpjax.dp_sgd_optimizer(
         optimizer=optax.sgd(1.0),
@@ -400,6 +404,7 @@ def test_dp_optimizer_sigma_is_read_only(key):
 def test_clip_norm_of_clipped_grad_is_read_only():
     # Before the fix ``grad_fn.l2_clip_norm = 10`` (before the first call) made it clip at 10
     # while sensitivity() and every optimizer built from it still said C = 1: noise 10x short.
+    """Catches clipped_grad's clip norm being mutable after construction."""
     grad_fn = dpjax.clipped_grad(lambda w, x: jnp.dot(w, x), l2_clip_norm=1.0)
     for name in ("l2_clip_norm", "l2_norm_bound", "per_layer", "loss_fn"):
         with pytest.raises(AttributeError, match="read-only"):
@@ -411,6 +416,7 @@ def test_clip_norm_of_clipped_grad_is_read_only():
 def test_data_parallel_clip_norm_is_read_only():
     # Before the fix ``dp_fn.grad_fn = clipped_grad(..., l2_clip_norm=10)`` clipped at 10
     # while dp_fn.l2_norm_bound (what dp_sgd_optimizer scales its noise by) stayed 1.
+    """Catches data_parallel's clip norm or grad_fn being mutable after construction."""
     loss = lambda w, x: jnp.dot(w, x)  # noqa: E731
     dp_fn = dpjax.data_parallel(dpjax.clipped_grad(loss, l2_clip_norm=1.0))
     for name, value in [
@@ -425,6 +431,7 @@ def test_data_parallel_clip_norm_is_read_only():
 def test_poisson_sampler_rate_is_read_only(key):
     # Before the fix ``sampler.sampling_rate = 0.001`` changed the accounted rate while
     # sample() kept drawing at the old threshold (rate 0.5): ε under-stated.
+    """Catches the Poisson sampler's rate being mutable after construction (events would lie)."""
     sampler = dpjax.PoissonSampler(dataset_size=100, sampling_rate=0.5)
     for name in ("sampling_rate", "threshold", "max_batch_size", "dataset_size"):
         with pytest.raises(AttributeError, match="read-only"):
@@ -435,6 +442,7 @@ def test_poisson_sampler_rate_is_read_only(key):
 def test_private_training_parameters_are_read_only(key):
     # Before the fix ``private.noise_multiplier = 50`` made epsilon(state) report the ε of
     # σ = 50 for steps whose noise was drawn with the original σ.
+    """Catches make_private's sigma / C / rate being mutable after accounting."""
     private = dpjax.make_private(
         lambda w, ex: jnp.sum(w * ex),
         optimizer=optax.sgd(0.1),
@@ -468,6 +476,7 @@ def _repeat_batch():
 def test_repeated_index_in_a_concrete_batch_is_refused():
     # Before the fix record 2 was gathered twice: the sum moved by 2C when it was present,
     # while grad_fn.sensitivity() (what the noise is scaled by) said C.
+    """Catches a concrete batch naming one index twice (that row would count twice)."""
     grad_fn = dpjax.clipped_grad(lambda w, x: jnp.dot(w, x), l2_clip_norm=1.0)
     x, batch = _repeat_batch()
     with pytest.raises(ValueError, match="batch.indices"):
@@ -476,6 +485,7 @@ def test_repeated_index_in_a_concrete_batch_is_refused():
 
 def test_repeated_index_in_a_traced_batch_counts_once():
     # Under jit the repeat cannot raise: it is masked, so record 2 contributes once (norm C).
+    """Catches a traced batch with a repeated index counting that row twice."""
     grad_fn = dpjax.clipped_grad(lambda w, x: jnp.dot(w, x), l2_clip_norm=1.0)
     x, batch = _repeat_batch()
     with_2, _ = jax.jit(lambda b: grad_fn(jnp.zeros(2), x, batch=b))(batch)
@@ -489,6 +499,7 @@ def test_repeated_index_in_a_traced_batch_counts_once():
 def test_nnx_loss_refuses_batch_norm_in_training_mode():
     # Before the fix the per-example loss ran BatchNorm on ONE example: output exactly 0, loss
     # 0 and gradient 0 through it for every example — training silently learnt nothing.
+    """Catches BatchNorm in training mode (it mixes examples) accepted by nnx_loss."""
     nnx = pytest.importorskip("flax.nnx")
     model = nnx.Sequential(nnx.Linear(3, 2, rngs=nnx.Rngs(0)), nnx.BatchNorm(2, rngs=nnx.Rngs(1)))
     with pytest.raises(ValueError, match="BatchNorm"):

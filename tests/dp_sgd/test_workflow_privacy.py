@@ -472,6 +472,7 @@ _PAIRS = {
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(_PAIRS))
 def test_traced_step_of_another_new_plan_returns_nan(name):
+    """Catches a jitted step of one plan accepting the state of another plan (it must give NaN)."""
     first, other = (_make(**kw) for kw in _PAIRS[name])
     data = jnp.asarray(np.random.default_rng(0).normal(size=(N_GUARD_ROWS, 2)), jnp.float32)
     w = jnp.zeros(2, jnp.float32)
@@ -516,6 +517,7 @@ def dp_adam(key):
 
 @pytest.mark.parametrize("restore", ["to_state_dict", "msgpack_restore"])
 def test_a_noise_state_restored_as_a_dict_is_never_published(key, restore):
+    """Catches public_opt_state publishing a noise state restored as a plain dict."""
     params = jnp.zeros(ATTACK_DIM)
     tx = dp_adam(key)
     state = tx.init(params)
@@ -540,6 +542,7 @@ def apply_every_before_noise(key):
 
 @pytest.mark.parametrize("build", [multisteps_with_noise, apply_every_before_noise])
 def test_an_un_noised_running_sum_is_never_published(key, build):
+    """Catches public_opt_state publishing an accumulator's un-noised running sum."""
     params = jnp.zeros(ATTACK_DIM, jnp.float32)
     tx = build(key)
     secret_sum = jnp.array([0.25, -0.5, 0.75], jnp.float32)  # a clipped sum, before its noise
@@ -553,6 +556,7 @@ def test_an_un_noised_running_sum_is_never_published(key, build):
 
 def test_accumulate_clipped_sums_publishes_neither_part_of_its_running_sum(key):
     # the double-float accumulator keeps a high AND a low part of the un-noised sum: both secret
+    """Catches accumulate_clipped_sums publishing part of its un-noised running sum."""
     grad_fn = dpjax.clipped_grad(lambda w, x: jnp.dot(w, x), l2_clip_norm=1.0)
     tx = dpjax.dp_sgd.accumulate_clipped_sums(
         dpjax.dp_sgd_optimizer(
@@ -577,6 +581,8 @@ def test_accumulate_clipped_sums_publishes_neither_part_of_its_running_sum(key):
 
 
 def test_an_object_the_tree_does_not_enter_is_never_published(key):
+    """Catches public_opt_state publishing an opaque leaf that may hide a secret state."""
+
     class Box:  # not a registered pytree: a leaf whose content is not inspected
         def __init__(self, inner):
             self.inner = inner
@@ -586,6 +592,7 @@ def test_an_object_the_tree_does_not_enter_is_never_published(key):
 
 
 def test_a_model_layer_named_key_still_publishes(key):
+    """Catches a model layer named 'key' being mistaken for a secret key and withheld."""
     params = {"attention": {"key": {"kernel": jnp.zeros((2, 2))}, "value": jnp.zeros(2)}}
     published = public_opt_state(dp_adam(key).init(params))
     mu = published[2][0].mu
@@ -616,6 +623,7 @@ def attack_private_for(seed):
 
 
 def test_an_object_that_resumed_a_state_refuses_a_fresh_run(key):
+    """Catches an object that resumed a state starting a fresh run with the same key."""
     data = 3.0 * jax.random.normal(key, (100, ATTACK_DIM))
     first = attack_private_for(7)
     _, state, _ = first.fit(jnp.zeros(ATTACK_DIM), data, steps=2, progress=False)
@@ -662,6 +670,7 @@ def test_a_traced_step_never_releases_a_template_or_another_plans_update(key, wh
 
 
 def test_a_traced_step_of_this_plan_is_unchanged(key):
+    """Catches the workflow guards changing the result of a jitted step of the plan's own state."""
     data = 3.0 * jax.random.normal(key, (100, ATTACK_DIM))
     private = attack_private_for(10)
     state = private.init(jnp.zeros(ATTACK_DIM))

@@ -298,6 +298,7 @@ def _breast_cancer():
 
 
 def test_estimator_without_a_scale_warns_and_reports_every_row_clipped():
+    """Catches the estimator fitting raw features without warning that every row is clipped."""
     X, y = _breast_cancer()
     clf = PrivateLogisticRegression(epsilon=3.0, classes=[0, 1], random_state=jax.random.key(0))
     with pytest.warns(PrivacyLeakWarning, match="neither data_norm nor bounds"):
@@ -306,6 +307,7 @@ def test_estimator_without_a_scale_warns_and_reports_every_row_clipped():
 
 
 def test_estimator_with_public_bounds_learns_and_clips_nothing():
+    """Catches public feature bounds not being used to rescale (the model would not learn)."""
     X, y = _breast_cancer()
     # stand-in for published feature ranges (a real release takes them from a data dictionary)
     bounds = (np.floor(X.min(axis=0)), np.ceil(X.max(axis=0)))
@@ -324,6 +326,7 @@ def test_estimator_with_public_bounds_learns_and_clips_nothing():
 
 
 def test_estimator_scale_maps_and_coefficients_in_original_units():
+    """Catches coefficients reported in the rescaled units instead of the original ones."""
     rng = np.random.default_rng(0)
     X = rng.uniform(-5.0, 15.0, size=(40, 2))
     y = (X[:, 0] > 5.0).astype(int)
@@ -357,6 +360,7 @@ def test_estimator_scale_maps_and_coefficients_in_original_units():
     ],
 )
 def test_estimator_bad_scale_is_refused(kwargs, name):
+    """Catches invalid bounds / data_norm accepted instead of a ValueError naming the argument."""
     X = np.array([[1.0, 0.2], [0.9, 0.1], [-1.0, 0.0], [-0.8, -0.3]])
     clf = PrivateLogisticRegression(classes=[0, 1], random_state=jax.random.key(0), **kwargs)
     with pytest.raises(ValueError, match=name):
@@ -364,6 +368,7 @@ def test_estimator_bad_scale_is_refused(kwargs, name):
 
 
 def test_estimator_delta_at_least_one_over_n_warns_naming_n():
+    """Catches delta >= 1/n accepted without a PrivacyLeakWarning naming n."""
     X = np.tile(np.array([[0.5, 0.1], [-0.5, 0.0]]), (50, 1))
     y = np.tile([1, 0], 50)
     clf = PrivateLogisticRegression(

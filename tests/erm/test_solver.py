@@ -177,6 +177,7 @@ def test_solver_fails_closed_flag_when_iterations_run_out():
 
 
 def test_reference_solve_refuses_zero_one_labels_for_margin_losses():
+    """Catches {0, 1} labels silently accepted by a margin loss that needs {-1, +1}."""
     X = jnp.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8], [0.0, -1.0]])
     y01 = jnp.array([1.0, 0.0, 1.0, 0.0])
     with pytest.raises(ValueError, match=r"y must be in \{−1, \+1\}"):

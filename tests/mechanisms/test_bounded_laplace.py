@@ -219,6 +219,7 @@ def test_public_release_is_the_quantile_at_a_64_bit_cdf_position(key):
     # Control (rewritten by fix1: the release no longer uses one float32 uniform): the public
     # function draws (w, end) from 64 random bits of the first subkey (dpjax._random) and
     # evaluates the restricted-Laplace quantile at mass w/2 from that end, in float64 (x64).
+    """Catches bounded_laplace not releasing the inverse CDF at a 64-bit uniform position."""
     from dpjax import _random
     from dpjax.mechanisms.bounded_laplace import _inverse_cdf_from_ends
 
@@ -235,6 +236,7 @@ def test_public_release_is_the_quantile_at_a_64_bit_cdf_position(key):
 
 @pytest.mark.slow
 def test_float32_outputs_stay_in_range_and_are_finite():
+    """Catches a float32 bounded_laplace output outside [lower, upper] or non-finite."""
     b = M.bounded_laplace_scale(sensitivity=1.0, epsilon=1.0, lower=LOWER, upper=UPPER)
     for q in (LOWER, 5.0, UPPER):
         values, probabilities = exact_law(q, b)
@@ -253,6 +255,7 @@ def test_float32_quantile_sampler_is_porous(q, q2):
     # outputs of one data set are impossible on its neighbour. bounded_laplace documents that
     # its guarantee is for the real-valued mechanism; this pins the measurement behind that
     # sentence, so it cannot silently become false in either direction unnoticed.
+    """Shows a float32 quantile sampler is porous (delta > 0.1): why the release is 64-bit."""
     eps, sensitivity = 1.0, 1.0
     b = M.bounded_laplace_scale(sensitivity=sensitivity, epsilon=eps, lower=LOWER, upper=UPPER)
     law, law2 = exact_law(q, b), exact_law(q2, b)
@@ -289,6 +292,7 @@ def test_float32_support_reaches_the_same_top_for_neighbours(dtype, q, q2):
     # q's support must have real mass ≤ the documented floor e^ε·2⁻⁶⁵ per end.
     # Fails on the reviewed code: from q = 0 (Δ = 0.1, b = 0.161) the top was 2.5709, and
     # q2 = 0.1 has mass ≈ 1e-7 above it.
+    """Catches neighbours' float32 supports ending at different tops (a distinguishing event)."""
     from dpjax._random import constant_bits_key
 
     eps, sensitivity = 1.0, 0.1

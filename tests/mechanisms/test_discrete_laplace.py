@@ -33,6 +33,7 @@ F32_WORST = dict(sensitivity=0.5, epsilon=1e-4, granularity=1.0, bound=40000.0)
 def test_tiny_rates_are_rounded_down_or_refused(key):
     # DL-1 configuration: a = 1.2e-13 < 2^-30 is below the integer sampler's rate resolution
     # and refused by name; F32_WORST (a = 5e-5) is released with the rate rounded DOWN
+    """Catches discrete_laplace realising a larger epsilon than claimed at tiny rates."""
     with pytest.raises(ValueError, match="epsilon must be at least"):
         M.discrete_laplace(key, jnp.zeros(1), **F64_TINY)
     rate = discrete.discrete_laplace_rate(
@@ -62,6 +63,7 @@ print("ok")
 def test_x64_off_releases_with_the_exact_sampler():
     # DL-2 (superseded by issue 26): with x64 off the release runs (it raised before), eager
     # and jitted agree, outputs are grid points
+    """Catches discrete_laplace with x64 off using a float sampler (eps 0.125, claimed 1e-4)."""
     code = X64_OFF_RELEASE.format(kw=F32_WORST)
     env = dict(os.environ, JAX_ENABLE_X64="0", JAX_PLATFORMS="cpu")
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
@@ -74,6 +76,7 @@ def test_x64_off_releases_with_the_exact_sampler():
 def test_float16_grid_beyond_its_exact_range_is_refused(key):
     # issue 25 papercut: B/g = 102 400 in float16 gave inf for 91% of outputs (and bfloat16
     # collapsed the grid to 467 values); every grid point must now be exact in the dtype
+    """Catches a grid the 16-bit output dtype cannot hold exactly being accepted (inf outputs)."""
     kw = dict(sensitivity=0.25, epsilon=1.0, bound=100.0, granularity=2.0**-10)
     for dtype, limit in ((jnp.float16, 2048), (jnp.bfloat16, 256)):
         assert discrete.exact_dtype_limit(dtype) == limit
@@ -103,6 +106,7 @@ def test_float16_grid_beyond_its_exact_range_is_refused(key):
 def test_16_bit_values_release_every_grid_point_exactly(key, dtype, half):
     # at the largest accepted grid the 16-bit output is exactly g·k_y: compare with the
     # float32 release under the same key (the integer noise does not depend on the dtype)
+    """Catches 16-bit discrete_laplace outputs collapsing to a subset of the grid."""
     g = 2.0**-4
     kw = dict(sensitivity=1.0, epsilon=0.05, bound=half * g, granularity=g)
     keys = jax.random.split(key, 2000)
@@ -168,12 +172,14 @@ print("ok", worst)
 
 @pytest.mark.slow  # 16 configurations × 2 dtypes, each jitted once (~25 s)
 def test_grid_sensitivity_same_key_x64_on():
+    """Catches neighbours moving the same-key output beyond the grid sensitivity (x64 on)."""
     exec(GREY_BOX, {})
 
 
 @pytest.mark.slow  # an x64-off subprocess (~25 s)
 def test_grid_sensitivity_same_key_x64_off():
     # issue 26: with x64 off discrete_laplace runs; the grey-box pairs hold there too
+    """Catches neighbours moving the same-key output beyond the grid sensitivity (x64 off)."""
     env = dict(os.environ, JAX_ENABLE_X64="0", JAX_PLATFORMS="cpu")
     done = subprocess.run([sys.executable, "-c", GREY_BOX], env=env, capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.startswith("ok"), done.stderr[-3000:]

@@ -522,6 +522,7 @@ def random_rational_law(rng, n, zeros):
 
 
 def test_harness_against_exact_rational_arithmetic():
+    """Catches the exact-profile harness disagreeing with exact rational arithmetic."""
     rng = np.random.default_rng(0)
     checked = 0
     for trial in range(400):
@@ -553,6 +554,7 @@ def test_harness_against_exact_rational_arithmetic():
 
 def test_harness_tiny_but_normal_probabilities():
     # what held: masses down to 1e-300 keep exact ratios and δ
+    """Catches the harness losing tiny (1e-300) probabilities in ratios and deltas."""
     p, q = [1.0, 1e-300, 0.0], [1.0 - 1e-16, math.e * 1e-300, 0.0]
     assert exact.max_log_ratio(q, p) == pytest.approx(1.0, abs=1e-12)
     assert exact.hockey_stick_delta([1.0 - 1e-300, 1e-300], [1.0, 0.0], 5.0) == 1e-300
@@ -563,6 +565,7 @@ def test_harness_tiny_but_normal_probabilities():
 # (B/g ≥ 744) or 1.0296 (claim 1); exponential_mechanism_law on (0, −1490) likewise. The law
 # builders now return exact.Law, which carries the log-probabilities.
 def test_harness_profiles_of_ideal_laws_with_long_tails():
+    """Catches the harness returning inf or a wrong epsilon on laws with subnormal tails."""
     r = math.exp(-1.0)
     for h in (744.0, 800.0):
         p = exact.discrete_laplace_law(0.0, ratio=r, bound=h, granularity=1.0)
@@ -577,6 +580,7 @@ def test_harness_profiles_of_ideal_laws_with_long_tails():
 def test_harness_against_dp_accounting_pld():
     # independent implementation: dp_accounting's PLD from the two pmfs (both directions,
     # symmetric=False); its pessimistic / optimistic estimates bracket the exact δ(ε)
+    """Catches the harness disagreeing with dp-accounting's PLD on the same laws."""
     from dp_accounting.pld import privacy_loss_distribution as pld
 
     def logs(law):
@@ -618,6 +622,7 @@ def test_harness_against_dp_accounting_pld():
 def test_harness_log_laws_keep_tails_and_derived_arrays_drop_them():
     # H-1: a Law carries exact log-probabilities through product_law; any array derived from
     # it (a mixture, a slice) is read as plain probabilities, never with stale logs
+    """Catches log-probability tails lost when laws are combined or sliced."""
     r = math.exp(-1.0)
     p = exact.discrete_laplace_law([0.0, 0.0], ratio=r, bound=800.0, granularity=1.0)
     q = exact.discrete_laplace_law([1.0, 0.0], ratio=r, bound=800.0, granularity=1.0)

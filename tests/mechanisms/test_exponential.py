@@ -243,6 +243,7 @@ def delta_at(p, q, eps):
 
 def test_noise_ranges_from_extreme_bits():
     # the documented ranges (exponential_mechanism docstring) and the ones it does not give
+    """Catches selection noise whose all-zero / all-one bits give an unbounded or wrong range."""
     got = {
         jnp.dtype(dt).name: [
             extreme(s, dt, ones)
@@ -262,6 +263,7 @@ def test_float32_delta_floor_of_the_bounded_noise():
     # (0, −gap) / (0, −gap − Δ) straddling that gap has pure ε = ∞ and δ = the ideal
     # probability at the gap. Two candidates, float32: EM 1.4e-9, RNM 5.9e-8 (60× the EM
     # floor; it grows linearly with the number of such candidates).
+    """Catches the float32 selection noise's delta floor drifting from its stated value."""
     g_lo, g_hi = (extreme(jax.random.gumbel, jnp.float32, b) for b in (False, True))
     e_hi = extreme(jax.random.exponential, jnp.float32, True)
     em_floor = 1.0 / (1.0 + math.exp(g_hi - g_lo))  # softmax at gap T·W
@@ -278,6 +280,7 @@ def test_report_noisy_max_bfloat16_realised_law_within_claim(key):
     # [0, 4.84]; (0, −8.75) selected 1 w.p. 2.9e-3, (0, −9.75) never: ε = ∞). Now the
     # noise is the float32 64-bit sampler and the argmax is taken in float32: with the same
     # key bfloat16 scores select exactly what float32 scores select...
+    """Catches report_noisy_max on bfloat16 scores realising a law beyond its epsilon."""
     kw = dict(sensitivity=1.0, epsilon=1.0)
     for scores in ([0.0, -8.75], [1000.0, 1000.0], [0.0, -0.5, 0.5]):
         low, wide = same_key_picks("report_noisy_max", scores, jnp.bfloat16, 20_000, key, **kw)
@@ -298,6 +301,7 @@ def test_report_noisy_max_bfloat16_realised_law_within_claim(key):
 def test_exponential_mechanism_float16_realised_law_within_claim(key):
     # SEL-2 (fixed): float16 scores got float16 Gumbel noise (1024 values in [−2.27, 6.93]):
     # (0, −16.75) / (0, −17.75) realised ε = 2.77, (0, −17.5) / (0, −18.5) ε = ∞
+    """Catches the exponential mechanism on float16 scores realising a law beyond its epsilon."""
     kw = dict(sensitivity=1.0, epsilon=1.0)
     for scores in ([0.0, -16.75], [1000.0, 1000.0], [0.0, -0.5, 0.5]):
         low, wide = same_key_picks("exponential_mechanism", scores, jnp.float16, 20_000, key, **kw)
@@ -318,6 +322,7 @@ def test_exponential_mechanism_float16_realised_law_within_claim(key):
 
 def test_16bit_realised_law_is_close_to_ideal_in_the_bulk(key):
     # away from the tails: EM on (0, −1), ε = 1: ideal P[1] = 1/(1 + e^{1/2}) = 0.3775
+    """Catches 16-bit scores distorting the exponential mechanism's law in the bulk."""
     n = 2**16
     p = selection_frequencies(
         "exponential_mechanism", [0.0, -1.0], jnp.float16, n, key, sensitivity=1.0, epsilon=1.0
@@ -331,6 +336,7 @@ def test_16bit_realised_law_is_close_to_ideal_in_the_bulk(key):
 
 def test_selection_samplers_support_from_extreme_bits():
     # all-zero / all-one words: the ends of the supports (documented in dpjax._random)
+    """Catches the 64-bit exponential / Gumbel samplers' support ends moving."""
     for dt in (np.float32, np.float64):
         ends = [
             float(np.asarray(s(_random.constant_bits_key(w), (1,), dt), np.float64)[0])
@@ -343,6 +349,7 @@ def test_selection_samplers_support_from_extreme_bits():
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_selection_samplers_law_ks_and_wrong_scale(key, dtype):
+    """Catches the 64-bit exponential / Gumbel samplers drawing a wrong law or scale (KS)."""
     n = 2**18
     crit = stats.kstwo.isf(1e-6, n)  # ≈ 1.95/√n
     e = np.asarray(_random.exponential(key, (n,), dtype), np.float64)
@@ -357,6 +364,7 @@ def test_selection_samplers_law_ks_and_wrong_scale(key, dtype):
 
 def test_selection_noise_is_wide_for_16bit_scores(monkeypatch, key):
     # grey-box: the mechanisms draw from the 64-bit samplers in float32 for 16-bit scores
+    """Catches 16-bit scores drawing their selection noise in 16 bits."""
     seen = []
     for name, attr in (("exponential_mechanism", "gumbel"), ("report_noisy_max", "exponential")):
         real = getattr(_random, attr)
@@ -379,6 +387,7 @@ def test_non_finite_rule_is_lipschitz_and_monotone_per_pattern():
     # min / max / clip, which are 1-Lipschitz in ℓ∞ and order-preserving: for neighbours with
     # the same non-finite pattern, ‖ũ − ũ′‖∞ ≤ max over finite q of |u_q − u′_q| and
     # u ≤ u′ ⇒ ũ ≤ ũ′. Random search over 20 000 pairs per d = 2 … 6 (rows of one batch).
+    """Catches the non-finite score rule breaking 1-Lipschitz or monotone behaviour."""
     rng = np.random.default_rng(2)
     n = 20_000
     for d in range(2, 7):

@@ -193,6 +193,7 @@ def test_traced_non_finite_value_is_zeroed_before_the_noise(key, name):
 )
 @pytest.mark.parametrize("dtype, sensitivity", [(jnp.float32, 1e300), (jnp.float16, 1e4)])
 def test_noise_that_overflows_the_value_dtype_is_refused(mechanism, kwargs, dtype, sensitivity):
+    """Catches a sensitivity whose noise overflows the value dtype (inf release) being accepted."""
     value = jnp.zeros(3, dtype)
     with pytest.raises(ValueError, match=r"sensitivity must be at most .* value \+ noise overflow"):
         mechanism(jax.random.key(0), value, sensitivity=sensitivity, epsilon=1.0, **kwargs)
@@ -200,6 +201,7 @@ def test_noise_that_overflows_the_value_dtype_is_refused(mechanism, kwargs, dtyp
 
 @pytest.mark.parametrize("mechanism, kwargs", [(gaussian, dict(delta=1e-5)), (laplace, {})])
 def test_largest_admissible_sensitivity_releases_finite_noise(mechanism, kwargs):
+    """Catches the sensitivity limit being too loose: just below it the release must be finite."""
     value = jnp.zeros(1000, jnp.float32)
     with pytest.raises(ValueError) as info:
         mechanism(jax.random.key(1), value, sensitivity=1e300, epsilon=1.0, **kwargs)
@@ -210,6 +212,7 @@ def test_largest_admissible_sensitivity_releases_finite_noise(mechanism, kwargs)
 
 
 def test_value_near_dtype_max_counts_in_the_limit():
+    """Catches the overflow limit ignoring the value's own magnitude near the dtype's max."""
     big = jnp.full(2, 3e38, jnp.float32)
     with pytest.raises(ValueError, match="sensitivity must be at most"):
         gaussian(jax.random.key(2), big, sensitivity=1e37, epsilon=1.0, delta=1e-5)

@@ -43,6 +43,7 @@ ADVERSARIAL = [
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float16, jnp.bfloat16])
 @pytest.mark.parametrize("bad, public", ADVERSARIAL)
 def test_non_finite_record_is_its_public_value_in_low_precision(key, dtype, bad, public):
+    """Catches a NaN / inf record in float32/16/bf16 not released as its public value."""
     release = jax.jit(lambda k, d: M.smooth_median(k, d, upper=1.0, epsilon=1.0))
     with_bad = release(key, jnp.asarray(np.r_[BASE, bad], dtype))
     with_public = release(key, jnp.asarray(np.r_[BASE, public], dtype))
@@ -64,6 +65,7 @@ def test_non_finite_record_is_its_public_value_in_low_precision(key, dtype, bad,
 def test_eager_refusal_does_not_print_the_data(key, secret):
     # Fails on the reviewed code: "data must be inside [0, upper=1.0] (min, max shown); got
     # (0.1, 3.7)" releases a record exactly. A jit call on the same data releases only noise.
+    """Catches an eager refusal message that prints private data values."""
     data = jnp.asarray([0.1, 0.4, 0.6, 0.9, secret])
     with pytest.raises(ValueError) as info:
         M.smooth_median(key, data, upper=1.0, epsilon=1.0)
@@ -75,6 +77,7 @@ def test_eager_refusal_does_not_print_the_data(key, secret):
 def test_smooth_median_under_jit_with_closed_over_data(key):
     # Fails on the reviewed code: refuse_non_finite sees a concrete array, but inside the trace
     # jnp.isfinite(x) is a tracer, and bool() of it raises TracerBoolConversionError.
+    """Catches smooth_median crashing under jit when the data are closed over."""
     data = jnp.asarray(BASE)
     direct = M.smooth_median(key, data, upper=1.0, epsilon=1.0)
     closed = jax.jit(lambda k: M.smooth_median(k, data, upper=1.0, epsilon=1.0))(key)

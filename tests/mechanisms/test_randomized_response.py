@@ -184,6 +184,7 @@ def boundary_words(threshold, k):
 
 @pytest.mark.parametrize("k", [2, 3, 4, 5])
 def test_randomized_response_law_rederived_from_the_code_path(k):
+    """Catches randomized response's realised law drifting from independently derived weights."""
     for eps in EPSILONS:
         m = rr.randomized_response_other_weight(epsilon=eps, num_categories=k)
         assert m == independent_other_weight(eps, k), (eps, k)
@@ -217,6 +218,7 @@ def test_out_of_domain_under_jit_is_category_zero_with_the_same_randomness(monke
     # exactly what category 0 reports, so its law is a k-RR law and any replace-one pair
     # (in-domain or not) stays within e^ε. Dtypes: float (NaN, ±inf, 2.5, −1, k), int8/int64
     # (−1, k), uint8 (255), bool (k = 2).
+    """Catches an out-of-domain value under jit changing the randomness used (not category 0)."""
     eps = 1.0
     m = rr.randomized_response_other_weight(epsilon=eps, num_categories=k)
     words = boundary_words((k - 1) * m, k)[:64]
@@ -244,6 +246,7 @@ def test_out_of_domain_under_jit_is_category_zero_with_the_same_randomness(monke
 
 def test_randomized_response_under_vmap_matches_the_batched_call(key):
     # vmap over (key, value) pairs reproduces the per-row call; domain rule applies per row
+    """Catches randomized response under vmap differing from the per-row jitted calls."""
     vals = jnp.array([0, 4, -3, 2], jnp.int32)
     keys = jax.random.split(key, 4)
     f = lambda k, v: rr.randomized_response(k, v, epsilon=2.0, num_categories=3)  # noqa: E731

@@ -127,6 +127,7 @@ def test_clipped_mean_float32_mean_moves_at_most_the_sensitivity(lower, upper, k
     # 0.956 on D and 0.022 on D′ with exact Laplace noise at ε = 1: log-ratio 3.78) and
     # 1.04Δ at [1000, 1001], k = 1000 (float32 summation; Casacuberta, Shoemate, Vadhan,
     # Wagaman 2022).
+    """Catches a float32 clipped mean moving by more than (u - l)/k between neighbours."""
     sensitivity = (upper - lower) / k
     values = np.random.default_rng(seed).uniform(lower, upper, k).astype(np.float32)
     mean = _noiseless_mean(values, lower, upper)

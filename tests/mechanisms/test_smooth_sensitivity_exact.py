@@ -302,6 +302,7 @@ def sup_abs_log_ratio(law_x, law_y, gamma):
 )
 @pytest.mark.parametrize("beta", [0.0707, 0.7071, 2.0])
 def test_library_smooth_sensitivity_equals_brute_force(x, beta):
+    """Catches the library's smooth sensitivity of the median differing from brute force."""
     got = float(M.smooth_sensitivity_median(jnp.asarray(x), upper=UPPER, beta=beta))
     assert got == pytest.approx(smooth_sensitivity_brute_force(x, beta), rel=1e-12, abs=0)
 
@@ -327,6 +328,7 @@ WORST_PAIRS = [
 def test_exact_privacy_loss_of_worst_found_pairs_is_at_most_epsilon(
     gamma, eps, x, index, replacement
 ):
+    """Catches a worst-found neighbour pair whose exact privacy loss exceeds epsilon."""
     params = M.smooth_noise_parameters(epsilon=eps, noise="heavy_tailed", gamma=gamma)
     x = np.asarray(x, dtype=np.float64)
     y = x.copy()
@@ -368,6 +370,7 @@ def test_release_keeps_noise_when_smooth_sensitivity_underflows(
     # Fails on the reviewed code: S_β(x) or multiplier·S_β(x)·Z underflows to 0 in `dtype`, so
     # P_x(E) = 0 for E = {output ≠ 0}, while P_y(E) ≈ 0.69–0.84 on the neighbour y: a pure-ε
     # claim with δ ≈ 0.7–0.84. In real numbers S_β(x) ≥ Λe^{−nβ} > 0 and P_x(E) = P_y(E) = 1.
+    """Catches a release without noise when the smooth sensitivity underflows to 0."""
     x = np.r_[np.zeros(zeros), np.ones(n - zeros)]
     y = np.r_[np.zeros(zeros - 1), np.ones(n - zeros + 1)]
     kx, ky = jax.random.split(key)
@@ -383,6 +386,7 @@ def test_release_keeps_noise_when_smooth_sensitivity_underflows(
 @pytest.mark.parametrize("dtype, eps, gamma, n, zeros, zeros_s0", COLLAPSE_CASES)
 def test_smooth_sensitivity_is_positive(dtype, eps, gamma, n, zeros, zeros_s0):
     # S_β(x) ≥ e^{−nβ}·A⁽ⁿ⁾(x) = Λe^{−nβ} > 0 for every x; 0 means no noise at all.
+    """Catches the smooth sensitivity underflowing to 0 (a noiseless release)."""
     params = M.smooth_noise_parameters(epsilon=eps, noise="heavy_tailed", gamma=gamma)
     x = jnp.asarray(np.r_[np.zeros(zeros_s0), np.ones(n - zeros_s0)], dtype)
     assert float(M.smooth_sensitivity_median(x, upper=UPPER, beta=params.beta)) > 0.0
