@@ -75,7 +75,7 @@ def test_a_batch_of_one_broadcast_state_is_refused():
 def test_vmap_over_runs_jit_grad_and_unbatched_updates_are_unchanged():
     """Legitimate uses (one compiled program): a vmap over runs (distinct keys) gives each
     run's own update bit for bit (``lax.map`` runs them one by one); grad through the
-    update (a vmap over states with unbatched updates: tests/test_review_noise_keys.py).
+    update (a vmap over states with unbatched updates: tests/dp_sgd/test_noise_transforms.py).
     And under jit, rows whose states repeat a key come out NaN."""
     tx = add_gaussian_noise(1.0, key=jax.random.key(7))
     keys = jax.random.split(jax.random.key(8), 2)

@@ -501,25 +501,25 @@ ATTACK_DIM = 3
 
 
 @pytest.fixture
-def key():
+def attack_key():
     return jax.random.key(20)
 
 
-def dp_adam(key):
+def dp_adam(attack_key):
     return dpjax.dp_sgd_optimizer(
         optimizer=optax.adam(0.1),
         noise_multiplier=1.0,
         l2_clip_norm=1.0,
         normalizer=10.0,
-        key=key,
+        key=attack_key,
     )
 
 
 @pytest.mark.parametrize("restore", ["to_state_dict", "msgpack_restore"])
-def test_a_noise_state_restored_as_a_dict_is_never_published(key, restore):
+def test_a_noise_state_restored_as_a_dict_is_never_published(attack_key, restore):
     """Catches public_opt_state publishing a noise state restored as a plain dict."""
     params = jnp.zeros(ATTACK_DIM)
-    tx = dp_adam(key)
+    tx = dp_adam(attack_key)
     state = tx.init(params)
     if restore == "to_state_dict":
         restored = flax.serialization.to_state_dict(state)
@@ -531,20 +531,22 @@ def test_a_noise_state_restored_as_a_dict_is_never_published(key, restore):
         public_opt_state(restored)
 
 
-def multisteps_with_noise(key):
-    inner = optax.chain(add_gaussian_noise(1.0, key=key), optax.sgd(0.1))
+def multisteps_with_noise(attack_key):
+    inner = optax.chain(add_gaussian_noise(1.0, key=attack_key), optax.sgd(0.1))
     return optax.MultiSteps(inner, every_k_schedule=2)
 
 
-def apply_every_before_noise(key):
-    return optax.chain(optax.apply_every(2), add_gaussian_noise(1.0, key=key), optax.sgd(0.1))
+def apply_every_before_noise(attack_key):
+    return optax.chain(
+        optax.apply_every(2), add_gaussian_noise(1.0, key=attack_key), optax.sgd(0.1)
+    )
 
 
 @pytest.mark.parametrize("build", [multisteps_with_noise, apply_every_before_noise])
-def test_an_un_noised_running_sum_is_never_published(key, build):
+def test_an_un_noised_running_sum_is_never_published(attack_key, build):
     """Catches public_opt_state publishing an accumulator's un-noised running sum."""
     params = jnp.zeros(ATTACK_DIM, jnp.float32)
-    tx = build(key)
+    tx = build(attack_key)
     secret_sum = jnp.array([0.25, -0.5, 0.75], jnp.float32)  # a clipped sum, before its noise
     with jax.numpy_dtype_promotion("standard"):  # optax's accumulators are not strict-clean
         _, state = tx.update(secret_sum, tx.init(params), params)  # mid-accumulation
@@ -554,7 +556,7 @@ def test_an_un_noised_running_sum_is_never_published(key, build):
             assert not jnp.allclose(jnp.asarray(leaf, jnp.float32), secret_sum), published
 
 
-def test_accumulate_clipped_sums_publishes_neither_part_of_its_running_sum(key):
+def test_accumulate_clipped_sums_publishes_neither_part_of_its_running_sum(attack_key):
     # the double-float accumulator keeps a high AND a low part of the un-noised sum: both secret
     """Catches accumulate_clipped_sums publishing part of its un-noised running sum."""
     grad_fn = dpjax.clipped_grad(lambda w, x: jnp.dot(w, x), l2_clip_norm=1.0)
@@ -564,7 +566,7 @@ def test_accumulate_clipped_sums_publishes_neither_part_of_its_running_sum(key):
             noise_multiplier=1.0,
             clipped_grad=grad_fn,
             normalizer=10.0,
-            key=key,
+            key=attack_key,
         ),
         every_k=4,
     )
@@ -580,7 +582,7 @@ def test_accumulate_clipped_sums_publishes_neither_part_of_its_running_sum(key):
     assert not any("clipped_sum" in n for n in names), names
 
 
-def test_an_object_the_tree_does_not_enter_is_never_published(key):
+def test_an_object_the_tree_does_not_enter_is_never_published(attack_key):
     """Catches public_opt_state publishing an opaque leaf that may hide a secret state."""
 
     class Box:  # not a registered pytree: a leaf whose content is not inspected
@@ -588,13 +590,13 @@ def test_an_object_the_tree_does_not_enter_is_never_published(key):
             self.inner = inner
 
     with pytest.raises(ValueError, match="opt_state"):
-        public_opt_state({"wrapped": Box(dp_adam(key).init(jnp.zeros(ATTACK_DIM)))})
+        public_opt_state({"wrapped": Box(dp_adam(attack_key).init(jnp.zeros(ATTACK_DIM)))})
 
 
-def test_a_model_layer_named_key_still_publishes(key):
+def test_a_model_layer_named_key_still_publishes(attack_key):
     """Catches a model layer named 'key' being mistaken for a secret key and withheld."""
     params = {"attention": {"key": {"kernel": jnp.zeros((2, 2))}, "value": jnp.zeros(2)}}
-    published = public_opt_state(dp_adam(key).init(params))
+    published = public_opt_state(dp_adam(attack_key).init(params))
     mu = published[2][0].mu
     assert mu["attention"]["key"]["kernel"].shape == (2, 2)
 
@@ -622,9 +624,9 @@ def attack_private_for(seed):
     )
 
 
-def test_an_object_that_resumed_a_state_refuses_a_fresh_run(key):
+def test_an_object_that_resumed_a_state_refuses_a_fresh_run(attack_key):
     """Catches an object that resumed a state starting a fresh run with the same key."""
-    data = 3.0 * jax.random.normal(key, (100, ATTACK_DIM))
+    data = 3.0 * jax.random.normal(attack_key, (100, ATTACK_DIM))
     first = attack_private_for(7)
     _, state, _ = first.fit(jnp.zeros(ATTACK_DIM), data, steps=2, progress=False)
     rebuilt = attack_private_for(7)  # the same script after a restart: same key, resumes the state
@@ -641,11 +643,11 @@ def test_an_object_that_resumed_a_state_refuses_a_fresh_run(key):
 
 
 @pytest.mark.parametrize("which", ["template", "another_plan"])
-def test_a_traced_step_never_releases_a_template_or_another_plans_update(key, which):
+def test_a_traced_step_never_releases_a_template_or_another_plans_update(attack_key, which):
     """Under the user's own jit the host-side plan check cannot run. A template's key data
     are zeros (public), so its noise is known and the update is a noise-free clipped sum; a
     state of another plan would be charged at its ledger's (weaker) plan."""
-    data = 3.0 * jax.random.normal(key, (100, ATTACK_DIM))
+    data = 3.0 * jax.random.normal(attack_key, (100, ATTACK_DIM))
     private = attack_private_for(8)
     if which == "template":
         state = private.state_template(jnp.zeros(ATTACK_DIM))
@@ -669,9 +671,9 @@ def test_a_traced_step_never_releases_a_template_or_another_plans_update(key, wh
     assert bool(jnp.all(jnp.isnan(params)))
 
 
-def test_a_traced_step_of_this_plan_is_unchanged(key):
+def test_a_traced_step_of_this_plan_is_unchanged(attack_key):
     """Catches the workflow guards changing the result of a jitted step of the plan's own state."""
-    data = 3.0 * jax.random.normal(key, (100, ATTACK_DIM))
+    data = 3.0 * jax.random.normal(attack_key, (100, ATTACK_DIM))
     private = attack_private_for(10)
     state = private.init(jnp.zeros(ATTACK_DIM))
     eager = private.step(jnp.zeros(ATTACK_DIM), state, data)[0]
@@ -682,12 +684,12 @@ def test_a_traced_step_of_this_plan_is_unchanged(key):
 # ----------------------------------------------------------------------------- 6. restore
 
 
-def test_a_ledger_cut_by_a_template_restore_is_refused(key, tmp_path):
+def test_a_ledger_cut_by_a_template_restore_is_refused(attack_key, tmp_path):
     """orbax refuses a 2-phase checkpoint restored into ``state_template`` (one ledger row)
     and its error says to set ``strict=False``; that restore kept the first phase only, so
     ε charged the σ = 0.6 steps at σ = 4 (0.72 reported, 12.5 true)."""
     ocp = pytest.importorskip("orbax.checkpoint")
-    data = 3.0 * jax.random.normal(key, (100, ATTACK_DIM))
+    data = 3.0 * jax.random.normal(attack_key, (100, ATTACK_DIM))
     strong = attack_private_for(2)  # σ = 1
     weak = dpjax.make_private(
         attack_linear_loss,
@@ -719,9 +721,9 @@ def test_a_ledger_cut_by_a_template_restore_is_refused(key, tmp_path):
         weak.public_state(restored)
 
 
-def test_a_traced_step_of_a_continued_state_is_unchanged(key):
+def test_a_traced_step_of_a_continued_state_is_unchanged(attack_key):
     """The void check of a traced step ignores the ledger's row count and phase start."""
-    data = 3.0 * jax.random.normal(key, (100, ATTACK_DIM))
+    data = 3.0 * jax.random.normal(attack_key, (100, ATTACK_DIM))
     w, state, _ = attack_private_for(11).fit(jnp.zeros(ATTACK_DIM), data, steps=2, progress=False)
     weak = dpjax.make_private(
         attack_linear_loss,
@@ -747,7 +749,7 @@ def test_a_traced_step_of_a_continued_state_is_unchanged(key):
 
 # Was open (review); fixed: the noise transforms refuse updates batched by a vmap that their
 # state is not batched by (the test failed before the fix: DID NOT RAISE).
-def test_a_vmapped_update_never_noises_per_example_rows(key):
+def test_a_vmapped_update_never_noises_per_example_rows(attack_key):
     """``jax.vmap(tx.update, in_axes=(0, None, None))`` over per-example gradients passes the
     shape check (inside vmap each row is shaped like params) and adds ONE noise draw (the
     state is not batched) to every unclipped row: the rows' differences are noise-free."""
@@ -758,7 +760,7 @@ def test_a_vmapped_update_never_noises_per_example_rows(key):
         noise_multiplier=1.0,
         l2_clip_norm=1.0,
         normalizer=1.0,
-        key=key,
+        key=attack_key,
     )
     with pytest.raises(ValueError, match="updates"):
         jax.vmap(noise_only.update, in_axes=(0, None, None))(rows, noise_only.init(params), params)
