@@ -157,7 +157,8 @@ def test_opacus_mode_takes_dpjax_clipped_step_on_the_transformer(
 
 
 def test_tempered_sigmoid_cnn_shapes_follow_papernot():
-    params = models.make_model("cnn_tanh").init(jax.random.key(0))
+    # shapes only: traced, never run (running the init eagerly took ~30 s on the loaded machine)
+    params = jax.eval_shape(models.make_model("cnn_tanh").init, jax.random.key(0))
     assert params["Conv_0"]["kernel"].shape == (8, 8, 1, 16)
     assert params["Conv_1"]["kernel"].shape == (4, 4, 16, 32)
     assert params["Dense_0"]["kernel"].shape == (512, 32)  # 28 → 14 → 13 → 5 → 4; 4·4·32
