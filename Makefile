@@ -54,7 +54,7 @@ notebooks: $(VENV)/.installed-notebooks
 	$(PY) notebooks/build_notebooks.py --execute results/notebooks
 
 ## The documentation: guides (docs/guides/*.md) and the API reference from the docstrings,
-## built by Sphinx with warnings as errors into docs/_build/html (tests/test_docs.py builds it too).
+## built by Sphinx with warnings as errors into docs/_build/html (tests/docs/test_docs_build.py builds it too).
 docs: $(VENV)/.installed-docs
 	$(PY) -m sphinx -b html -W --keep-going -E docs docs/_build/html
 	@echo "[docs] open docs/_build/html/index.html"

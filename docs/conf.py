@@ -1,7 +1,7 @@
 """Sphinx configuration: the API reference from the docstrings, the guides in Markdown.
 
 Built by ``make docs`` (warnings are errors) into ``docs/_build/html``; the test suite builds it
-too (``tests/test_docs.py``).
+too (``tests/docs/test_docs_build.py``).
 """
 
 from __future__ import annotations

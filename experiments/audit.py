@@ -1,6 +1,6 @@
 """Empirical privacy audit of dpjax: claimed ε vs an empirical lower bound, and mutants caught.
 
-The audit suite (literature.md §3.4) lives here so that the tests (``tests/test_audit_*.py``)
+The audit suite (literature.md §3.4) lives here so that the tests (``tests/auditing/``)
 and the report (``python -m experiments audit``) run the same cases. A :class:`Case` is one
 mechanism on one worst-case neighbouring pair: either the **correct** dpjax implementation
 (called through the public API; its ε_LB must stay ≤ the claimed ε) or a **mutant**, a

@@ -45,8 +45,8 @@ jax.config.update("jax_enable_x64", True)
 # the run ends: no state carries from one run (or checkout) to the next. Each xdist worker writes
 # its own sub-directory (JAX's cache writes are not atomic across processes; the hits are within
 # a worker anyway). Compiles under CACHE_MIN_COMPILE_S are not written (a read costs about as
-# much). Measured (2 workers, shared machine): tests/test_workflow_privacy.py and
-# tests/test_review_nonfinite_and_sums.py 121 -> 71 CPU-s. DPJAX_TEST_COMPILATION_CACHE=0: off.
+# much). Measured (2 workers, shared machine): tests/dp_sgd/test_workflow_privacy.py and
+# tests/mechanisms/test_nonfinite_records.py 121 -> 71 CPU-s. DPJAX_TEST_COMPILATION_CACHE=0: off.
 CACHE_SWITCH = "DPJAX_TEST_COMPILATION_CACHE"
 CACHE_MIN_COMPILE_S = 0.1
 _CACHE_DIR = pytest.StashKey[str]()
