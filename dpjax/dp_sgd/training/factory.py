@@ -20,7 +20,6 @@ from fractions import Fraction
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import optax
 
 from dpjax import _validate
@@ -31,6 +30,7 @@ from dpjax.dp_sgd.clipping import BACKENDS as CLIPPING_BACKENDS
 from dpjax.dp_sgd.samplers import PoissonSampler, _binomial_cap, realised_sampling_rate
 from dpjax.dp_sgd.training import inputs
 from dpjax.dp_sgd.training.accounting import NOT_PRIVATE_EPSILON, SLACK_FRACTION, _epsilon_bound
+from dpjax.dp_sgd.training.inputs import _check_key
 from dpjax.dp_sgd.training.loop import PrivateTraining
 
 __all__ = ["ACCOUNTING_METHODS", "make_private", "poisson_schedule"]
@@ -64,19 +64,6 @@ def poisson_schedule(dataset_size: int, batch_size: int, epochs: float) -> tuple
     epochs = _validate.positive("epochs", epochs)
     steps = math.ceil(Fraction(epochs) * n / b)
     return b / n, max(1, steps)
-
-
-def _check_key(key: Any) -> jax.Array:
-    """A typed JAX PRNG key (or raw uint32[2] threefry data); no default, no int seed."""
-    if key is None:
-        raise TypeError("key is required: pass key=jax.random.key(<seed>) (no default key)")
-    if not isinstance(key, jax.Array):
-        raise TypeError(f"key must be a JAX PRNG key (jax.random.key(seed)); got {key!r}")
-    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) and key.shape == ():
-        return key
-    if key.dtype == jnp.uint32 and key.shape == (2,):
-        return jax.random.wrap_key_data(key)
-    raise TypeError(f"key must be one JAX PRNG key; got an array of {key.dtype}{key.shape}")
 
 
 def _resolve_steps(n: int, batch_size: int, epochs: Any, steps: Any) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
 from dpjax import _validate
@@ -60,3 +61,16 @@ def refuse_epsilon_beyond_any_cap(epsilon: float, tail: float) -> None:
             f"at ε = {epsilon:g} a padded batch may overflow with probability at most "
             f"{tail:.3g} per step, below what any cap of n rows reaches",
         )
+
+
+def _check_key(key: Any) -> jax.Array:
+    """A typed JAX PRNG key (or raw uint32[2] threefry data); no default, no int seed."""
+    if key is None:
+        raise TypeError("key is required: pass key=jax.random.key(<seed>) (no default key)")
+    if not isinstance(key, jax.Array):
+        raise TypeError(f"key must be a JAX PRNG key (jax.random.key(seed)); got {key!r}")
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) and key.shape == ():
+        return key
+    if key.dtype == jnp.uint32 and key.shape == (2,):
+        return jax.random.wrap_key_data(key)
+    raise TypeError(f"key must be one JAX PRNG key; got an array of {key.dtype}{key.shape}")

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from dpjax import _validate
 from dpjax.dp_sgd import adaptive_clip
 from dpjax.dp_sgd.training import ledger as _plan
+from dpjax.dp_sgd.training.inputs import _check_key
 from dpjax.dp_sgd.training.state import PrivateState, _as_private_state, _steps_of
 from dpjax.dp_sgd.transforms import rekeyed_noise_states
 
@@ -92,7 +93,6 @@ class Resuming:
         return state._replace(plan=jnp.asarray(ledger))
 
     def _check_new_key(self, key: Any) -> jax.Array:
-        from dpjax.dp_sgd.training.factory import _check_key  # noqa: PLC0415 (it imports loop)
 
         key = _check_key(key)
         if jax.random.key_impl(key) != self._impl:
