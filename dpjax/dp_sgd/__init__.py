@@ -31,6 +31,7 @@ present paths; folders for them would add re-export shims and move nothing a rea
 find. Revisit when one of them grows past a few modules.
 """
 
+from dpjax.dp_sgd import private  # noqa: F401 (dpjax.dp_sgd.private.<name> still resolves)
 from dpjax.dp_sgd.adaptive_clip import (
     AdaptiveClip,
     AdaptiveClipState,
