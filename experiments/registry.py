@@ -29,6 +29,8 @@ EXPERIMENTS: dict[str, str] = {
     "correlated": "experiments.correlated",
     "erm_adult": "experiments.erm_adult",
     "mnist_cnn": "experiments.mnist_cnn",
+    "scatternet": "experiments.scatternet",
+    "published": "experiments.published",
 }
 
 # Run by name only, never by `all` (`make reproduce`): their data need npm/apt (`make data`).

@@ -1,0 +1,199 @@
+"""The "Published results" table: the field's DP numbers beside dpjax's on the same data.
+
+Rows measured by a full-scale run are kept in a committed results file
+(:data:`RESULTS_FILE`, small JSON: accuracies per seed, ε as dpjax accounts it, wall time, date
+and machine), written by ``python -m experiments.published record results/<experiment>.json``
+after ``python -m experiments <experiment> --full``. This experiment only READS that file
+(it trains nothing, so ``make reproduce`` stays quick) and renders it with the rows that were not
+run here, each with the command that runs it.
+
+Sources of the published numbers:
+
+* Tramèr & Boneh 2021, *Differentially Private Learning Needs Better Features (or Much More
+  Data)*, ICLR 2021, https://arxiv.org/abs/2011.11660 (README table of
+  github.com/ftramer/Handcrafted-DP), (ε, δ) = (3, 1e-5);
+* Opacus's MNIST example (``examples/mnist_README.md`` of github.com/pytorch/opacus): mean of 10
+  runs, δ = 1e-5 (the ε printed by its RDP accountant);
+* Chaudhuri, Monteleoni, Sarwate 2011, JMLR 12:1069–1109 (Adult): their figure's values are
+  not transcribed (see :mod:`experiments.erm_adult`), so that row compares claims, not a number.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import pathlib
+import platform
+import sys
+
+import numpy as np
+
+DESCRIPTION = "published: the published-results table (reads the committed full-run results)"
+
+RESULTS_FILE = pathlib.Path(__file__).with_name("published_results.json")
+TITLE = "## Published results: the papers' numbers beside dpjax's"
+
+TB = "Tramèr & Boneh 2021"
+OPACUS = "Opacus MNIST example"
+OPACUS_CMD = "python examples/mnist.py -sr=0.004"  # in the Opacus repository
+# Every row of the table, in order: (paper, data set, model, ε, published accuracy %, key of
+# the measured row in the results file, what to run when it was not run here).
+ROWS: tuple[dict, ...] = (
+    dict(paper=TB, dataset="MNIST", model="ScatterNet + linear", epsilon=3.0, published=98.7,
+         key="scatternet/mnist", command="python -m experiments scatternet --full"),
+    dict(paper=TB, dataset="Fashion-MNIST", model="ScatterNet + linear", epsilon=3.0,
+         published=89.7, key="scatternet/fashion-mnist",
+         command="python -m experiments scatternet --full"),
+    dict(paper=TB, dataset="MNIST", model="end-to-end tanh CNN", epsilon=3.0, published=98.1,
+         key="mnist_cnn/mnist", command="python -m experiments mnist_cnn --full",
+         why="needs GPU (4 688 DP-SGD steps of a CNN at batch 512, 3 seeds)"),
+    dict(paper=TB, dataset="Fashion-MNIST", model="end-to-end tanh CNN", epsilon=3.0,
+         published=86.0, key=None, command=None,
+         why="needs GPU; no dpjax experiment yet (batch 2048, lr 4, σ = 2.15, 40 epochs)"),
+    dict(paper=TB, dataset="MNIST", model="ScatterNet + CNN", epsilon=3.0, published=98.7,
+         key=None, command=None, why="needs GPU; no dpjax experiment yet"),
+    dict(paper=TB, dataset="Fashion-MNIST", model="ScatterNet + CNN", epsilon=3.0,
+         published=89.0, key=None, command=None, why="needs GPU; no dpjax experiment yet"),
+    dict(paper=OPACUS, dataset="MNIST", model="SampleConvNet, non-private", epsilon=None,
+         published=98.94, key=None, command=f"{OPACUS_CMD} --disable-dp -n=20 --lr=.1",
+         why="needs GPU; no dpjax experiment yet (Opacus's command given)"),
+    dict(paper=OPACUS, dataset="MNIST", model="SampleConvNet", epsilon=6.86, published=97.09,
+         key=None, command=f"{OPACUS_CMD} -n=45 --lr=.25 --sigma=.7 -c=1.5",
+         why="needs GPU; no dpjax experiment yet (Opacus's command given)"),
+    dict(paper=OPACUS, dataset="MNIST", model="SampleConvNet", epsilon=2.91, published=96.78,
+         key=None, command=f"{OPACUS_CMD} -n 60 --lr=.15 --sigma=1.1 -c=1.0",
+         why="needs GPU; no dpjax experiment yet (Opacus's command given)"),
+    dict(paper=OPACUS, dataset="MNIST", model="SampleConvNet", epsilon=1.16, published=94.63,
+         key=None, command=f"{OPACUS_CMD} -n=15 --lr=.25 --sigma=1.3 -c=1.5",
+         why="needs GPU; no dpjax experiment yet (Opacus's command given)"),
+)  # fmt: skip
+
+
+def machine() -> str:
+    """A short description of this machine: CPU model, cores, OS (and the GPU when there is one)."""
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as handle:
+            names = [ln.split(":", 1)[1].strip() for ln in handle if ln.startswith("model name")]
+        model = names[0] if names else model
+    except OSError:
+        pass
+    try:
+        import jax
+
+        devices = {d.device_kind for d in jax.devices()}
+    except Exception:  # noqa: BLE001 - a description, never a failure
+        devices = set()
+    return f"{model}, {os.cpu_count()} cores, {platform.system()}; jax devices: {sorted(devices)}"
+
+
+def rows_from_scatternet(payload: dict, command: str) -> list[dict]:
+    """Measured rows (one per data set) from a ``scatternet.json`` written by a run."""
+    out = []
+    for dataset in dict.fromkeys(r["dataset"] for r in payload["runs"]):
+        runs = [r for r in payload["runs"] if r["dataset"] == dataset]
+        out.append(
+            dict(key=f"scatternet/{dataset}", protocol=payload["size"],
+                 accuracies=[100 * r["test_accuracy"] for r in runs],
+                 seeds=[r["seed"] for r in runs], epsilon=runs[0]["epsilon"],
+                 delta=runs[0]["delta"], steps=runs[0]["steps"],
+                 wall_seconds=[r["seconds"] for r in runs], command=command)
+        )  # fmt: skip
+    return out
+
+
+def record(source: pathlib.Path, results_file: pathlib.Path | None = None) -> list[dict]:
+    """Merge the rows measured in ``source`` (an experiment's JSON) into ``results_file``, each
+    stamped with today's date and this machine; a row with the same key is replaced."""
+    payload = json.loads(pathlib.Path(source).read_text())
+    name = pathlib.Path(source).stem
+    if name != "scatternet":
+        raise ValueError(f"source must be a scatternet.json written by a run; got {source}")
+    flag = " --full" if payload["size"] == "full" else ""
+    new = rows_from_scatternet(payload, f"python -m experiments {name}{flag}")
+    stamp = dict(date=datetime.date.today().isoformat(), machine=machine())
+    new = [row | stamp for row in new]
+    old = load_results(results_file)
+    keys = {row["key"] for row in new}
+    merged = [row for row in old if row["key"] not in keys] + new
+    target = pathlib.Path(RESULTS_FILE if results_file is None else results_file)
+    target.write_text(json.dumps(dict(rows=merged), indent=1) + "\n")
+    return new
+
+
+def load_results(results_file: pathlib.Path | None = None) -> list[dict]:
+    """The measured rows of ``results_file`` (default :data:`RESULTS_FILE`; none when absent)."""
+    path = pathlib.Path(RESULTS_FILE if results_file is None else results_file)
+    return json.loads(path.read_text())["rows"] if path.is_file() else []
+
+
+def _mean_sd(values: list[float]) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.2f} (1 seed)"
+    return f"{np.mean(values):.2f} ± {np.std(values, ddof=1):.2f} ({len(values)} seeds)"
+
+
+def table(measured: list[dict]) -> str:
+    """The Markdown table: every row of :data:`ROWS`, measured or "not run here"."""
+    by_key = {row["key"]: row for row in measured}
+    lines = [
+        "| paper | data set | model | ε (paper) | published % | dpjax % (mean ± sd) "
+        "| ε (dpjax) | protocol | wall time | run on |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in ROWS:
+        eps = "∞ (non-private)" if row["epsilon"] is None else f"{row['epsilon']:g}"
+        head = f"| {row['paper']} | {row['dataset']} | {row['model']} | {eps} | {row['published']}"
+        got = by_key.get(row["key"])
+        if got is None:
+            why = row.get("why", "needs GPU")
+            run = f"`{row['command']}`" if row["command"] else "no command yet"
+            lines.append(f"{head} | not run here: {why} ({run}) | | | | |")
+            continue
+        wall = ", ".join(f"{s / 60:.1f} min" for s in got["wall_seconds"])
+        lines.append(
+            f"{head} | {_mean_sd(got['accuracies'])} | {got['epsilon']:.3f} "
+            f"| {got['protocol']} (`{got['command']}`) | {wall} | {got['date']}, {got['machine']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def markdown(measured: list[dict]) -> str:
+    return "\n".join(
+        [
+            TITLE,
+            "",
+            "Published accuracies at (ε, δ = 1e-5) next to dpjax's on the same data, read from "
+            f"the committed results file `experiments/{RESULTS_FILE.name}` (full runs, with the "
+            "date and machine they ran on). dpjax's ε is its own accounting (PLD, add/remove-"
+            "one, Poisson sampling) for the paper's noise multiplier; the papers used RDP. "
+            "Rows not run here give the command to run them.",
+            "",
+            table(measured),
+        ]
+    )
+
+
+def run(out_dir: pathlib.Path, *, full: bool = False, seed: int = 0):
+    """Render the table from :data:`RESULTS_FILE` (nothing is trained; ``full`` and ``seed`` are
+    accepted for the common interface)."""
+    del full, seed
+    measured = load_results()
+    pathlib.Path(out_dir).mkdir(parents=True, exist_ok=True)
+    return dict(report_md=markdown(measured),
+                verdict=f"{len(measured)} measured rows, {len(ROWS)} rows in all")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2 or argv[0] != "record":
+        print("usage: python -m experiments.published record results/scatternet.json")
+        return 2
+    for row in record(pathlib.Path(argv[1])):
+        print(f"[published] recorded {row['key']}: {row['accuracies']} at ε = {row['epsilon']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

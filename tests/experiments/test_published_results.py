@@ -1,0 +1,64 @@
+"""The "Published results" table: measured rows from a results file, the others "not run here"
+with the command that runs them."""
+
+from __future__ import annotations
+
+import json
+
+from experiments import published, registry
+
+
+def _scatternet_json(path, accuracies=(0.9871, 0.9865)):
+    runs = [
+        dict(dataset="mnist", seed=s, test_accuracy=a, epsilon=2.41, delta=1e-5, steps=560,
+             seconds=600.0 + s)
+        for s, a in enumerate(accuracies)
+    ]  # fmt: skip
+    path.write_text(json.dumps(dict(size="full", runs=runs)))
+    return path
+
+
+def test_record_then_render_a_measured_row_and_the_not_run_rows(tmp_path):
+    results = tmp_path / "published_results.json"
+    rows = published.record(_scatternet_json(tmp_path / "scatternet.json"), results)
+    assert [r["key"] for r in rows] == ["scatternet/mnist"]
+    measured = published.load_results(results)
+    assert measured[0]["date"] and measured[0]["machine"]
+    table = published.table(measured)
+    lines = table.splitlines()
+    mnist = next(ln for ln in lines if "ScatterNet + linear" in ln and "| MNIST |" in ln)
+    # mean ± sd of 98.71 and 98.65 (sd = 0.06/√2 = 0.042), the paper's 98.7, dpjax's ε
+    assert "98.68 ± 0.04 (2 seeds)" in mnist and "| 98.7 |" in mnist and "2.410" in mnist
+    assert "`python -m experiments scatternet --full`" in mnist and "10.0 min" in mnist
+    fmnist = next(ln for ln in lines if "ScatterNet + linear" in ln and "Fashion-MNIST" in ln)
+    assert "not run here" in fmnist and "scatternet --full" in fmnist
+    cnn = next(ln for ln in lines if "end-to-end tanh CNN" in ln and "| MNIST |" in ln)
+    assert "not run here: needs GPU" in cnn and "`python -m experiments mnist_cnn --full`" in cnn
+    opacus = [ln for ln in lines if published.OPACUS in ln]
+    assert len(opacus) == 4 and all("not run here" in ln for ln in opacus)
+    assert len(lines) == 2 + len(published.ROWS)
+
+
+def test_record_replaces_a_row_of_the_same_key(tmp_path):
+    results = tmp_path / "published_results.json"
+    published.record(_scatternet_json(tmp_path / "scatternet.json"), results)
+    published.record(_scatternet_json(tmp_path / "scatternet.json", (0.97,)), results)
+    (row,) = published.load_results(results)
+    assert row["accuracies"] == [97.0]
+
+
+def test_the_section_reads_the_committed_file(tmp_path, monkeypatch):
+    results = tmp_path / "published_results.json"
+    published.record(_scatternet_json(tmp_path / "scatternet.json"), results)
+    monkeypatch.setattr(published, "RESULTS_FILE", results)
+    summary = published.run(tmp_path / "out")
+    assert summary["report_md"].startswith(published.TITLE)
+    assert "98.68 ± 0.04" in summary["report_md"]
+    assert summary["verdict"].startswith("1 measured rows")
+    assert "published" in registry.ORDER
+
+
+def test_no_results_file_renders_every_row_as_not_run(tmp_path):
+    table = published.table(published.load_results(tmp_path / "absent.json"))
+    body = table.splitlines()[2:]
+    assert len(body) == len(published.ROWS) and all("not run here" in ln for ln in body)

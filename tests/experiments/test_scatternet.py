@@ -1,0 +1,137 @@
+"""ScatterNet + linear (Tramèr & Boneh 2021): the feature pipeline, its cache, the private
+normalisation's noise scale and the quick mode, on synthetic fixtures (no real data)."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("kymatio")
+
+from experiments import registry, scatternet  # noqa: E402
+
+
+def _images(n: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
+
+
+def test_features_have_the_papers_shape_and_hit_the_cache(tmp_path, monkeypatch):
+    """J = 2, L = 8 on 28×28: 81 channels of 7×7; the second call reads the .npy cache."""
+    images = _images(3)
+    first = scattering = scatternet.scattering_features(images, cache_dir=tmp_path)
+    assert scattering.shape == (3, 81, 7, 7) and scattering.dtype == np.float32
+    assert len(list(tmp_path.glob("scatter-*.npy"))) == 1
+
+    def no_compute(_images):
+        raise AssertionError("computed again: the cache was not used")
+
+    monkeypatch.setattr(scatternet, "compute_scattering", no_compute)
+    np.testing.assert_array_equal(scatternet.scattering_features(images, cache_dir=tmp_path), first)
+    with pytest.raises(AssertionError, match="cache was not used"):  # other images: other key
+        scatternet.scattering_features(_images(3, seed=1), cache_dir=tmp_path)
+
+
+def test_features_refuse_images_of_another_shape_or_dtype(tmp_path):
+    with pytest.raises(ValueError, match="images must be uint8"):
+        scatternet.scattering_features(np.zeros((2, 28, 28), np.float32), cache_dir=tmp_path)
+    with pytest.raises(ValueError, match="images must be uint8"):
+        scatternet.scattering_features(np.zeros((2, 32, 32), np.uint8), cache_dir=tmp_path)
+
+
+def test_order_zero_channel_is_the_low_pass_mean():
+    """A constant image c: channel 0 (the Gaussian low-pass) is c everywhere, the wavelet
+    channels are 0 (wavelets have zero mean) — a closed form, independent of kymatio's code."""
+    image = np.full((1, 28, 28), 51, np.uint8)  # 0.2 after /255
+    features = scatternet.compute_scattering(image)
+    np.testing.assert_allclose(features[0, 0], 0.2, atol=1e-5)
+    assert np.abs(features[0, 1:]).max() < 1e-5
+
+
+def test_group_norm_standardises_each_example_and_group():
+    x = np.random.default_rng(0).normal(3.0, 2.0, size=(4, 81, 7, 7)).astype(np.float32)
+    y = scatternet.group_normalize(x, groups=27).reshape(4, 27, -1)
+    np.testing.assert_allclose(y.mean(-1), 0.0, atol=1e-5)
+    np.testing.assert_allclose(y.var(-1), 1.0, atol=1e-3)  # var/(var + 1e-5) with var ≈ 4
+    with pytest.raises(ValueError, match="groups must divide 81"):
+        scatternet.group_normalize(x, groups=10)
+
+
+def test_public_thresholds_are_those_fixed_in_the_code():
+    """The fixed constants are what the data-independent recipe gives (no private data)."""
+    mean_t, square_t = scatternet.public_thresholds()
+    assert scatternet.STANDARDIZE_THRESHOLDS == pytest.approx((mean_t, square_t), abs=1e-3)
+
+
+def test_private_standardize_has_the_gaussian_noise_scale_of_its_sensitivity():
+    """Released mean = (Σ clipped m_i + N(0, (σ τ)²))/n: over R draws the sample sd of one
+    channel is σ τ / n within a chi-square band; half or double that scale is rejected."""
+    features = np.random.default_rng(1).uniform(0, 5, size=(8, 81, 7, 7))  # norms ≫ τ: clipped
+    sigma, tau, n, draws = 2.0, (0.5, 0.25), 8, 2000
+    rng = np.random.default_rng(2)
+    means = np.array([
+        scatternet.private_standardize(features, rng=rng, noise_multiplier=sigma,
+                                       thresholds=tau, dataset_size=n)[0]
+        for _ in range(draws)
+    ])  # fmt: skip
+    sd = means.std(axis=0, ddof=1)  # 81 channels, each an estimate of σ τ / n
+    expected = sigma * tau[0] / n
+    band = 4 * math.sqrt(1 / (2 * (draws - 1)))  # 4 standard errors of a sample sd, relative
+    assert np.all(np.abs(sd / expected - 1) < band)
+    assert np.all(np.abs(sd / (2 * expected) - 1) > band)
+    assert np.all(np.abs(sd / (0.5 * expected) - 1) > band)
+    # clipping: the noiseless centre is the sum of rows of norm τ, so ‖mean‖ ≤ τ up to noise
+    noise_norm = math.sqrt(81) * expected / math.sqrt(draws)  # of the averaged noise
+    assert np.linalg.norm(means.mean(0)) <= tau[0] + 5 * noise_norm
+
+
+def _synthetic(n_train: int, n_test: int) -> dict:
+    """Scattering-shaped features whose channel 0 encodes the label (learnable, linear)."""
+    rng = np.random.default_rng(0)
+
+    def part(n):
+        y = rng.integers(0, 10, size=n).astype(np.uint8)
+        f = rng.uniform(0, 0.1, size=(n, 81, 7, 7)).astype(np.float32)
+        f[np.arange(n), 1 + y] += 0.5
+        return f, y
+
+    ftr, ytr = part(n_train)
+    fte, yte = part(n_test)
+    return dict(ftr=ftr, ytr=ytr, fte=fte, yte=yte)
+
+
+def test_quick_mode_runs_on_a_synthetic_fixture_fast(tmp_path, monkeypatch):
+    """The quick scale end to end (private standardisation + DP-SGD + report) in < 5 s; its
+    ε composes the normalisation's two Gaussian releases with DP-SGD (so it is larger)."""
+    monkeypatch.setattr(scatternet, "load", lambda *_: _synthetic(1200, 300))
+    start = time.perf_counter()
+    summary = scatternet.run(tmp_path)
+    assert time.perf_counter() - start < 5.0
+    (mnist,) = summary["runs"]
+    assert "NOT the published protocol" in summary["report_md"]
+    assert mnist["steps"] == 100 and mnist["batch_size"] == round(4096 * 1200 / 60000)
+    assert mnist["epsilon"] > mnist["epsilon_dp_sgd"] > 0
+    assert mnist["test_accuracy"] > 0.5  # chance is 0.1
+    saved = json.loads((tmp_path / "scatternet.json").read_text())
+    assert saved["size"] == "quick" and saved["runs"][0]["dataset"] == "mnist"
+
+
+def test_missing_data_gives_a_skipped_section_with_the_hint(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DPJAX_DATA", str(tmp_path / "empty"))
+    summary = scatternet.run(tmp_path / "out")
+    assert summary["verdict"].startswith("SKIPPED")
+    assert "make data" in summary["report_md"]
+    assert "SKIPPED" in capsys.readouterr().err
+
+
+def test_the_full_protocol_is_the_papers():
+    """40 epochs of ⌊60 000/b⌋ steps at the README's batch, lr, σ; C = 0.1, momentum 0.9."""
+    assert scatternet.plan("mnist", 60_000, None) == dict(batch_size=4096, steps=560)
+    assert scatternet.plan("fashion-mnist", 60_000, None) == dict(batch_size=8192, steps=280)
+    assert scatternet.HYPER["mnist"]["noise_multiplier"] == 3.04
+    assert scatternet.HYPER["fashion-mnist"]["noise_multiplier"] == 4.05
+    assert scatternet.HYPER["fashion-mnist"]["groups"] == 27
+    assert "scatternet" in registry.ORDER
