@@ -2,7 +2,7 @@
 
 Rows measured by a full-scale run are kept in a committed results file
 (:data:`RESULTS_FILE`, small JSON: accuracies per seed, ε as dpjax accounts it, wall time, date
-and machine), written by ``python -m experiments.published record results/<experiment>.json``
+and machine), written by ``python -m experiments.published record <out>/scatternet.json [...]``
 after ``python -m experiments <experiment> --full``. This experiment only READS that file
 (it trains nothing, so ``make reproduce`` stays quick) and renders it with the rows that were not
 run here, each with the command that runs it.
@@ -103,15 +103,23 @@ def rows_from_scatternet(payload: dict, command: str) -> list[dict]:
     return out
 
 
-def record(source: pathlib.Path, results_file: pathlib.Path | None = None) -> list[dict]:
-    """Merge the rows measured in ``source`` (an experiment's JSON) into ``results_file``, each
-    stamped with today's date and this machine; a row with the same key is replaced."""
-    payload = json.loads(pathlib.Path(source).read_text())
-    name = pathlib.Path(source).stem
-    if name != "scatternet":
-        raise ValueError(f"source must be a scatternet.json written by a run; got {source}")
-    flag = " --full" if payload["size"] == "full" else ""
-    new = rows_from_scatternet(payload, f"python -m experiments {name}{flag}")
+def record(*sources: pathlib.Path, results_file: pathlib.Path | None = None) -> list[dict]:
+    """Merge the rows measured in ``sources`` (``scatternet.json`` files of runs of one scale,
+    e.g. one per seed: their runs are pooled) into ``results_file`` (default
+    :data:`RESULTS_FILE`), each stamped with today's date and this machine; a row with the same
+    key is replaced."""
+    payloads = []
+    for source in sources:
+        if pathlib.Path(source).name != "scatternet.json":
+            raise ValueError(
+                f"sources must be scatternet.json files written by a run; got {source}"
+            )
+        payloads.append(json.loads(pathlib.Path(source).read_text()))
+    if not payloads or len({p["size"] for p in payloads}) != 1:
+        raise ValueError("sources must be one or more runs of the same scale (quick or full)")
+    pooled = dict(size=payloads[0]["size"], runs=[r for p in payloads for r in p["runs"]])
+    flag = " --full" if pooled["size"] == "full" else ""
+    new = rows_from_scatternet(pooled, f"python -m experiments scatternet{flag}")
     stamp = dict(date=datetime.date.today().isoformat(), machine=machine())
     new = [row | stamp for row in new]
     old = load_results(results_file)
@@ -187,10 +195,10 @@ def run(out_dir: pathlib.Path, *, full: bool = False, seed: int = 0):
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 2 or argv[0] != "record":
-        print("usage: python -m experiments.published record results/scatternet.json")
+    if len(argv) < 2 or argv[0] != "record":
+        print("usage: python -m experiments.published record DIR/scatternet.json [...]")
         return 2
-    for row in record(pathlib.Path(argv[1])):
+    for row in record(*(pathlib.Path(a) for a in argv[1:])):
         print(f"[published] recorded {row['key']}: {row['accuracies']} at ε = {row['epsilon']:.3f}")
     return 0
 

@@ -20,7 +20,7 @@ def _scatternet_json(path, accuracies=(0.9871, 0.9865)):
 
 def test_record_then_render_a_measured_row_and_the_not_run_rows(tmp_path):
     results = tmp_path / "published_results.json"
-    rows = published.record(_scatternet_json(tmp_path / "scatternet.json"), results)
+    rows = published.record(_scatternet_json(tmp_path / "scatternet.json"), results_file=results)
     assert [r["key"] for r in rows] == ["scatternet/mnist"]
     measured = published.load_results(results)
     assert measured[0]["date"] and measured[0]["machine"]
@@ -41,15 +41,15 @@ def test_record_then_render_a_measured_row_and_the_not_run_rows(tmp_path):
 
 def test_record_replaces_a_row_of_the_same_key(tmp_path):
     results = tmp_path / "published_results.json"
-    published.record(_scatternet_json(tmp_path / "scatternet.json"), results)
-    published.record(_scatternet_json(tmp_path / "scatternet.json", (0.97,)), results)
+    published.record(_scatternet_json(tmp_path / "scatternet.json"), results_file=results)
+    published.record(_scatternet_json(tmp_path / "scatternet.json", (0.97,)), results_file=results)
     (row,) = published.load_results(results)
     assert row["accuracies"] == [97.0]
 
 
 def test_the_section_reads_the_committed_file(tmp_path, monkeypatch):
     results = tmp_path / "published_results.json"
-    published.record(_scatternet_json(tmp_path / "scatternet.json"), results)
+    published.record(_scatternet_json(tmp_path / "scatternet.json"), results_file=results)
     monkeypatch.setattr(published, "RESULTS_FILE", results)
     summary = published.run(tmp_path / "out")
     assert summary["report_md"].startswith(published.TITLE)
@@ -62,3 +62,13 @@ def test_no_results_file_renders_every_row_as_not_run(tmp_path):
     table = published.table(published.load_results(tmp_path / "absent.json"))
     body = table.splitlines()[2:]
     assert len(body) == len(published.ROWS) and all("not run here" in ln for ln in body)
+
+
+def test_record_pools_the_seeds_of_several_runs(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = _scatternet_json(tmp_path / "a" / "scatternet.json", (0.9871,))
+    second = _scatternet_json(tmp_path / "b" / "scatternet.json", (0.9865,))
+    results = tmp_path / "published_results.json"
+    (row,) = published.record(first, second, results_file=results)
+    assert row["accuracies"] == [98.71, 98.65] and len(row["wall_seconds"]) == 2

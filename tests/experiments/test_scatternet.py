@@ -104,12 +104,13 @@ def _synthetic(n_train: int, n_test: int) -> dict:
 
 
 def test_quick_mode_runs_on_a_synthetic_fixture_fast(tmp_path, monkeypatch):
-    """The quick scale end to end (private standardisation + DP-SGD + report) in < 5 s; its
-    ε composes the normalisation's two Gaussian releases with DP-SGD (so it is larger)."""
+    """The quick scale end to end (private standardisation + DP-SGD + report) in < 5 s of CPU
+    (CPU, not wall: the shared machine's load must not fail it); its ε composes the
+    normalisation's two Gaussian releases with DP-SGD (so it is larger)."""
     monkeypatch.setattr(scatternet, "load", lambda *_: _synthetic(1200, 300))
-    start = time.perf_counter()
+    start = time.process_time()
     summary = scatternet.run(tmp_path)
-    assert time.perf_counter() - start < 5.0
+    assert time.process_time() - start < 5.0
     (mnist,) = summary["runs"]
     assert "NOT the published protocol" in summary["report_md"]
     assert mnist["steps"] == 100 and mnist["batch_size"] == round(4096 * 1200 / 60000)
