@@ -98,7 +98,8 @@ def rows_from_scatternet(payload: dict, command: str) -> list[dict]:
                  accuracies=[100 * r["test_accuracy"] for r in runs],
                  seeds=[r["seed"] for r in runs], epsilon=runs[0]["epsilon"],
                  delta=runs[0]["delta"], steps=runs[0]["steps"],
-                 wall_seconds=[r["seconds"] for r in runs], command=command)
+                 wall_seconds=[r["seconds"] for r in runs],
+                 cpu_seconds=[r.get("cpu_seconds") for r in runs], command=command)
         )  # fmt: skip
     return out
 
@@ -159,7 +160,11 @@ def table(measured: list[dict]) -> str:
             run = f"`{row['command']}`" if row["command"] else "no command yet"
             lines.append(f"{head} | not run here: {why} ({run}) | | | | |")
             continue
-        wall = ", ".join(f"{s / 60:.1f} min" for s in got["wall_seconds"])
+        cpu = got.get("cpu_seconds") or [None] * len(got["wall_seconds"])
+        wall = ", ".join(
+            f"{w / 60:.1f} min" + (f" (CPU {c / 60:.1f} min)" if c is not None else "")
+            for w, c in zip(got["wall_seconds"], cpu, strict=True)
+        )
         lines.append(
             f"{head} | {_mean_sd(got['accuracies'])} | {got['epsilon']:.3f} "
             f"| {got['protocol']} (`{got['command']}`) | {wall} | {got['date']}, {got['machine']} |"
