@@ -267,7 +267,7 @@ def accuracy(params: dict, x: np.ndarray, y: np.ndarray) -> float:
     import jax.numpy as jnp
 
     logits = jnp.asarray(x) @ params["w"] + params["b"]
-    return float(jnp.mean(jnp.argmax(logits, -1) == jnp.asarray(y)))
+    return float(np.mean(np.asarray(jnp.argmax(logits, -1)) == np.asarray(y)))
 
 
 def plan(dataset: str, n: int, steps: int | None) -> dict:
