@@ -13,7 +13,8 @@ Sources of the published numbers:
   Data)*, ICLR 2021, https://arxiv.org/abs/2011.11660 (README table of
   github.com/ftramer/Handcrafted-DP), (ε, δ) = (3, 1e-5);
 * Opacus's MNIST example (``examples/mnist_README.md`` of github.com/pytorch/opacus): mean of 10
-  runs, δ = 1e-5 (the ε printed by its RDP accountant);
+  runs, δ = 1e-5, the ε printed by its accountant (6.86 / 2.91 / 1.16 in the current README;
+  an older version printed 7.10 / 3.01 / 1.19 for the same commands);
 * Chaudhuri, Monteleoni, Sarwate 2011, JMLR 12:1069–1109 (Adult): their figure's values are
   not transcribed (see :mod:`experiments.erm_adult`), so that row compares claims, not a number.
 """
@@ -181,7 +182,10 @@ def markdown(measured: list[dict]) -> str:
             f"the committed results file `experiments/{RESULTS_FILE.name}` (full runs, with the "
             "date and machine they ran on). dpjax's ε is its own accounting (PLD, add/remove-"
             "one, Poisson sampling) for the paper's noise multiplier; the papers used RDP. "
-            "Rows not run here give the command to run them.",
+            "Rows not run here give the command to run them. Wall times were measured on a "
+            "machine shared with other jobs (load 8–16 on 2 cores): the CPU time beside them "
+            "is the better measure of cost. The ScatterNet rows report the model after the "
+            "paper's last step (40 epochs), with no choice of epoch on the test set.",
             "",
             table(measured),
         ]
