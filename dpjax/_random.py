@@ -116,12 +116,13 @@ def _check_wide(dtype: Any) -> Any:
 _LOW31 = 0x7FFFFFFF
 
 
-def _sign_and_flip(word: jax.Array) -> tuple[jax.Array, jax.Array]:
+def _sign_and_flip(word: jax.Array, xp: Any = jnp) -> tuple[jax.Array, jax.Array]:
     """Sign = the top bit of ``word``; flip = all-ones where negative, so that a negative
     coordinate reads its magnitude bits complemented: all-one words give −(largest magnitude),
-    mirroring all-zero words → +(largest magnitude). The law is unchanged (~ is a bijection)."""
-    negative = (word >> jnp.uint32(31)) == jnp.uint32(1)
-    flip = jnp.where(negative, jnp.uint32(0xFFFFFFFF), jnp.uint32(0))
+    mirroring all-zero words → +(largest magnitude). The law is unchanged (~ is a bijection).
+    ``xp``: ``jax.numpy``, or ``numpy`` for the same arithmetic on the host."""
+    negative = (word >> xp.uint32(31)) == xp.uint32(1)
+    flip = xp.where(negative, xp.uint32(0xFFFFFFFF), xp.uint32(0))
     return negative, flip
 
 
@@ -136,16 +137,24 @@ def _unit_and_sign(key: jax.Array, shape: tuple[int, ...], dtype: Any):
     return _unit_and_sign_of_words(hi, lo, dtype)
 
 
-def _unit_and_sign_of_words(hi: jax.Array, lo: jax.Array, dtype: Any):
+def unit_and_sign_on_host(key: jax.Array, shape: tuple[int, ...]) -> tuple[Any, Any]:
+    """:func:`_unit_and_sign` in float64 on the host (numpy), whatever ``jax_enable_x64`` says:
+    the same words of ``key``, the same U and sign as ``_unit_and_sign(key, shape, float64)``.
+    ``key`` must be concrete (an eager call)."""
+    hi, lo = np.asarray(jax.random.bits(key, (2, *shape), jnp.uint32))
+    return _unit_and_sign_of_words(hi, lo, np.float64, xp=np)
+
+
+def _unit_and_sign_of_words(hi: jax.Array, lo: jax.Array, dtype: Any, xp: Any = jnp):
     """:func:`_unit_and_sign` of given words: ``hi`` gives the sign and the top 31 bits of k,
-    ``lo`` its low 32 bits (elementwise)."""
-    negative, flip = _sign_and_flip(hi)
+    ``lo`` its low 32 bits (elementwise). ``xp``: as for :func:`_sign_and_flip`."""
+    negative, flip = _sign_and_flip(hi, xp)
     u = (
-        ((hi ^ flip) & jnp.uint32(_LOW31)).astype(dtype) * jnp.asarray(2.0**-31, dtype)
-        + (lo ^ flip).astype(dtype) * jnp.asarray(2.0**-63, dtype)
-        + jnp.asarray(2.0**-64, dtype)
+        ((hi ^ flip) & xp.uint32(_LOW31)).astype(dtype) * xp.asarray(2.0**-31, dtype)
+        + (lo ^ flip).astype(dtype) * xp.asarray(2.0**-63, dtype)
+        + xp.asarray(2.0**-64, dtype)
     )
-    return jnp.minimum(u, jnp.asarray(1.0, dtype)), negative
+    return xp.minimum(u, xp.asarray(1.0, dtype)), negative
 
 
 # Draws of at least _MIN_CHUNKED coordinates run their word -> sample transform in a loop over
