@@ -16,6 +16,12 @@ batch. So the only sound choice at this point is to release nothing:
   noisy update is never produced. The bit goes to the process that runs the training (the
   curator), never into a release; the run stops and is not continued from that state.
 
+The low-level noise transforms (``add_gaussian_noise``, ``add_laplace_dp_sgd_noise``,
+``correlated_noise``) run the eager check only (:func:`refuse_concrete_nonfinite_sums`): under a
+trace they are fed ``clipped_grad``'s finite sums by the optimizers that wrap them, and a host
+callback per step would cost every run; callers who feed them their own sums under ``jit``
+should use ``dp_sgd_optimizer(l2_clip_norm=C)``, which runs the traced check.
+
 The message names no count, position or value of the non-finite entries.
 """
 
@@ -33,14 +39,15 @@ from dpjax import _validate
 __all__ = ["refusing_nonfinite_sums", "refuse_nonfinite_sums", "refuse_concrete_nonfinite_sums"]
 
 _MESSAGE = (
-    "updates must be finite in every coordinate before the noise: a NaN/inf in a clipped sum "
-    "you built yourself (l2_clip_norm=C without clipped_grad, or a Laplace DP-SGD gradient) "
-    "makes the noisy update non-finite, which reveals with certainty that the record causing "
-    "it was in the batch; no map of the summed value restores the sensitivity. Build the sums "
-    "with dpjax.clipped_grad (nan_safe=True maps a non-finite per-example gradient to 0 before "
-    "the sum), or map non-finite per-example values to a fixed finite value yourself before "
-    "clipping; got a sum with non-finite entries (their number and values are not shown; "
-    "nothing was released)"
+    "updates must be finite in every coordinate before the noise: a NaN/inf in the sum to be "
+    "noised (one you built yourself: l2_clip_norm=C without clipped_grad, a Laplace DP-SGD "
+    "gradient, a noise transform used directly) makes the noisy update non-finite, which "
+    "reveals with certainty that the record causing it was in the batch; no map of the "
+    "summed value restores the sensitivity. Build the sums with dpjax.clipped_grad "
+    "(nan_safe=True maps a non-finite per-example gradient to 0 before the sum), or map "
+    "non-finite per-example values to a fixed finite value yourself before clipping; got a "
+    "sum with non-finite entries (their number and values are not shown; nothing was "
+    "released)"
 )
 
 

@@ -130,3 +130,30 @@ def test_laplace_dp_sgd_refuses_a_nonfinite_gradient(jit):
     assert np.all(np.isfinite(np.asarray(update(jnp.array([0.5, 0.25])))))
     with pytest.raises(Exception, match="updates must be finite"):
         np.asarray(update(jnp.array([np.nan, 0.25])))
+
+
+def _banded_noise():
+    from dpjax.dp_sgd.matrix_factorization.streaming import correlated_noise
+
+    strategy = np.tril(np.ones((4, 4))) - np.tril(np.ones((4, 4)), -2)
+    return correlated_noise(strategy, noise_multiplier=1.0, l2_clip_norm=1.0, key=jax.random.key(0))
+
+
+def _laplace_noise():
+    from dpjax.dp_sgd.transforms import add_laplace_dp_sgd_noise
+
+    return add_laplace_dp_sgd_noise(
+        l1_sensitivity=1.0, epsilon=1.0, rho=0.5, kappa=1.0, key=jax.random.key(0)
+    )
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda: add_gaussian_noise(1.0, key=jax.random.key(0)), _laplace_noise, _banded_noise],
+    ids=["gaussian", "laplace", "correlated"],
+)
+def test_noise_transforms_refuse_a_nonfinite_sum_eagerly(make):
+    """The low-level noise transforms, used directly with own sums, refuse eagerly too."""
+    tx = make()
+    with pytest.raises(ValueError, match="updates must be finite"):
+        tx.update(jnp.array([np.nan, 0.25]), tx.init(PARAMS), PARAMS)
