@@ -299,7 +299,14 @@ def bounded_laplace(
             into it (a fixed 1-Lipschitz map, so the sensitivity stays ≤ Δ). Non-finite values:
             an eager call with a concrete NaN or ±inf raises ``ValueError``; under ``jit`` a
             NaN coordinate is replaced by (lower + upper)/2 and ±inf by upper / lower (see
-            ``dpjax.mechanisms.sensitivity.clip_into_range``).
+            ``dpjax.mechanisms.sensitivity.clip_into_range``). The value is never rounded
+            before the sample is drawn around it: a float64 or wide-integer value that the
+            working dtype (float32 with x64 off) cannot hold exactly is sampled on the host in
+            float64 and rounded once, afterwards (eager calls); such a constant closed over
+            inside ``jit``/``vmap`` raises ``ValueError`` naming ``value`` (pass it as an
+            argument: it then arrives in its JAX dtype, and that rounding is part of the
+            caller's query); a traced integer beyond the working dtype's exact range is
+            clamped to ±2^p first (1-Lipschitz: the sensitivity is unchanged).
         sensitivity: Δ of each coordinate under the caller's neighbouring relation, in
             (0, u − l]. For k coordinates released together, compose (k releases).
         epsilon: ε > 0 (per coordinate).
