@@ -15,6 +15,9 @@ batch. So the only sound choice at this point is to release nothing:
   computation (surfacing it as the ValueError or a ``JaxRuntimeError`` wrapping it), so the
   noisy update is never produced. The bit goes to the process that runs the training (the
   curator), never into a release; the run stops and is not continued from that state.
+  The callback is a host round trip per step (on the loaded 2-core CPU of the tests: about
+  1 ms per step at 10⁵ parameters, next to ≈ 1.6 ms for the noise step itself); the
+  ``clipped_grad`` path does not pay it.
 
 The low-level noise transforms (``add_gaussian_noise``, ``add_laplace_dp_sgd_noise``,
 ``correlated_noise``) run the eager check only (:func:`refuse_concrete_nonfinite_sums`): under a

@@ -221,7 +221,8 @@ def dp_sgd_optimizer(
             that function's C exactly. Own sums must be finite: a NaN/inf coordinate is
             refused before any noise is drawn (see Raises), since no map of a summed value
             restores the sensitivity that a per-example map (``clipped_grad``'s
-            ``nan_safe``) keeps.
+            ``nan_safe``) keeps. Under ``jit`` that check is one host callback per step
+            (``clipped_grad`` sums, finite by construction, have none).
 
     Returns:
         A :class:`DPSGDTransformation` (an ``optax.GradientTransformation`` stating σ, C and the
