@@ -120,7 +120,7 @@ def _check_base_event(base_event: Any) -> ev.PrivacyEvent | tuple[ev.PrivacyEven
     if isinstance(base_event, list | tuple) and base_event:
         base_event = tuple(base_event)
     parts = base_event if isinstance(base_event, tuple) else (base_event,)
-    if not all(
+    if not parts or not all(
         isinstance(p, ev.PrivacyEvent) and not isinstance(p, ev.RepeatAndSelectEvent) for p in parts
     ):
         _validate.fail(
