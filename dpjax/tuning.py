@@ -26,7 +26,13 @@ from dpjax import _validate
 from dpjax import events as ev
 from dpjax.accounting.num_trials import max_trials_for, tnb_gamma
 
-__all__ = ["DISTRIBUTIONS", "SelectionResult", "draw_num_trials", "private_selection"]
+__all__ = [
+    "DISTRIBUTIONS",
+    "SelectionResult",
+    "draw_num_trials",
+    "max_trials_for",
+    "private_selection",
+]
 
 #: Distribution of the number of trials → dp-accounting's ``shape`` (None: given by ``shape=``).
 DISTRIBUTIONS = {"poisson": math.inf, "geometric": 1.0, "truncated_negative_binomial": None}
