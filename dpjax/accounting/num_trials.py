@@ -23,7 +23,13 @@ from scipy import stats
 
 from dpjax import _validate
 
-__all__ = ["DEFAULT_TRIALS_TAIL", "max_trials_for", "num_trials_tail", "tnb_gamma"]
+__all__ = [
+    "DEFAULT_TRIALS_TAIL",
+    "max_trials_for",
+    "num_trials_mean",
+    "num_trials_tail",
+    "tnb_gamma",
+]
 
 #: P[K > K_max] of the default cap on the number of trials (:func:`max_trials_for`).
 DEFAULT_TRIALS_TAIL = 1e-10
@@ -33,6 +39,22 @@ def tnb_gamma(shape: float, mean: float) -> float:
     """γ of the truncated negative binomial with shape η and E[K] = ``mean`` (dp-accounting's
     map; γ = 1 means K = 1 surely)."""
     return float(_dp_rdp._gamma_truncated_negative_binomial(shape, mean))  # noqa: SLF001
+
+
+def num_trials_mean(*, mean: float, shape: float) -> float:
+    """E[K] of the distribution actually drawn: ``mean`` up to dp-accounting's γ tolerance
+    (its γ is the conservative end of a bisection, so E[K] may exceed ``mean`` by ~1e-9
+    relative); the larger of the two, for bounds that scale with E[K]."""
+    if shape == math.inf or shape == 1.0:
+        return mean
+    gamma = tnb_gamma(shape, mean)
+    if gamma >= 1.0:
+        return 1.0
+    if shape == 0.0:
+        exact = (1.0 - gamma) / (gamma * -math.log(gamma))
+    else:
+        exact = shape * (1.0 - gamma) / (gamma * -math.expm1(shape * math.log(gamma)))
+    return max(mean, exact)
 
 
 def num_trials_tail(max_trials: int, *, mean: float, shape: float) -> float:

@@ -15,7 +15,7 @@ import math
 from collections.abc import Sequence
 
 from dpjax import events as ev
-from dpjax.accounting.num_trials import num_trials_tail
+from dpjax.accounting.num_trials import num_trials_mean, num_trials_tail
 
 __all__ = ["TRUNCATION_DELTA_SHARES", "TruncationSlackError", "truncation_slack"]
 
@@ -73,7 +73,8 @@ def _selection_mass(event: ev.RepeatAndSelectEvent) -> float:
     tail = 0.0
     if event.max_trials is not None:
         tail = num_trials_tail(event.max_trials, mean=event.mean, shape=event.shape)
-    return event.count * (tail + event.mean * _overflow_mass(event.base_parts))
+    mean = num_trials_mean(mean=event.mean, shape=event.shape)
+    return event.count * (tail + mean * _overflow_mass(event.base_parts))
 
 
 def _overflow_mass(events: Sequence[ev.PrivacyEvent]) -> float:

@@ -14,7 +14,7 @@ from scipy import stats
 from dpjax import events as ev
 from dpjax import tuning
 from dpjax.accounting import PrivacyAccountant, TruncationSlackError
-from dpjax.accounting.num_trials import max_trials_for, num_trials_tail
+from dpjax.accounting.num_trials import max_trials_for, num_trials_mean, num_trials_tail
 from dpjax.accounting.padded_slack import TRUNCATION_DELTA_SHARES
 from dpjax.accounting.tight import DEFAULT_RDP_ORDERS
 from dpjax.tuning import draw_num_trials, private_selection
@@ -89,6 +89,8 @@ def test_tail_of_the_number_of_trials_matches_its_definition(shape):
     else:
         expected = _tnb_tail_by_sum(k_max, mean, shape)
     assert got == pytest.approx(expected, rel=1e-6)
+    # the E[K] that slacks scale with: never below the mean asked for, and that mean to 1e-8
+    assert mean <= num_trials_mean(mean=mean, shape=shape) <= mean * (1 + 1e-8)
     rng = np.random.default_rng(1)  # the sampler draws from the same distribution
     draws = np.array([draw_num_trials(rng, mean=mean, shape=shape) for _ in range(8_000)])
     cut = 8  # a tail frequent enough to estimate: P[K > 8]
