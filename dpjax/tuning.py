@@ -138,6 +138,14 @@ def _check_base_event(base_event: Any) -> ev.PrivacyEvent | tuple[ev.PrivacyEven
     return base_event
 
 
+def _same_event(event: Any, base_event: Any) -> bool:
+    """Whether a trial's returned event is ``base_event`` (anything else, compared safely)."""
+    parts = event if isinstance(event, tuple) else (event,)
+    if not parts or not all(isinstance(p, ev.PrivacyEvent) for p in parts):
+        return False
+    return event == base_event
+
+
 def _max_trials(max_trials: int | None, mean: float, shape: float) -> int:
     if max_trials is None:
         return max_trials_for(mean=mean, shape=shape)
@@ -258,7 +266,7 @@ def private_selection(
     for i, pick in enumerate(picks):  # all K_max trials, whatever K is
         candidate = candidates[int(pick)]
         trial = _run_trial(train_and_score, jax.random.fold_in(key_runs, i), candidate)
-        if not trial.failed and trial.event != base_event and wrong_event is None:
+        if not trial.failed and not _same_event(trial.event, base_event) and wrong_event is None:
             wrong_event = (trial.event,)
         if i < released and (best is None or trial.score > best[0].score):
             best = (trial, candidate)

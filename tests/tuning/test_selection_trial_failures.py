@@ -5,6 +5,7 @@ import math
 import warnings
 
 import jax
+import numpy as np
 import pytest
 
 from dpjax import events as ev
@@ -80,6 +81,18 @@ def test_another_event_is_refused_only_after_every_trial_ran():
     with pytest.raises(ValueError, match=r"train_and_score\(...\)\[1\]"):
         private_selection(jax.random.key(0), [1], trial, mean=3.0, base_event=BASE, max_trials=9)
     assert calls[0] == 9
+
+
+def test_an_event_that_cannot_be_compared_is_refused_after_every_trial_ran():
+    calls = [0]
+
+    def trial(key, candidate):
+        calls[0] += 1
+        return 1.0, np.ones(3)  # `!=` of an array against an event would be ambiguous
+
+    with pytest.raises(ValueError, match=r"train_and_score\(...\)\[1\]"):
+        private_selection(jax.random.key(0), [1], trial, mean=3.0, base_event=BASE, max_trials=7)
+    assert calls[0] == 7
 
 
 @pytest.mark.parametrize("bad", [None, "gaussian", (), ev.RepeatAndSelectEvent(BASE, 2.0, 1.0)])
