@@ -103,8 +103,9 @@ def replace_batch_norm(model: Any, *, num_groups: int = 32) -> Any:
 
     Args:
         model: an ``nnx.Module`` (or a BatchNorm itself).
-        num_groups: the most groups per layer, ≥ 1 (default 32, Wu & He 2018; De et al. 2022
-            used 16 in their Wide-ResNets).
+        num_groups: the most groups per layer, ≥ 1 (default 32, Wu & He 2018's default). On a
+            (batch, features) input a group of ONE feature normalises to 0: use fewer groups
+            there (``num_groups=1`` is LayerNorm over the features).
 
     Returns:
         ``model`` itself with its BatchNorms replaced (a new GroupNorm when ``model`` is a
