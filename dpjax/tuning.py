@@ -1,7 +1,7 @@
 r"""Private hyperparameter tuning: private selection over candidate configurations.
 
 Tuning a DP-SGD run by training with several settings on the private data and keeping the best
-spends privacy for *every* run (the lecture on ML under DP: "run analyses with various
+spends privacy for *every* run (the Abadi et al. 2016: "run analyses with various
 hyperparameter settings and choose the best one. Q: any problems?"). Private selection
 (Liu & Talwar 2019; Papernot & Steinke 2022) pays far less: run a *random* number K of trials,
 each a full private run with a uniformly random candidate, and release only the best one.

@@ -1,1 +1,1 @@
-"""Experiments that reproduce the lectures' results; run ``python -m experiments --help``."""
+"""Experiments that reproduce results of private optimisation theory (``python -m experiments``)."""

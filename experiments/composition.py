@@ -5,10 +5,10 @@ The mechanism is the same for every method: T releases of a Gaussian mechanism w
 (analytic calibration, Balle & Wang 2018). The composition theorems see each release as a
 generic (ε₀, δ₀)-DP mechanism; zCDP, RDP and PLD see the Gaussian itself. Every curve is ε at
 the same total δ = 1e-5, under the Gaussian's own relation. Basic composition grows like T
-(the lecture on properties of DP, composition: "linear scaling is highly pessimistic"), the
+(Dwork & Roth 2014, composition: "linear scaling is highly pessimistic"), the
 others like √T at large T.
 
-A second table compares the noise the DP-GD recipes of the lecture on ML under DP (advanced
+A second table compares the noise the textbook DP-GD recipes (advanced
 composition; zCDP) ask for with tight calibration.
 """
 

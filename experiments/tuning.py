@@ -18,7 +18,7 @@ Test accuracy: mean and 95% Student-t CI over S repetitions (fresh split of the 
 into train/validation and fresh keys each time). Each DP-SGD run is one jitted ``lax.scan``; the
 naive/oracle runs of one candidate are ``vmap``-ed over repetitions.
 
-A second table compares ε of the samplers of the lecture at the same expected batch, σ and
+A second table compares ε of the textbook samplers at the same expected batch, σ and
 steps: Poisson (add/remove and replace-one), without replacement (independent b-subsets),
 with replacement (per-draw clipping; BBG18 bound, and a realisable lower bound) and shuffling.
 """
@@ -285,7 +285,7 @@ def sampler_table(
         rows.append(_with_replacement_lower_bound(n, batch, sigma, steps, vdi))
     add("shuffling (epochs of disjoint batches)", "replace-one", ev.FixedBatchGaussianEvent(
         sigma, batch, n, count=steps, sampling="shuffle"), "no amplification")  # fmt: skip
-    # The lecture's lemma on one step, composed by basic composition (closed form, loose).
+    # The textbook amplification lemma on one step, composed by basic composition (loose).
     from dpjax.accounting.tight import gaussian_epsilon_upper
 
     e1 = gaussian_epsilon_upper(2.0 / sigma, DELTA / steps)

@@ -102,7 +102,7 @@ def _over_n_delta_n2(d: int, epsilon: float = 1.0) -> Callable[[Scale], list[Set
 
 
 def _log_factor(s: Setting) -> float:
-    """√(ln(1.25/δ)/ln(1.25/δ₀)), δ₀ = 1e-6: the δ-dependence of the lectures' σ."""
+    """√(ln(1.25/δ)/ln(1.25/δ₀)), δ₀ = 1e-6: the δ-dependence of the classical σ."""
     return math.sqrt(math.log(1.25 / s.delta) / math.log(1.25 / DELTA))
 
 
