@@ -188,7 +188,7 @@ def objective_perturbation(
             ``variant="cms"`` is pure ε: δ may be omitted (``None``) or 0 (a δ > 0 is
             accepted and not used: the event records δ = 0).
         relation: only ``REPLACE_ONE`` (the relation CMS11 and KST12 prove).
-        variant: ``"kst"`` (default, KST12 Gaussian), ``"lecture"`` (the lecture as taught) or
+        variant: ``"kst"`` (default, KST12 Gaussian), ``"lecture"`` (the textbook argument) or
             ``"cms"`` (CMS11 Algorithm 2, pure ε). See :func:`calibrate`.
         calibration: for ``"lecture"`` only: ``"classic"`` (σ² = 8L² ln(1.25/δ)/ε², ε < 1)
             or ``"analytic"``.
