@@ -153,11 +153,11 @@ def _markdown(
         "The optimal composition is tight for *generic* (ε₀, δ₀) mechanisms; zCDP, RDP and PLD "
         "use that the releases are Gaussian, which is why they are lower.",
         "",
-        "### DP-GD noise for (ε, δ) = (1, 1e-5): the lecture recipes vs tight calibration",
+        "### DP-GD noise for (ε, δ) = (1, 1e-5): the textbook recipes vs tight calibration",
         "",
         "σ/Δ per full-batch step (Δ = per-step sensitivity):",
         "",
-        "| T | advanced comp. + classic Gaussian (lecture) | zCDP, ρ + 2√(ρ ln 1/δ) (BS16) "
+        "| T | advanced comp. + classic Gaussian (textbook) | zCDP, ρ + 2√(ρ ln 1/δ) (BS16) "
         "| zCDP, CKS conversion | RDP | PLD |",
         "|---|---|---|---|---|---|",
     ]

@@ -377,7 +377,7 @@ def markdown(result: dict, plot_name: str | None, size: str) -> str:
     rows = result["rows"]
     v = verdict(rows)
     lines = [
-        "## Public pre-training, private fine-tuning (issue 24)",
+        "## Public pre-training, private fine-tuning",
         "",
         f"MLP 64→{HIDDEN}→{HIDDEN}→5 (tanh). Public model: the body pre-trained NON-privately "
         f"as an autoencoder on the public digits 0–4 ({result['n_public']} images, "

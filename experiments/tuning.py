@@ -293,7 +293,7 @@ def sampler_table(
         epsilon=e1, delta=DELTA / steps, sampling_rate=q, sampling="without_replacement"
     )
     rows.append(
-        dict(sampler="without replacement, lecture lemma + basic composition",
+        dict(sampler="without replacement, textbook lemma + basic composition",
              relation="replace-one", epsilon=steps * e_amp,
              note=f"δ = {steps * d_amp:.1e}: ln(1+(e^ε−1)p) per step")
     )  # fmt: skip
@@ -353,7 +353,7 @@ def markdown(result: dict, samplers: list[dict], plot_name: str | None, size: st
     rows = result["rows"]
     grid = ", ".join(f"({lr:g}, {c:g})" for lr, c in result["candidates"])
     lines = [
-        "## Private hyperparameter tuning (issue 21)",
+        "## Private hyperparameter tuning",
         "",
         f"DP-SGD logistic regression on digits (0–4 vs 5–9; {result['n_train']} training, "
         f"{result['n_test']} test rows), Poisson q = {SAMPLING_RATE}, {STEPS} steps, "
@@ -385,7 +385,7 @@ def markdown(result: dict, samplers: list[dict], plot_name: str | None, size: st
         "ε of one run would publish: its stated ε is false by the factor in the last column "
         "(at least). Private selection pays for the tuning inside the stated ε.",
         "",
-        "### ε of the lecture's samplers (same expected batch, σ, steps)",
+        "### ε of the textbook samplers (same expected batch, σ, steps)",
         "",
         "n = 1000, expected batch 50, σ = 2, 100 steps, δ = 1e-5; the tightest of PLD (grid "
         "1e-3) and RDP that applies, unless noted.",

@@ -291,5 +291,5 @@ def _comparison(results) -> str:
         "\n\n### Output vs objective perturbation at the same (ε, δ) = (1, 1e-6)\n\n"
         "Mean excess risk E[J(w_priv)] − J* on the same logistic data sets (d = 5, μ = 0.05); "
         "ratio = output / objective. Both decay like n^-2 on this smooth instance; the ratio is "
-        "the constant-factor gap the lectures compare.\n\n" + table
+        "the constant-factor gap between the two methods.\n\n" + table
     )
