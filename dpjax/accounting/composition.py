@@ -73,7 +73,7 @@ def parallel_composition(
     """Parallel composition over disjoint parts of the data: (max εᵢ, max δᵢ).
 
     Formal guarantees:
-        Parallel composition (McSherry 2009, PINQ, Theorem 4): if Q⁽ⁱ⁾ is εᵢ-DP and
+        Parallel composition (McSherry 2009, "Privacy integrated queries"): if Q⁽ⁱ⁾ is εᵢ-DP and
         runs on the i-th block of a partition of the data into disjoint blocks, the joint release is
         maxᵢ εᵢ-DP. The (ε, δ) version (max δᵢ) follows the same way, since one record lies in
         exactly one block. The partition must not depend on the data (a fixed split by index,
