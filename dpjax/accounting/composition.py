@@ -109,7 +109,7 @@ def advanced_composition(
         ε' = ε\\sqrt{2T\\ln(1/δ')} + Tε\\frac{e^ε - 1}{e^ε + 1}, \\qquad δ_{total} = Tδ + δ'.
 
     Formal guarantees:
-        Advanced Composition in the Dwork & Roth 2014, with the drift term
+        Advanced Composition in Dwork & Roth 2014, with the drift term
         ε(e^ε − 1)/(e^ε + 1) that its proof ("Bounding the drift", Hoeffding + Chernoff) gives;
         a first statement often shows the looser drift Tε(e^ε − 1). Holds under the
         relation of the (ε, δ) inputs (Dwork, Rothblum and Vadhan 2010). For large ε or small T
@@ -156,7 +156,7 @@ def advanced_composition_heterogeneous(
         \\qquad δ_{total} = \\sum_i δ_i + δ'.
 
     Formal guarantees:
-        The proof of Advanced Composition in the Dwork & Roth 2014 carries over step
+        The proof of Advanced Composition in Dwork & Roth 2014 carries over step
         by step: the drift lemma bounds each step's conditional mean by εᵢ(e^εᵢ − 1)/(e^εᵢ + 1), and
         Hoeffding's lemma with interval width 2εᵢ gives P(Σ(Lᵢ − μᵢ) > γ) ≤ exp(−γ²/(2Σεᵢ²)).
         With all εᵢ equal this is exactly :func:`advanced_composition`.
@@ -191,7 +191,7 @@ def advanced_composition_step_epsilon(
     """Per-step ε that the corollary of advanced composition allows: ε'/√(8T ln(1/δ')).
 
     Formal guarantees:
-        Corollary after Advanced Composition in the Dwork & Roth 2014: T (ε, δ)-DP
+        Corollary after Advanced Composition in Dwork & Roth 2014: T (ε, δ)-DP
         steps with ε ≤ ε'/√(8T ln(1/δ')) compose to (ε', Tδ + δ')-DP, valid for 0 < ε' < 1 only.
 
     Args:
@@ -222,7 +222,7 @@ def group_privacy(*, epsilon: float, delta: float, group_size: int) -> tuple[flo
     """Group privacy: protection of a group of k records, (kε, δ(e^{kε} − 1)/(e^ε − 1)).
 
     Formal guarantees:
-        Group Privacy in the Dwork & Roth 2014: an (ε, δ)-DP mechanism satisfies, for data
+        Group Privacy in Dwork & Roth 2014: an (ε, δ)-DP mechanism satisfies, for data
         sets differing in k entries (k steps of the mechanism's relation),
         P(M(D) ∈ Ω) ≤ e^{kε} P(M(D') ∈ Ω) + δ(e^{kε} − 1)/(e^ε − 1).
 
@@ -297,7 +297,7 @@ def convert_relation(
     * replace-one → add/remove-one: refused (``ValueError``), see below.
 
     Formal guarantees:
-        Group privacy (Dwork & Roth 2014, Theorem 2.2; Dwork & Roth 2014, group
+        Group privacy (Dwork & Roth 2014, Theorem 2.2, group
         privacy): an (ε, δ)-DP mechanism is (kε, k e^{(k−1)ε} δ)-DP for data sets at distance
         k, and more tightly (kε, δ(e^{kε} − 1)/(e^ε − 1))-DP (:func:`group_privacy`). Replacing
         one record is removing it and then adding another (D → D − x → D − x + y), two steps of

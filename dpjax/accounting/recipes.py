@@ -36,7 +36,7 @@ def advanced_composition_step_budget(
     composition exactly (ε₀√(2T ln(1/δ')) + Tε₀ tanh(ε₀/2) = ε, by bisection).
 
     Formal guarantees:
-        Advanced Composition in the Dwork & Roth 2014: T steps of (ε₀, δ₀) give
+        Advanced Composition in Dwork & Roth 2014: T steps of (ε₀, δ₀) give
         (ε, Tδ₀ + δ') = (ε, δ). Solving the equation instead of the corollary's
         ε₀ = ε/√(8T ln(1/δ')) is tighter and valid for every ε (the corollary needs ε < 1).
 
@@ -86,7 +86,7 @@ def dpgd_sigma_advanced(
         σ = Δ\\sqrt{2\\ln(1.25/δ_0)}/ε_0,\\qquad (ε_0, δ_0) = \\text{per-step budget}.
 
     Formal guarantees:
-        "Privacy Analysis" of DP Gradient Descent (Bassily, Smith, Thakurta 2014): each step is
+        The privacy analysis of DP gradient descent (Bassily, Smith, Thakurta 2014): each step is
         (ε₀, δ₀)-DP by the Gaussian mechanism (classic calibration, Dwork & Roth 2014 Thm A.1,
         ε₀ < 1; or ``calibration="analytic"``, Balle & Wang 2018), and T steps compose to
         (ε, δ) by advanced composition (Dwork & Roth 2014) with the split of
@@ -131,7 +131,7 @@ def dpgd_sigma_zcdp(
     ``"cks"`` the tighter Canonne–Kamath–Steinke conversion. Each step is then ρ/T-zCDP.
 
     Formal guarantees:
-        "Improved Analysis with Concentrated DP" (Bassily, Smith, Thakurta 2014): the Gaussian
+        The analysis with concentrated DP (Bun & Steinke 2016): the Gaussian
         mechanism with σ is Δ²/(2σ²)-zCDP, T steps compose to TΔ²/(2σ²) = ρ, and ρ-zCDP
         implies (ρ + 2√(ρ ln(1/δ)), δ)-DP (Bun & Steinke 2016). The notes' per-step variance
         ½(C/(ε₀n))² ln(1.25/δ) carries a stray ln(1.25/δ) factor: ε₀²-zCDP needs

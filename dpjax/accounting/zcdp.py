@@ -59,7 +59,7 @@ def zcdp_gaussian_sigma(*, rho: float, sensitivity: float, steps: int = 1) -> fl
     Formal guarantees:
         Each release with N(0, σ²) noise on a statistic of ℓ2 sensitivity Δ is Δ²/(2σ²)-zCDP
         (Bun and Steinke 2016, Proposition 1.6) and T of them compose to TΔ²/(2σ²) = ρ
-        (Lemma 2.3; Bun & Steinke 2016, improved analysis with concentrated DP). Δ under the
+        (Lemma 2.3; Bun & Steinke 2016). Δ under the
         relation you claim.
 
     Args:
@@ -87,7 +87,7 @@ def zcdp_compose(rhos: Sequence[float]) -> float:
 
     Formal guarantees:
         Bun and Steinke (TCC 2016), Lemma 2.3 (adaptive composition); "By composition of zCDP"
-        in the Bun & Steinke 2016. Same relation as the inputs.
+        in Bun & Steinke 2016. Same relation as the inputs.
 
     Args:
         rhos: per-mechanism ρᵢ, each in (0, inf).
@@ -114,7 +114,7 @@ def zcdp_epsilon_bun_steinke(*, rho: float, delta: float) -> float:
 
     Formal guarantees:
         Bun and Steinke (TCC 2016), Proposition 1.3; the conversion used in the
-        Bun & Steinke 2016 ("By zCDP-to-approx. DP conversion").
+        Bun & Steinke 2016 (zCDP to (ε, δ)-DP).
 
     Args:
         rho: ρ in (0, inf).

@@ -239,8 +239,8 @@ def dp_sgd_optimizer(
         One update is the Gaussian mechanism with noise multiplier σ = stddev/C on a sum of
         ℓ2 sensitivity C (add/remove-one; 2C replace-one — the accountant doubles it, see
         :mod:`dpjax.events`). With Poisson sampling at rate q for T steps the run is
-        accounted by ``PoissonSampledGaussianEvent(σ, q, T)`` (Abadi et al. 2016;
-        Abadi et al. 2016, DP-SGD with amplification by subsampling), which
+        accounted by ``PoissonSampledGaussianEvent(σ, q, T)`` (Abadi et al. 2016,
+        DP-SGD with amplification by subsampling), which
         :func:`event_for` returns. The normaliser and the optimizer are post-processing.
 
     Example:
@@ -336,7 +336,7 @@ def event_for(
     Formal guarantees:
         The event describes exactly the noise the optimizer adds (σ·C on a sum of add/remove-one
         sensitivity C) composed over T releases under the sampler's subsampling (Abadi et al.
-        2016, amplification by subsampling; Abadi et al. 2016), including the padded
+        2016, amplification by subsampling), including the padded
         sampler's truncation, paid by the coupling slack of
         :func:`dpjax.accounting.tight.truncation_slack`.
 
@@ -520,7 +520,7 @@ def laplace_dp_sgd_optimizer(
     Formal guarantees:
         See :func:`dpjax.dp_sgd.transforms.add_laplace_dp_sgd_noise`: step h is (Δ₁/θ_h)-DP
         (replace-one), the run of T steps (Σ_{h≤T} Δ₁/θ_h, 0)-DP by basic composition
-        (:func:`laplace_dp_sgd_event`); The stated analysis gives ε·a_h-DP for the h-th
+        (:func:`laplace_dp_sgd_event`); the stated analysis gives ε·a_h-DP for the h-th
         iterate.
     """
     noise = add_laplace_dp_sgd_noise(

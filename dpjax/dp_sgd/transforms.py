@@ -410,7 +410,7 @@ def add_gaussian_noise(stddev: float, *, key: jax.Array) -> optax.GradientTransf
 
     Formal guarantees:
         With stddev = σ·Δ₂, one update is the Gaussian mechanism on a query of ℓ2 sensitivity Δ₂
-        (Dwork & Roth 2014, the Gaussian mechanism; Dwork–Roth 2014, Theorem A.1;
+        (Dwork & Roth 2014, Theorem A.1;
         exact profile Balle–Wang 2018); T updates compose adaptively and are accounted by
         :mod:`dpjax.accounting`. The sampler's support ends at ±9.155·stddev: the δ floor this
         adds is :func:`dpjax.accounting.noise_truncation_delta` (below 1e-12 per release at

@@ -2,7 +2,7 @@
 
 All bounds are on the **average** scale, J(w) = (1/n)Σℓ(w, x_i, y_i) + (μ/2)‖w‖² (or F = J with
 μ = 0 for the convex, tuned-μ rows), bound the **expectation** over the noise, and use the
-explicit constants of the literature (table §1.9). Host-side floats: the rate experiments call
+explicit constants of the published theorems. Host-side floats: the rate experiments call
 these directly. Noise scales are inputs where the solver may calibrate them several ways
 (``*_from_scale``); the convenience wrappers use the textbook calibrations.
 
@@ -12,7 +12,7 @@ Formal guarantees (each function names its own):
       and ≤ ((c+μ)/2)E‖b‖² when F is c-smooth ;
     * objective perturbation: E[J(w_p)] − J(w*) ≤ E‖b‖²/(2n²μ) (CMS11,
       utility analysis);
-    * DP-GD: the literature (projected GD, averaging; zCDP).
+    * DP-GD: Bassily, Smith, Thakurta 2014 (projected GD, averaging; zCDP).
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def output_perturbation(
     """The Gaussian output-perturbation bound with the classical σ = Δ√(2 ln(1.25/δ))/ε.
 
     ≈ 3L²√(d ln(1.25/δ))/(εμn) (Chaudhuri, Monteleoni, Sarwate 2011) while √(d ln(1.25/δ))/(εn)
-    ≤ 0.043; the two-term form is returned . The solver's own bound uses its
+    ≤ 0.043; the two-term form is returned. The solver's own bound uses its
     actual (e.g. analytic) σ.
     """
     sens = argmin_sensitivity(lipschitz=lipschitz, mu=mu, n=n, relation=relation)
@@ -210,7 +210,7 @@ def tuned_mu_output_perturbation(
 ) -> float:
     """μ* = √(2B)/R, B = 2√2 L²√(d ln(1.25/δ))/(εn): balances μR²/2 against B/μ (output-pert.).
 
-    For a merely convex L-Lipschitz loss with ‖w*_F‖ ≤ R (the literature, "Convex (mu tuned)").
+    For a merely convex L-Lipschitz loss with ‖w*_F‖ ≤ R (convex case, μ tuned).
     """
     _validate.positive("radius", radius)
     b = 2.0 * math.sqrt(2.0) * float(lipschitz) ** 2 * _log_term(n, d, epsilon, delta)

@@ -116,7 +116,7 @@ def calibrate(
       (classic; ε < 1) or the analytic σ for Δ₂ = 2L. That textbook argument omits the Jacobian
       of b ↦ w_priv; dpjax records ε + ln(1 + 2c/(nμ) + c²/(n²μ²)) (CMS11's Jacobian term)
       in the event.
-    * ``"kst"`` (KST12 Alg. 1, the literature): σ = L√(8 ln(2/δ) + 4ε)/ε, extra ridge so the
+    * ``"kst"`` (KST12 Alg. 1): σ = L√(8 ln(2/δ) + 4ε)/ε, extra ridge so the
       total is ≥ 2c/(εn) (average scale of KST's Δ = 2λ/ε).
     * ``"cms"`` (CMS11 Alg. 2, pure ε): ε' = ε − ln(1 + 2c/(nμ) + c²/(n²μ²)); if ε' ≤ 0 then
       Δ = c/(n(e^{ε/4} − 1)) − μ and ε' = ε/2; density ∝ exp(−(ε'/(2L))‖b‖).
@@ -181,8 +181,8 @@ def objective_perturbation(
             (checked on concrete labels; under ``jax.jit`` a label 0 silently drops its row).
         loss: a twice-differentiable linear-model loss with a bound c on φ'' (logistic,
             linear; huber_svm(h) with ``variant="cms"``/``"lecture"`` only, its φ'' jumps);
-            others are refused with the reason (the median example of Chaudhuri, Monteleoni, Sarwate
-            2011).
+            others are refused with the reason (median regression, the absolute
+            loss, is the classic failure case).
         mu: μ > 0 (public).
         epsilon, delta: the budget. ``"kst"`` and ``"lecture"`` need δ ∈ (0, 1);
             ``variant="cms"`` is pure ε: δ may be omitted (``None``) or 0 (a δ > 0 is

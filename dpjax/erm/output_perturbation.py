@@ -123,7 +123,7 @@ def output_perturbation(
         variant: ``"gaussian"`` (b ~ N(0, σ²I)) or ``"cms"`` (CMS11 Alg. 1: density
             ∝ exp(−β‖b‖), β = ε/Δ₂, i.e. ‖b‖ ~ Gamma(d, β) with a uniform direction).
         calibration: ``"analytic"`` (Balle–Wang, every ε; default) or ``"classic"``
-            (σ = Δ₂√(2 ln(1.25/δ))/ε of the Dwork & Roth 2014, Theorem A.1, ε < 1 only).
+            (σ = Δ₂√(2 ln(1.25/δ))/ε of Dwork & Roth 2014, Theorem A.1, ε < 1 only).
         normalizer: the PUBLIC N of J (default n = len(X) under replace-one; REQUIRED under
             ``ADD_OR_REMOVE_ONE``, where len(X) differs between neighbours: dividing by it
             would double the sensitivity and make σ depend on the private size). With a public
