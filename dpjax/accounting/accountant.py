@@ -253,9 +253,9 @@ class PrivacyAccountant:
       ``"pld"`` only (:mod:`dpjax.accounting.selection`, :mod:`dpjax.accounting.with_replacement`).
     * ``"zcdp"``: Gaussian events, full-batch (q = 1) DP-GD events, fixed-batch events (no
       amplification) and pure-DP events (ε²/2-zCDP), converted by Canonne–Kamath–Steinke 2020.
-    * ``"optimal"`` (Kairouz–Oh–Viswanath 2015), ``"advanced"`` (lecture on properties of DP,
+    * ``"optimal"`` (Kairouz–Oh–Viswanath 2015), ``"advanced"`` (Dwork & Roth 2014,
       advanced composition, heterogeneous form; Dwork, Rothblum, Vadhan 2010), ``"basic"``
-      (lectures on properties of DP and on advances in DP, sequential composition): events with
+      (Dwork & Roth 2014, Theorem 3.16, sequential composition): events with
       a fixed (ε, δ): generic (ε, δ), Laplace (Δ₁/b, 0), Laplace DP-SGD (ε_h, 0) events;
       ``"optimal"`` needs all of them identical.
 
