@@ -499,5 +499,5 @@ def laplace_dp_sgd(
         relation=REPLACE_ONE,
         sensitivity=l1,
         noise_scale=None,
-        bound_note="Theorem 37 of the lecture on advances in DP has no explicit constant",
+        bound_note="the published bound for this method has no explicit constant",
     )

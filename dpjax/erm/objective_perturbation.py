@@ -71,7 +71,7 @@ def check_objective_perturbation_loss(loss: Loss, mu: float) -> None:
         ValueError: μ ≤ 0, a loss that is not twice differentiable or has no bound c on φ'',
             a non-linear-model loss (Hessian rank > 1) or a loss Lipschitz only on a ball.
     """
-    why = "the median example of the lecture on objective perturbation: for "
+    why = "a median counterexample: for "
     why += "J(w) = (1/n)Σ|w − x_i| on D = {0, 100} vs {0, 101} the "
     why += "tilted argmin reveals the data with probability 1/2"
     if not (_validate.is_concrete(mu) and float(mu) > 0):
