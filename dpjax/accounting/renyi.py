@@ -18,6 +18,7 @@ from dp_accounting import rdp
 
 from dpjax import _validate
 from dpjax import events as ev
+from dpjax.accounting import vectorized
 from dpjax.accounting.conversion import _common_relation, _group, _quiet_absl, to_dp_event
 from dpjax.accounting.padded_slack import _with_truncation_slack
 
@@ -93,11 +94,27 @@ def _rdp_vector(
     orders: tuple[float, ...],
     dp_relation: dp_accounting.NeighboringRelation,
 ) -> np.ndarray:
-    """RDP of ``event`` at ``orders`` (read-only array), cached by event and orders."""
-    accountant = rdp.RdpAccountant(orders=list(orders), neighboring_relation=dp_relation)
+    """RDP of ``event`` at ``orders`` (read-only array), cached by event and orders.
+
+    One Poisson-subsampled Gaussian release (add/remove-one) is evaluated by
+    :func:`dpjax.accounting.vectorized.poisson_gaussian_rdp`: dp-accounting's values, bit for
+    bit, without its per-term Python loop over integer orders up to 10⁴."""
+    dp_event = to_dp_event(event, method="rdp")[0]
+    inner = dp_event.event if isinstance(dp_event, dp_accounting.SelfComposedDpEvent) else None
     with _quiet_absl():
-        accountant.compose(to_dp_event(event, method="rdp")[0])
-    vector = accountant.rdp
+        if (
+            inner is not None
+            and dp_event.count == 1
+            and dp_relation is dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+            and vectorized.is_poisson_gaussian(inner)
+        ):
+            vector = vectorized.poisson_gaussian_rdp(
+                inner.sampling_probability, inner.event.noise_multiplier, orders
+            )
+        else:
+            accountant = rdp.RdpAccountant(orders=list(orders), neighboring_relation=dp_relation)
+            accountant.compose(dp_event)
+            vector = accountant.rdp
     vector.setflags(write=False)
     return vector
 
