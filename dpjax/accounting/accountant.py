@@ -18,12 +18,11 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from dp_accounting import rdp as dp_rdp
-
 from dpjax import _validate
 from dpjax import events as ev
 from dpjax.accounting.composition import advanced_composition_heterogeneous, convert_relation
 from dpjax.accounting.optimal import optimal_composition_epsilon
+from dpjax.accounting.renyi import rdp_to_epsilon
 from dpjax.accounting.selection import repeat_and_select_rdp
 from dpjax.accounting.tight import (
     _TAIL_MASS_TRUNCATION,
@@ -141,6 +140,8 @@ def _closed_form_epsilon(events: Sequence[ev.PrivacyEvent], delta: float, method
         if delta == 0.0:
             return math.inf
         rho = math.fsum(_zcdp_rho(e) for e in events)
+        if not rho < math.inf:  # ρ = Δ²/2σ² overflows at σ ≲ 1e-154: no noise, not private
+            return math.inf
         return zcdp_epsilon_cks(rho=rho, delta=delta)
     triples = [t for e in events for t in _dp_profile(e)]
     spent = math.fsum(c * d for _, d, c in triples)
@@ -214,7 +215,7 @@ def _rdp_with_selections(
         curve += repeat_and_select_rdp(e, orders=orders)[1]
     if standard:
         curve += rdp_curve(standard, orders=tuple(grid))[1]
-    return float(dp_rdp.compute_epsilon(grid, curve, delta)[0])
+    return rdp_to_epsilon(grid, curve, delta)
 
 
 def _prefix(events: Sequence[ev.PrivacyEvent], steps: int) -> list[ev.PrivacyEvent]:
@@ -550,7 +551,7 @@ class PrivacyAccountant:
                 )
         if method == "rdp":
             grids = [rdp_curve(p, orders=self._orders) for p in prefixes]
-            return [float(dp_rdp.compute_epsilon(o, c, delta)[0]) for o, c in grids]
+            return [rdp_to_epsilon(o, c, delta) for o, c in grids]
         return [self._epsilon_of(p, delta, method) for p in prefixes]
 
     def as_event(

@@ -146,9 +146,14 @@ def _gaussian_delta_upper(mu: float, epsilon: float) -> float:
     a, b = mu / 2.0, epsilon / mu
     first = float(special.ndtr(a - b))
     log_second = epsilon + float(special.log_ndtr(-a - b))
+    # Where e^log_second underflows (or log_second is NaN, ε = ∞), the subtracted term is
+    # dropped: first alone is an upper bound (and 0·(1 − η) must not turn into NaN).
     second = math.exp(log_second) if log_second > -745.0 else 0.0
-    eta = 1e-14 * (4.0 + abs(epsilon) + abs(log_second))
-    return max(first * (1.0 + eta) - second * (1.0 - eta), 0.0)
+    eta = 1e-14 * (4.0 + abs(epsilon) + (abs(log_second) if second > 0.0 else 0.0))
+    upper = first * (1.0 + eta) - (second * (1.0 - eta) if second > 0.0 else 0.0)
+    if math.isnan(upper):
+        return 1.0  # δ ≤ 1 always holds
+    return max(upper, 0.0)
 
 
 def gaussian_epsilon_upper(mu: float, delta: float) -> float:
@@ -163,19 +168,21 @@ def gaussian_epsilon_upper(mu: float, delta: float) -> float:
         Same relation as the μᵢ (each Δᵢ stated under it).
 
     Args:
-        mu: μ = Δ/σ in (0, inf).
+        mu: μ = Δ/σ in (0, inf]; μ = inf (no noise) gives ``inf``.
         delta: δ in [0, 1); δ = 0 gives ``inf``.
 
     Returns:
-        ε ≥ 0.
+        ε ≥ 0, or ``inf``.
     """
-    if delta <= 0.0:
-        return math.inf
+    if delta <= 0.0 or not mu < math.inf:
+        return math.inf  # μ = ∞ (e.g. Δ/σ overflowing at σ ≲ 1e-154): no noise, not private
     if _gaussian_delta_upper(mu, 0.0) <= delta:
         return 0.0
     lo, hi = 0.0, 1.0
     while _gaussian_delta_upper(mu, hi) > delta:
         lo, hi = hi, 2.0 * hi
+        if hi == math.inf:
+            return math.inf
     while hi - lo > 1e-13 * hi:
         mid = 0.5 * (lo + hi)
         if mid <= lo or mid >= hi:
