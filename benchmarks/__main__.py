@@ -1,7 +1,8 @@
 """``python -m benchmarks [--quick] --out results``: dpjax's DP-SGD step, its breakdown, Opacus.
 
 ``python -m benchmarks --construction`` times ``make_private``'s construction instead
-(:mod:`benchmarks.construction`).
+(:mod:`benchmarks.construction`); ``python -m benchmarks --accounting`` times the accountant
+(1000 recorded steps → ε) and ``make_private`` at a target ε (:mod:`benchmarks.accounting`).
 
 Every (model, batch) of :data:`benchmarks.models.CONFIGS` runs in one fresh process that
 compiles every method (compile time: ``lower().compile()`` seconds), draws two bare noise
@@ -265,6 +266,13 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         help="only time make_private's construction (calibration, sampler cap) in fresh "
         "processes: construction.json and construction.md (benchmarks/construction.py)",
     )
+    parser.add_argument(
+        "--accounting",
+        action="store_true",
+        help="only time the accountant (1000 recorded DP-SGD steps -> epsilon) and make_private "
+        "at a target epsilon, each in fresh processes (min of --repeats, default 3): "
+        "accounting.json and accounting.md (benchmarks/accounting.py)",
+    )
     return parser
 
 
@@ -275,6 +283,11 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         from benchmarks.construction import run
 
         return run(args.out)
+    if args.accounting:
+        from benchmarks import accounting
+
+        accounting.run(args.out, args.repeats or 3)
+        return 0
     repeats = args.repeats or (5 if args.quick else 11)
     plugins = load_plugins()
     only = None if args.only is None else set(args.only.split(","))

@@ -204,8 +204,9 @@ class PLDGridCoarsenedWarning(UserWarning):
 #: Most points of one composed PLD (one FFT; ≈ 64 MiB per complex copy), so that a call answers
 #: in seconds instead of raising ``MemoryError`` inside dp-accounting.
 MAX_PLD_GRID_POINTS = 2**22
-#: Most points of one step's PLD before self-composition (building costs ≈ 10 µs a point;
-#: replace-one at σ = 1, q = 0.05 needs 1.4e5).
+#: Most points of one step's PLD before self-composition (building costs ≈ 1 µs a point under
+#: add/remove-one, :mod:`~dpjax.accounting.vectorized`, ≈ 10 µs under replace-one; replace-one
+#: at σ = 1, q = 0.05 needs 1.4e5).
 MAX_PLD_STEP_POINTS = 2**19
 #: The coarsest discretisation the automatic coarsening may use.
 MAX_VALUE_DISCRETIZATION_INTERVAL = 0.1
