@@ -142,6 +142,22 @@ def test_calibrated_sigma_holds_at_full_precision_and_is_tight(target, q, steps)
     assert dp_sgd_epsilon(noise_multiplier=sigma / (1 + 2 * rtol), **kw) > target
 
 
+def test_calibrated_sigma_meets_the_target_by_dp_accountings_own_accountant():
+    """The returned σ, checked outside dpjax: dp-accounting's PLDAccountant at the full
+    (default 1e-4) grid composes the same T releases to at most the target."""
+    target, delta, q, steps = 1.0, 1e-5, 0.1, 10
+    sigma = calibrate_noise_multiplier(
+        target_epsilon=target, delta=delta, sampling_rate=q, steps=steps
+    )
+    event = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps
+    )
+    relation = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+    direct = dp_accounting.pld.PLDAccountant(relation, 1e-4).compose(event).get_epsilon(delta)
+    assert direct <= target
+    assert direct > target * (1 - 0.01)  # and tight: not a σ far above the smallest
+
+
 def test_calibration_is_cached_and_rdp_still_calibrates():
     kw = dict(target_epsilon=2.0, delta=1e-5, sampling_rate=0.02, steps=50)
     first = calibrate_noise_multiplier(**kw)
