@@ -16,9 +16,11 @@ The full run (no --quick) adds the vmap paths and a peak-memory process per meth
 with the throughput of the exact integer samplers and of the sound Gaussian sampler against
 `jax.random.normal` (target <= 1.3 x).
 
-Two other sections run instead of the table: --startup (time to first result: `import dpjax`,
-each console script's --help, the README's make_private block; startup.{json,md}) and
---construction (CPU time of building make_private; construction.{json,md}).
+Three other sections run instead of the table: --startup (time to first result: `import dpjax`,
+each console script's --help, the README's make_private block; startup.{json,md}),
+--construction (CPU time of building make_private; construction.{json,md}), and --accounting
+(CPU time of the accountant, 1000 recorded steps -> epsilon, and of make_private at a target
+epsilon; accounting.{json,md}).
 """
 
 from __future__ import annotations
@@ -275,6 +277,13 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         help="only time the start: `import dpjax`, each console script's --help and the "
         "README's make_private block, in fresh processes: startup.json and startup.md",
     )
+    parser.add_argument(
+        "--accounting",
+        action="store_true",
+        help="only time the accountant (1000 recorded DP-SGD steps -> epsilon) and make_private "
+        "at a target epsilon, each in fresh processes (min of --repeats, default 3): "
+        "accounting.json and accounting.md",
+    )
     return parser
 
 
@@ -289,6 +298,11 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         from benchmarks.startup import run
 
         return run(args.out, repeats=args.repeats or 5)
+    if args.accounting:
+        from benchmarks import accounting
+
+        accounting.run(args.out, args.repeats or 3)
+        return 0
     from benchmarks import integer_noise, sampler
     from benchmarks.models import CONFIGS, load_plugins
     from benchmarks.steps import available_methods
