@@ -60,12 +60,19 @@ from dpjax.dp_sgd.samplers import (
     WithReplacementSampler,
 )
 from dpjax.dp_sgd.training import (
+    Callback,
+    Checkpoint,
+    CSVLogger,
+    EarlyStopping,
+    Evaluate,
+    FitRun,
     PrivateState,
     PrivateTraining,
     PublicState,
     make_private,
     nnx_loss,
     poisson_schedule,
+    restore_checkpoint,
 )
 from dpjax.dp_sgd.training import ledger as _plan  # noqa: F401 (former path of the ledger)
 from dpjax.dp_sgd.transforms import (
@@ -87,11 +94,17 @@ __all__ = [
     "AdaptiveClip",
     "AdaptiveClipState",
     "BandMF",
+    "CSVLogger",
+    "Callback",
+    "Checkpoint",
     "CyclicPoissonSampler",
     "ClippedGrad",
     "ClippingInfo",
     "DPSGDTransformation",
     "DataParallelClippedGrad",
+    "EarlyStopping",
+    "Evaluate",
+    "FitRun",
     "PaddedBatch",
     "PoissonSampler",
     "PrivateState",
@@ -125,4 +138,5 @@ __all__ = [
     "poisson_schedule",
     "public_opt_state",
     "replicate",
+    "restore_checkpoint",
 ]
