@@ -216,6 +216,21 @@ def test_log_to_csv_and_to_a_callable(tmp_path):
     assert float(rows[-1]["epsilon"]) == pytest.approx(private.epsilon(state), rel=1e-12)
     assert all(math.isfinite(float(r["loss"])) for r in rows)
 
+    # a column that first appears at a later row (an evaluation every 3 steps, a row a step)
+    dense = tmp_path / "dense.csv"
+    _private(seed=2).fit(
+        jnp.zeros(DIM),
+        _data(),
+        progress=False,
+        callbacks=[
+            CSVLogger(dense, every=1, epsilon=False),
+            Evaluate(_public_eval, every=3, eval_data_is_public=True),
+        ],
+    )
+    rows = list(csv.DictReader(dense.open()))
+    assert [int(r["step"]) for r in rows] == list(range(1, STEPS + 1))
+    assert [r["val_loss"] != "" for r in rows] == [False, False, True, False, False, True]
+
     written = []
     logger = CSVLogger(lambda step, values: written.append((step, values)), every=2)
     _private(seed=1).fit(jnp.zeros(DIM), _data(), progress=False, callbacks=[logger])

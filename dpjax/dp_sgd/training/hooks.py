@@ -429,8 +429,14 @@ class CSVLogger(Callback):
         self._flush()
 
     def _flush(self) -> None:
+        """Append the last row; rewrite the file when it brings a new column."""
         columns = list(dict.fromkeys(k for row in self._rows for k in row))
         assert self.path is not None
+        if columns == self._columns:
+            with self.path.open("a", newline="") as f:
+                csv.DictWriter(f, fieldnames=columns).writerow(self._rows[-1])
+            return
+        self._columns = columns
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=columns)
