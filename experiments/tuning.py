@@ -127,11 +127,13 @@ def _bisect(f, target: float, lo: float = 0.3, hi: float = 30.0) -> float:
 
 def _selection_event(sigma: float, score_sigma: float):
     from dpjax import events as ev
+    from dpjax.accounting.num_trials import max_trials_for
 
     return ev.RepeatAndSelectEvent(
         (_run_event(sigma), ev.GaussianEvent(score_sigma, relation="add_or_remove_one")),
         mean=MEAN_TRIALS,
         shape=TNB_SHAPE,
+        max_trials=max_trials_for(mean=MEAN_TRIALS, shape=TNB_SHAPE),  # what the selection runs
     )
 
 
@@ -201,12 +203,13 @@ def evaluate(size: str = "quick", seed: int = 0) -> dict:
             test_acc[c_i] = ((data["Xte"] @ w.T > 0).T == (data["yte"] > 0.5)).mean(1)
         naive = test_acc[val_acc.argmax(0), np.arange(reps)]
         oracle = test_acc.max(0)
-        # private selection: K random trials per repetition
+        # private selection: K random trials per repetition (max_trials run, K hidden)
+        planned = _selection_event(cal["sigma_selection"], cal["score_sigma"])
         sel = []
         for r in range(reps):
             mask = masks[r]
 
-            def train_and_score(key, cand, mask=mask, cal=cal):
+            def train_and_score(key, cand, mask=mask, cal=cal, planned=planned):
                 k_run, k_score = jax.random.split(key)
                 lr, clip = cand
                 w = np.asarray(
@@ -215,18 +218,17 @@ def evaluate(size: str = "quick", seed: int = 0) -> dict:
                 correct = ((data["Xtr"] @ w > 0) == (data["ytr"] > 0.5)) & ~mask
                 noise = cal["score_sigma"] * float(jax.random.normal(k_score))
                 score = (correct.sum() + noise) / max((~mask).sum(), 1)
-                events = (_run_event(cal["sigma_selection"]),) + (
-                    _selection_event(cal["sigma_selection"], cal["score_sigma"]).base_parts[1],
-                )
-                return score, events, w
+                return score, planned.base_event, w
 
             res = private_selection(
                 jax.random.fold_in(root, 10_000 * (t_i + 1) + r),
                 candidates,
                 train_and_score,
                 mean=MEAN_TRIALS,
+                base_event=planned.base_event,
                 distribution="truncated_negative_binomial",
                 shape=TNB_SHAPE,
+                max_trials=planned.max_trials,
             )
             sel.append(float(((data["Xte"] @ res.output > 0) == (data["yte"] > 0.5)).mean()))
         for method, acc, stated, spent in (

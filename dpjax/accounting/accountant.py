@@ -24,6 +24,7 @@ from dpjax import _validate
 from dpjax import events as ev
 from dpjax.accounting.composition import advanced_composition_heterogeneous, convert_relation
 from dpjax.accounting.optimal import optimal_composition_epsilon
+from dpjax.accounting.padded_slack import _untruncated_one, _with_truncation_slack
 from dpjax.accounting.selection import repeat_and_select_rdp
 from dpjax.accounting.tight import (
     _TAIL_MASS_TRUNCATION,
@@ -107,6 +108,9 @@ def _why_not(events: Sequence[ev.PrivacyEvent], method: str) -> str | None:
     if not events:
         return "no events recorded"
     if method in ("pld", "rdp"):
+        # With a private selection, RDP is evaluated on the untruncated events and the padded
+        # samplers' slack paid on δ (_rdp_with_selections), so a padded event composes with it.
+        selecting = method == "rdp" and any(isinstance(e, ev.RepeatAndSelectEvent) for e in events)
         for e in events:
             why = _extension_why_not(e, method)
             if why is not None:
@@ -114,7 +118,7 @@ def _why_not(events: Sequence[ev.PrivacyEvent], method: str) -> str | None:
             if isinstance(e, _EXTENSION_EVENTS):
                 continue
             try:
-                to_dp_event(e, method=method)
+                to_dp_event(_untruncated_one(e) if selecting else e, method=method)
             except ValueError as err:
                 return str(err)
         return None
@@ -175,7 +179,7 @@ def _extension_why_not(event: ev.PrivacyEvent, method: str) -> str | None:
         if method == "pld":
             return f"private selection {event!r} is accounted by RDP only (Papernot & Steinke)"
         try:
-            for part in event.base_parts:
+            for part in _untruncated_one(event).base_parts:  # padded samplers: slack on δ
                 to_dp_event(part, method="rdp")
         except ValueError as err:
             return f"the base event of a private selection: {err}"
@@ -206,15 +210,22 @@ def composed_pld(events: Sequence[ev.PrivacyEvent], vdi: float):
 def _rdp_with_selections(
     events: Sequence[ev.PrivacyEvent], delta: float, orders: Sequence[float] | None
 ) -> float:
-    standard = [e for e in events if not isinstance(e, ev.RepeatAndSelectEvent)]
-    selections = [e for e in events if isinstance(e, ev.RepeatAndSelectEvent)]
-    grid, curve = repeat_and_select_rdp(selections[0], orders=orders)
-    curve = curve.copy()
-    for e in selections[1:]:
-        curve += repeat_and_select_rdp(e, orders=orders)[1]
-    if standard:
-        curve += rdp_curve(standard, orders=tuple(grid))[1]
-    return float(dp_rdp.compute_epsilon(grid, curve, delta)[0])
+    """RDP ε(δ) of events with private selections: the uncapped selections over untruncated
+    trials (and untruncated padded samplers) by RDP at δ(1 − f), and the coupling slack
+    (1 + e^ε)·m̄ of the caps in f·δ (:func:`dpjax.accounting.padded_slack._selection_mass`)."""
+
+    def evaluate(plain: Sequence[ev.PrivacyEvent], d: float) -> float:
+        standard = [e for e in plain if not isinstance(e, ev.RepeatAndSelectEvent)]
+        selections = [e for e in plain if isinstance(e, ev.RepeatAndSelectEvent)]
+        grid, curve = repeat_and_select_rdp(selections[0], orders=orders)
+        curve = curve.copy()
+        for e in selections[1:]:
+            curve += repeat_and_select_rdp(e, orders=orders)[1]
+        if standard:
+            curve += rdp_curve(standard, orders=tuple(grid))[1]
+        return float(dp_rdp.compute_epsilon(grid, curve, d)[0])
+
+    return _with_truncation_slack(events, delta, evaluate)
 
 
 def _prefix(events: Sequence[ev.PrivacyEvent], steps: int) -> list[ev.PrivacyEvent]:

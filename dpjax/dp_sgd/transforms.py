@@ -43,6 +43,7 @@ import optax
 
 from dpjax import _noise, _random, _validate
 from dpjax.dp_sgd import _vmap_guard
+from dpjax.dp_sgd._finite_sums import refuse_concrete_nonfinite_sums
 
 __all__ = [
     "NoiseState",
@@ -408,7 +409,10 @@ def add_gaussian_noise(stddev: float, *, key: jax.Array) -> optax.GradientTransf
             updates batched by a ``jax.vmap`` that the state is not batched by (per-example
             gradients under ``vmap(tx.update, in_axes=(0, None, None))``; a vmap over runs
             batches the state too, with distinct keys: repeated keys raise eagerly and give
-            NaN updates under ``jit``).
+            NaN updates under ``jit``); eagerly, updates with a NaN/inf entry (named
+            ``updates``: NaN + noise would reveal the record behind it). Under ``jit`` that is
+            not checked here (feed ``dpjax.clipped_grad`` sums, finite by construction, or use
+            ``dp_sgd_optimizer(l2_clip_norm=C)``, which also refuses them under ``jit``).
 
     Formal guarantees:
         With stddev = σ·Δ₂, one update is the Gaussian mechanism on a query of ℓ2 sensitivity Δ₂
@@ -440,6 +444,7 @@ def add_gaussian_noise(stddev: float, *, key: jax.Array) -> optax.GradientTransf
 
     def update_fn(updates: Any, state: NoiseState, params: Any = None):
         shapes.check(updates, params)
+        refuse_concrete_nonfinite_sums(updates)
         _refuse_noise_beyond_dtype(updates, stddev)
         next_key, noise_key, release = _checked_next_keys(updates, state, impl)
         noisy = _noise.tree_add_iid_noise(noise_key, _fusion_barrier(updates), _normal, stddev)
@@ -629,8 +634,8 @@ def add_laplace_dp_sgd_noise(
     Raises:
         ValueError: at ``update``, updates not shaped like ``params`` (with ``params``
             omitted: like the params given to ``init``; omitted with no ``init``: refused),
-            or batched by a ``jax.vmap`` that the state is not batched by (see
-            :func:`add_gaussian_noise`).
+            or batched by a ``jax.vmap`` that the state is not batched by, or (eagerly) with
+            a NaN/inf entry (see :func:`add_gaussian_noise`).
 
     Formal guarantees:
         Per step, the noisy gradient is the Laplace mechanism with b = θ_h on a query of ℓ1
@@ -655,6 +660,7 @@ def add_laplace_dp_sgd_noise(
 
     def update_fn(updates: Any, state: NoiseState, params: Any = None):
         shapes.check(updates, params)
+        refuse_concrete_nonfinite_sums(updates)
         # rounded up in the NARROWEST noise dtype of the tree: that value is exact in every
         # wider one, so no leaf's cast can round θ below the accounted float64 value
         dtypes = [np.dtype(_noise.noise_dtype_of(u)) for u in jax.tree.leaves(updates)]

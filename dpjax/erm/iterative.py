@@ -37,8 +37,8 @@ from dpjax.accounting import (
 from dpjax.dp_sgd.clipping import ClippedGrad, clipped_grad
 from dpjax.dp_sgd.optimizers import (
     dp_sgd_optimizer,
+    laplace_dp_sgd_chain,
     laplace_dp_sgd_event,
-    laplace_dp_sgd_optimizer,
 )
 from dpjax.dp_sgd.samplers import PoissonSampler, UniformBatchSampler
 from dpjax.erm import bounds
@@ -467,8 +467,13 @@ def laplace_dp_sgd(
         l1_sensitivity=l1, epsilon=epsilon, rho=rho, kappa=kappa, steps=steps
     )
     noise_key, index_key = jax.random.split(key)
-    opt = laplace_dp_sgd_optimizer(
-        l1_sensitivity=l1, epsilon=epsilon, rho=rho, kappa=kappa, key=noise_key
+    opt = laplace_dp_sgd_chain(  # fed grad_fn's nan_safe sums: finite by construction
+        l1_sensitivity=l1,
+        epsilon=epsilon,
+        rho=rho,
+        kappa=kappa,
+        key=noise_key,
+        gradients_finite_by_construction=True,
     )
     sampler = UniformBatchSampler(dataset_size=n, batch_size=1)
     index_keys = jax.random.split(index_key, steps)

@@ -217,7 +217,9 @@ def test_truncated_events_serialise_and_convert():
     old = {
         k: v for k, v in event_to_dict(event).items() if k not in ("dataset_size", "max_batch_size")
     }
-    assert event_from_dict(old) == event.untruncated()  # records written before the cap
+    assert event_from_dict(old) == event.untruncated(
+        slack_paid_separately=True
+    )  # records written before the cap
     dp_event, _ = tight.to_dp_event(event, method="pld")
     inner = dp_event.event
     assert isinstance(inner, dp_accounting.TruncatedSubsampledGaussianDpEvent)
