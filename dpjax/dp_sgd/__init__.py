@@ -62,12 +62,19 @@ from dpjax.dp_sgd.samplers import (
     WithReplacementSampler,
 )
 from dpjax.dp_sgd.training import (
+    Callback,
+    Checkpoint,
+    CSVLogger,
+    EarlyStopping,
+    Evaluate,
+    FitRun,
     PrivateState,
     PrivateTraining,
     PublicState,
     make_private,
     nnx_loss,
     poisson_schedule,
+    restore_checkpoint,
 )
 from dpjax.dp_sgd.training import ledger as _plan  # noqa: F401 (former path of the ledger)
 from dpjax.dp_sgd.transforms import (
@@ -89,11 +96,17 @@ __all__ = [
     "AdaptiveClip",
     "AdaptiveClipState",
     "BandMF",
+    "CSVLogger",
+    "Callback",
+    "Checkpoint",
     "CyclicPoissonSampler",
     "ClippedGrad",
     "ClippingInfo",
     "DPSGDTransformation",
     "DataParallelClippedGrad",
+    "EarlyStopping",
+    "Evaluate",
+    "FitRun",
     "PaddedBatch",
     "PoissonSampler",
     "PrivateState",
@@ -128,4 +141,5 @@ __all__ = [
     "public_opt_state",
     "replace_batch_norm",
     "replicate",
+    "restore_checkpoint",
 ]

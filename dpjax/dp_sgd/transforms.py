@@ -402,7 +402,9 @@ def add_gaussian_noise(stddev: float, *, key: jax.Array) -> optax.GradientTransf
 
     Raises:
         TypeError: no key / not a key. ValueError: negative or non-finite stddev; at
-            ``update``: updates not shaped like ``params`` (with ``params`` omitted: like the
+            ``update``: a leaf whose dtype cannot hold the noise (9.155·stddev ≥ its largest
+            value: float16 with stddev ≥ 7155; pass float32 sums), updates not shaped like
+            ``params`` (with ``params`` omitted: like the
             params given to ``init`` in this process; omitted with no ``init``: refused), or
             updates batched by a ``jax.vmap`` that the state is not batched by (per-example
             gradients under ``vmap(tx.update, in_axes=(0, None, None))``; a vmap over runs
@@ -443,6 +445,7 @@ def add_gaussian_noise(stddev: float, *, key: jax.Array) -> optax.GradientTransf
     def update_fn(updates: Any, state: NoiseState, params: Any = None):
         shapes.check(updates, params)
         refuse_concrete_nonfinite_sums(updates)
+        _refuse_noise_beyond_dtype(updates, stddev)
         next_key, noise_key, release = _checked_next_keys(updates, state, impl)
         noisy = _noise.tree_add_iid_noise(noise_key, _fusion_barrier(updates), _normal, stddev)
         return release(noisy), NoiseState(key=next_key, count=optax.safe_increment(state.count))
@@ -450,8 +453,38 @@ def add_gaussian_noise(stddev: float, *, key: jax.Array) -> optax.GradientTransf
     return optax.GradientTransformation(init_fn, update_fn)
 
 
+#: The largest |Z| the N(0, 1) sampler returns (Φ̄⁻¹(2⁻⁶⁵), see :mod:`dpjax._random`).
+NORMAL_SUPPORT = 9.155
+
+
+def _refuse_noise_beyond_dtype(updates: Any, stddev: float) -> None:
+    """Refuse updates whose dtype cannot hold the noise (e.g. float16 with σ·C ≥ 7155).
+
+    The noise is drawn and added in float32 and the noisy sum cast back to each leaf's dtype;
+    a leaf of float16 (largest value 65504) would turn every draw beyond its range into ±inf
+    (checked on the dtype, so also under ``jit``).
+    """
+    for leaf in jax.tree.leaves(updates):
+        dtype = _noise.float_dtype_of(leaf)
+        top = float(jnp.finfo(dtype).max)
+        if NORMAL_SUPPORT * stddev >= top:
+            _validate.fail(
+                "stddev",
+                stddev,
+                f"below {top / NORMAL_SUPPORT:.6g} for {jnp.dtype(dtype).name} updates "
+                f"(noise up to {NORMAL_SUPPORT}·stddev is added in float32 and cast back to the "
+                f"update's dtype, whose largest value is {top:.6g}: it would become inf); pass "
+                "the clipped sum in float32 (clipped_grad returns float32 sums for "
+                "float16/bfloat16 parameters) and let optax.apply_updates cast the update once",
+            )
+
+
 def normalize_by(constant: float) -> optax.GradientTransformation:
     """Divide updates by a PUBLIC constant (e.g. the expected batch size q·n).
+
+    The division is done in at least float32 and the quotient cast once to the update's
+    dtype: a float16 update divided by a constant beyond 65504 (float16's largest value) is
+    not divided by inf.
 
     Args:
         constant: a data-independent positive number. Never pass the realised batch size of a
@@ -472,10 +505,14 @@ def normalize_by(constant: float) -> optax.GradientTransformation:
     """
     _validate.positive("constant", constant)
 
+    def scale(u: Any) -> jax.Array:  # in at least float32, cast once to the update's dtype
+        wide = _noise.noise_dtype_of(u)
+        quotient = jnp.asarray(u, wide) / jnp.asarray(constant, wide)
+        return quotient.astype(_noise.float_dtype_of(u))
+
     def update_fn(updates: Any, state: optax.EmptyState, params: Any = None):
         del params
-        scaled = jax.tree.map(lambda u: u / jnp.asarray(constant, jnp.result_type(u)), updates)
-        return scaled, state
+        return jax.tree.map(scale, updates), state
 
     return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
 
