@@ -42,7 +42,7 @@ TNB_SHAPE = 0.5
 VAL_FRACTION = 0.25
 SIZES = {
     "tiny": dict(targets=(3.0,), reps=3, lrs=(0.5, 2.0), clips=(0.5, 2.0)),
-    "quick": dict(targets=(1.0, 3.0, 8.0), reps=20, lrs=(0.1, 0.5, 2.0), clips=(0.2, 1.0, 5.0)),
+    "quick": dict(targets=(1.0, 3.0, 8.0), reps=10, lrs=(0.1, 0.5, 2.0), clips=(0.2, 1.0, 5.0)),
     "full": dict(targets=(1.0, 3.0, 8.0), reps=60, lrs=(0.1, 0.5, 2.0), clips=(0.2, 1.0, 5.0)),
 }
 
