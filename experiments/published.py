@@ -144,13 +144,27 @@ def _mean_sd(values: list[float]) -> str:
     return f"{np.mean(values):.2f} ± {np.std(values, ddof=1):.2f} ({len(values)} seeds)"
 
 
+def verdict(published: float, values: list[float]) -> str:
+    """Whether the row holds: the paper's number inside dpjax's 95% Student-t CI of the mean,
+    or below it (dpjax higher); else by how many points dpjax's CI lies below it."""
+    from experiments.erm_adult import mean_ci
+
+    if len(values) < 2:
+        return "— (1 seed: no CI)"
+    _, low, high = mean_ci(values)
+    ci = f"95% CI [{low:.2f}, {high:.2f}]"
+    if published <= high:
+        return f"✓ {ci} ∋ paper" if published >= low else f"✓ {ci}, above the paper"
+    return f"✗ {ci}, {published - high:.2f} pt below the paper"
+
+
 def table(measured: list[dict]) -> str:
     """The Markdown table: every row of :data:`ROWS`, measured or "not run here"."""
     by_key = {row["key"]: row for row in measured}
     lines = [
         "| paper | data set | model | ε (paper) | published % | dpjax % (mean ± sd) "
-        "| ε (dpjax) | protocol | wall time | run on |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| holds | ε (dpjax) | protocol | wall time | run on |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in ROWS:
         eps = "∞ (non-private)" if row["epsilon"] is None else f"{row['epsilon']:g}"
@@ -159,7 +173,7 @@ def table(measured: list[dict]) -> str:
         if got is None:
             why = row.get("why", "needs GPU")
             run = f"`{row['command']}`" if row["command"] else "no command yet"
-            lines.append(f"{head} | not run here: {why} ({run}) | | | | |")
+            lines.append(f"{head} | not run here: {why} ({run}) | | | | | |")
             continue
         cpu = got.get("cpu_seconds") or [None] * len(got["wall_seconds"])
         wall = ", ".join(
@@ -167,7 +181,8 @@ def table(measured: list[dict]) -> str:
             for w, c in zip(got["wall_seconds"], cpu, strict=True)
         )
         lines.append(
-            f"{head} | {_mean_sd(got['accuracies'])} | {got['epsilon']:.3f} "
+            f"{head} | {_mean_sd(got['accuracies'])} "
+            f"| {verdict(row['published'], got['accuracies'])} | {got['epsilon']:.3f} "
             f"| {got['protocol']} (`{got['command']}`) | {wall} | {got['date']}, {got['machine']} |"
         )
     return "\n".join(lines) + "\n"

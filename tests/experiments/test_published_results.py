@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 from experiments import published, registry
 
 
@@ -29,6 +31,8 @@ def test_record_then_render_a_measured_row_and_the_not_run_rows(tmp_path):
     mnist = next(ln for ln in lines if "ScatterNet + linear" in ln and "| MNIST |" in ln)
     # mean ± sd of 98.71 and 98.65 (sd = 0.06/√2 = 0.042), the paper's 98.7, dpjax's ε
     assert "98.68 ± 0.04 (2 seeds)" in mnist and "| 98.7 |" in mnist and "2.410" in mnist
+    # 95% CI: 98.68 ± t(0.975, 1)·0.0424/√2 = 98.68 ± 0.38, which holds 98.7
+    assert "✓ 95% CI [98.30, 99.06] ∋ paper" in mnist
     assert "`python -m experiments scatternet --full`" in mnist and "10.0 min" in mnist
     fmnist = next(ln for ln in lines if "ScatterNet + linear" in ln and "Fashion-MNIST" in ln)
     assert "not run here" in fmnist and "scatternet --full" in fmnist
@@ -72,3 +76,16 @@ def test_record_pools_the_seeds_of_several_runs(tmp_path):
     results = tmp_path / "published_results.json"
     (row,) = published.record(first, second, results_file=results)
     assert row["accuracies"] == [98.71, 98.65] and len(row["wall_seconds"]) == 2
+
+
+def test_the_verdict_is_the_papers_number_against_dpjaxs_ci():
+    """mean ± t(0.975, 2)·sd/√3 of (89.48, 89.49, 89.38): 89.45 ± 4.303·0.0608/1.732."""
+    half = 4.302652729911275 * np.std([89.48, 89.49, 89.38], ddof=1) / np.sqrt(3)
+    high = np.mean([89.48, 89.49, 89.38]) + half
+    assert published.verdict(89.7, [89.48, 89.49, 89.38]).endswith(
+        f"{89.7 - high:.2f} pt below the paper"
+    )
+    assert published.verdict(89.7, [89.48, 89.49, 89.38]).startswith("✗")
+    assert published.verdict(89.0, [89.48, 89.49, 89.38]).endswith("above the paper")
+    assert published.verdict(89.45, [89.48, 89.49, 89.38]).endswith("∋ paper")
+    assert published.verdict(89.45, [89.48]).startswith("—")
