@@ -106,3 +106,29 @@ def test_base_event_is_checked_before_any_trial_runs(bad):
     with pytest.raises(ValueError, match="base_event"):
         private_selection(jax.random.key(0), [1], trial, mean=3.0, base_event=bad)
     assert calls[0] == 0
+
+
+_WITH_REPLACEMENT = ev.WithReplacementGaussianEvent(
+    noise_multiplier=1.0, batch_size=10, dataset_size=1000, count=10
+)
+_TWO_UNITS = (
+    ev.EpsilonDeltaEvent(epsilon=1.0, delta=1e-7, privacy_unit="user:abc"),
+    ev.EpsilonDeltaEvent(epsilon=1.0, delta=1e-7),
+)
+
+
+@pytest.mark.parametrize("base", [_WITH_REPLACEMENT, _TWO_UNITS], ids=["pld_only", "two_units"])
+def test_a_base_event_the_accountant_cannot_account_is_refused_before_any_trial_runs(base):
+    """A selection over a base event with no RDP curve (sampling with replacement is accounted
+    by PLD only), or over an example- and a user-level event together, cannot be accounted.
+    It was accepted and all 57 trials ran (the private data spent) before the accountant
+    refused the released event."""
+    calls = [0]
+
+    def trial(key, candidate):
+        calls[0] += 1
+        return 1.0, base
+
+    with pytest.raises(ValueError, match="base_event"):
+        private_selection(jax.random.key(0), [1, 2], trial, mean=3.0, base_event=base)
+    assert calls[0] == 0
