@@ -231,7 +231,7 @@ def tree_iid_noise_like(key: jax.Array, tree: Any, sampler: Sampler) -> Any:
     i.i.d. (normal, Laplace, ...): the leaves receive disjoint slices of one i.i.d. draw, so
     they are independent of each other and of every other update (the key is split per dtype
     group and fresh per call). One large draw instead of one per leaf compiles about 4× faster
-    and runs faster on CPU for models with many leaves (benchmarks/, issue 9). Do not use it
+    and runs faster on CPU for models with many leaves (measured in benchmarks/). Do not use it
     for vector samplers with dependent coordinates (e.g. a uniform direction times a norm).
     """
     leaves, treedef = jax.tree.flatten(tree)

@@ -179,7 +179,7 @@ def _sample_words(
     its result materialised once. Without the loop XLA fused a copy of the chain into every
     consumer, e.g. into each of the 38 leaf slices of a transformer's one flat noise draw
     (:func:`dpjax._noise.tree_iid_noise_like`), so compile time grew with the number of leaves
-    (issue 15).
+    (measured).
     """
     dtype = _check_wide(dtype)
     hi, lo = jax.random.bits(key, (2, *shape), jnp.uint32)
@@ -242,7 +242,7 @@ _ERFINV_OUTER = (
 # uses, highest degree first): z = √(−2 log p), Φ̄⁻¹(p) = z − log(z)/z − P(1/z)/(Q(1/z)·z),
 # (P₁, Q₁) for z < 8 (p > e⁻³²), (P₂, Q₂) beyond. Written out (Horner, unrolled) rather than
 # calling ndtri, which also compiles its central branch and six ``jnp.polyval`` loops for
-# lanes that never reach them (issue 24: 15% of the sampler's compiled program). Same
+# lanes that never reach them (measured: 15% of the sampler's compiled program). Same
 # accuracy: ≤ 3.1 float32 ulp from the exact quantile on 2·10⁴ points of [2⁻⁶⁶, 2⁻³²], as
 # ndtri; the two agree bit for bit on 99.4% of them and within 2 ulp on the rest.
 _NDTRI_P1 = (
@@ -313,7 +313,7 @@ def _tail_codes(words: jax.Array) -> tuple[jax.Array, jax.Array]:
     (:func:`normal_overflow_probability`). The sign rides in the code, so no lane word is read
     back. Both ends come from ONE variadic reduction (min, max) over the blocks: XLA:CPU
     compiles it as one small loop, where two ``jnp.min`` / ``jnp.max`` reductions compiled
-    into six kernels and cost more compile time than the whole body map (issue 24).
+    into six kernels and cost more compile time than the whole body map (measured).
     """
     size = words.shape[0]
     blocks = -(-size // _BLOCK)
@@ -372,7 +372,7 @@ def _normal32_words(key: jax.Array, size: int) -> tuple[jax.Array, jax.Array]:
 
     ONE ``jax.random.bits`` draw of size + 2·⌈size/4096⌉ words, cut into the lane words and the
     fresh tail words: every word is read by at most one coordinate, and one generator instance
-    is compiled (a key split and two draws compiled three; issue 24).
+    is compiled (a key split and two draws compiled three; measured).
     """
     fresh = _REFINED_PER_BLOCK * -(-size // _BLOCK)
     bits = jax.random.bits(key, (size + fresh,), jnp.uint32)

@@ -254,7 +254,7 @@ class FixedBatchGaussianEvent(PrivacyEvent):
 
 @dataclasses.dataclass(frozen=True)
 class LaplaceDPSGDEvent(PrivacyEvent):
-    """The Laplace-noise DP-SGD of the lecture on advances in DP (Theorems 36–37): per-step
+    """The Laplace-noise batch-1 DP-SGD (no published source located): per-step
     pure-DP budgets ε_h.
 
     ``epsilons`` holds the per-release ε_h; the run is (Σ ε_h, 0)-DP by basic composition.

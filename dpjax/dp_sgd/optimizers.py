@@ -248,8 +248,8 @@ def dp_sgd_optimizer(
         One update is the Gaussian mechanism with noise multiplier σ = stddev/C on a sum of
         ℓ2 sensitivity C (add/remove-one; 2C replace-one — the accountant doubles it, see
         :mod:`dpjax.events`). With Poisson sampling at rate q for T steps the run is
-        accounted by ``PoissonSampledGaussianEvent(σ, q, T)`` (Abadi et al. 2016;
-        lecture on ML under DP, DP-SGD with amplification by subsampling), which
+        accounted by ``PoissonSampledGaussianEvent(σ, q, T)`` (Abadi et al. 2016,
+        DP-SGD with amplification by subsampling), which
         :func:`event_for` returns. The normaliser and the optimizer are post-processing.
 
     Example:
@@ -347,8 +347,8 @@ def event_for(
 
     Formal guarantees:
         The event describes exactly the noise the optimizer adds (σ·C on a sum of add/remove-one
-        sensitivity C) composed over T releases under the sampler's subsampling (lecture on ML
-        under DP, amplification by subsampling; Abadi et al. 2016), including the padded
+        sensitivity C) composed over T releases under the sampler's subsampling (Abadi et al.
+        2016, amplification by subsampling), including the padded
         sampler's truncation, paid by the coupling slack of
         :func:`dpjax.accounting.tight.truncation_slack`.
 
@@ -515,7 +515,7 @@ def accumulate_clipped_sums(
 def laplace_dp_sgd_optimizer(
     *, l1_sensitivity: float, epsilon: float, rho: float, kappa: float, key: jax.Array
 ) -> optax.GradientTransformation:
-    r"""The Laplace-noise batch-1 DP-SGD (lecture on advances in DP, Theorems 36–37).
+    r"""The Laplace-noise batch-1 DP-SGD (no published source located).
 
     .. math::  \beta^{(h)} = \beta^{(h-1)} - \gamma_{h-1}\big(\nabla L_{\Omega_h}(\beta^{(h-1)})
        + \theta_h Z_h\big),\quad \gamma_j = (1+j)^{-\rho},\ Z_h \sim \text{Laplace}(0, I),
@@ -526,9 +526,9 @@ def laplace_dp_sgd_optimizer(
 
     Args:
         l1_sensitivity: Δ₁ = Δ(∇L), replace-one ℓ1 sensitivity of the per-step gradient.
-        epsilon: ε of Theorem 36.
+        epsilon: ε of the privacy theorem.
         rho: step-size exponent ρ ∈ (0, 1).
-        kappa: privacy-weight exponent κ ≥ 0 (the noise term of Theorem 37 vanishes iff
+        kappa: privacy-weight exponent κ ≥ 0 (the noise term of the utility theorem vanishes iff
             2κ + ρ > 2; ρ = 1/2 needs κ > 3/4).
         key: required JAX PRNG key.
 
@@ -543,7 +543,7 @@ def laplace_dp_sgd_optimizer(
     Formal guarantees:
         See :func:`dpjax.dp_sgd.transforms.add_laplace_dp_sgd_noise`: step h is (Δ₁/θ_h)-DP
         (replace-one), the run of T steps (Σ_{h≤T} Δ₁/θ_h, 0)-DP by basic composition
-        (:func:`laplace_dp_sgd_event`); Theorem 36 of the lecture states ε·a_h-DP for the h-th
+        (:func:`laplace_dp_sgd_event`); the stated analysis gives ε·a_h-DP for the h-th
         iterate.
     """
     return laplace_dp_sgd_chain(

@@ -231,8 +231,8 @@ class PoissonSampler(ReadOnlyAfterInit):
 
     Formal guarantees:
         Without overflow this is exactly the Poisson subsampling at rate ``sampling_rate``
-        assumed by the subsampled Gaussian accountant (Abadi et al. 2016; lecture on ML under
-        DP, amplification by subsampling), under add/remove-one, given uniform random bits.
+        assumed by the subsampled Gaussian accountant (Abadi et al. 2016,
+        amplification by subsampling), under add/remove-one, given uniform random bits.
         With truncation: couple the truncated run M with the untruncated run M* on the same
         randomness. They differ only if some step overflows, which has probability ≤ T·p̄ on
         D and on its neighbour D′, with p̄ = P[Binomial(n + 1, q) > m] (n = ``dataset_size``,

@@ -1,11 +1,11 @@
-"""The bounded Laplace mechanism on [l, u] (lecture on advances in DP, Definition 24, Theorem 26).
+"""The bounded Laplace mechanism on [l, u] (Holohan et al. 2018).
 
 The output has density ∝ exp(−|v − q|/b) on [l, u], q = f(D) ∈ [l, u]: the Laplace density
 *restricted* to the domain (not clamped), with the data-dependent normaliser
 
     C_q = 1 − ½(exp(−(q − l)/b) + exp(−(u − q)/b)).
 
-Because C_q depends on the data, b = Δ/ε is not enough; the lecture's Theorem 26 (Holohan,
+Because C_q depends on the data, b = Δ/ε is not enough; the published analysis (Holohan,
 Antonatos, Braghin & Mac Aonghusa 2018, "The Bounded Laplace Mechanism in Differential
 Privacy", Journal of Privacy and Confidentiality; the ΔC condition) gives the condition solved
 here on the host.
@@ -54,7 +54,7 @@ def _check_sensitivity(sensitivity: float, width: float) -> float:
 
 
 def bounded_laplace_delta_c(*, b: float, sensitivity: float, lower: float, upper: float) -> float:
-    r"""ΔC = C_{l+Δ}/C_l of Theorem 26: the largest ratio of normalisers of neighbours.
+    r"""ΔC = C_{l+Δ}/C_l (Holohan et al. 2018): the largest ratio of normalisers of neighbours.
 
     .. math:: \Delta C(b) = \frac{2 - e^{-\Delta/b} - e^{-(u-l-\Delta)/b}}{1 - e^{-(u-l)/b}}
 
@@ -105,8 +105,8 @@ def bounded_laplace_scale(
 
     Formal guarantees:
         With this b the mechanism is ε'-DP for ε' = Δ/b + ln ΔC(b) ≤ ε − ln(1 − δ), hence
-        (ε, 1 − e^{ε−ε'}) ⊆ (ε, δ)-DP (lecture on advances in DP, Theorem 26 (bounded Laplace);
-        Holohan et al. 2018, the ΔC condition). b ≥ Δ/(ε − ln(1 − δ)) always, since ΔC ≥ 1.
+        (ε, 1 − e^{ε−ε'}) ⊆ (ε, δ)-DP (Holohan et al.
+        2018, the ΔC condition). b ≥ Δ/(ε − ln(1 − δ)) always, since ΔC ≥ 1.
 
     Example:
         >>> b = bounded_laplace_scale(sensitivity=1.0, epsilon=1.0, lower=0.0, upper=10.0)
@@ -319,8 +319,8 @@ def bounded_laplace(
 
     Formal guarantees:
         Each coordinate is (ε, δ)-DP under the relation Δ holds for, with b from
-        ``bounded_laplace_scale`` (lecture on advances in DP, Definition 24 and Theorem 26
-        (bounded Laplace); Holohan et al. 2018). Unlike the Laplace mechanism, the guarantee is
+        ``bounded_laplace_scale`` (Holohan et al.
+        2018). Unlike the Laplace mechanism, the guarantee is
         per coordinate: a vector release composes over its coordinates. Δ is a bound on
         |g(D) − g(D′)| for the mapped statistic g = clip_into_range ∘ f; for a finite f this is
         implied by f's sensitivity. If f itself can be NaN on D and finite on a neighbour D′,
