@@ -26,6 +26,8 @@ from dpjax import _validate
 from dpjax import events as ev
 from dpjax.accounting.num_trials import DEFAULT_TRIALS_TAIL, max_trials_for, tnb_gamma
 from dpjax.accounting.padded_slack import TRUNCATION_DELTA_SHARES, TruncationSlackError
+from dpjax.dp_sgd import _finite_sums
+from dpjax.mechanisms import _nonfinite
 
 __all__ = [
     "DISTRIBUTIONS",
@@ -105,6 +107,24 @@ class _Trial(NamedTuple):
     event: Any  # what the trial returned as its event (checked against base_event)
     output: Any
     failed: bool
+    refused: bool = False  # dpjax refused to noise non-finite private data in this trial
+
+
+#: dpjax's refusals to noise non-finite private data: a record decides whether they happen, and
+#: the run alone releases nothing then; a selection whose trial hits one releases nothing too.
+_DATA_REFUSALS = (_finite_sums.REFUSAL_PHRASE, _nonfinite.REFUSAL_PHRASE)
+
+
+def _is_data_refusal(err: BaseException) -> bool:
+    """Whether ``err`` (or an error it wraps, e.g. JAX's around a host callback) is one of
+    dpjax's refusals of non-finite private data."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if any(phrase in str(err) for phrase in _DATA_REFUSALS):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
 
 
 def _run_trial(train_and_score: Callable, key: jax.Array, candidate: Any) -> _Trial:
@@ -114,8 +134,8 @@ def _run_trial(train_and_score: Callable, key: jax.Array, candidate: Any) -> _Tr
         if not isinstance(returned, tuple) or len(returned) not in (2, 3):
             raise TypeError("train_and_score must return (score, event[, output])")
         score = float(np.asarray(returned[0]))
-    except Exception:  # noqa: BLE001 -- a failure may depend on the data: never re-raised
-        return _Trial(-math.inf, None, None, True)
+    except Exception as err:  # noqa: BLE001 -- a failure may depend on the data: never re-raised
+        return _Trial(-math.inf, None, None, True, _is_data_refusal(err))
     event = returned[1]
     if isinstance(event, list | tuple) and event:
         event = tuple(event)
@@ -247,7 +267,12 @@ def private_selection(
     result says so (``failed=True``) and a ``RuntimeWarning`` is issued (a function of the
     released output only). The failure is covered by the trial's event only if it depends on
     the trial's private outputs alone (e.g. a non-finite noisy loss), not on the raw data:
-    debug ``train_and_score`` on public or synthetic data first.
+    debug ``train_and_score`` on public or synthetic data first. One failure is known to
+    depend on the raw data: dpjax's own refusal to noise non-finite private data (a NaN/inf
+    clipped sum of ``dp_sgd_optimizer(l2_clip_norm=C)``, a non-finite value given to a
+    mechanism). The run alone releases nothing then, and so does the selection: it runs every
+    trial and raises ``ValueError`` (released as a failed trial, a NaN record made the result
+    ``failed`` on D and never on D without it).
 
     Side channels that remain (outside the guarantee; control them yourself): the duration,
     memory and logs of each trial. Total work is independent of K, but not of the data or the
@@ -298,7 +323,8 @@ def private_selection(
     Raises:
         ValueError: invalid arguments, a ``base_event`` the accountant cannot account, or a
             selection that cannot be accounted at ``delta`` (all before any trial runs), or,
-            after all trials ran, a trial that reported another event than ``base_event``.
+            after all trials ran, a trial that reported another event than ``base_event`` or
+            that dpjax refused for non-finite private data (nothing is released).
 
     Example:
         >>> import jax
@@ -329,13 +355,24 @@ def private_selection(
     picks = _host_rng(key_picks).integers(0, len(candidates), size=k_max)
     best: tuple[_Trial, Any] | None = None
     wrong_event = None
+    refused = False
     for i, pick in enumerate(picks):  # all K_max trials, whatever K is
         candidate = candidates[int(pick)]
         trial = _run_trial(train_and_score, jax.random.fold_in(key_runs, i), candidate)
         if not trial.failed and not _same_event(trial.event, base_event) and wrong_event is None:
             wrong_event = (trial.event,)
+        refused = refused or trial.refused
         if i < released and (best is None or trial.score > best[0].score):
             best = (trial, candidate)
+    if refused:
+        raise ValueError(
+            "train_and_score must not feed non-finite private data to a dpjax release: a trial "
+            "was refused for it (a NaN/inf clipped sum or mechanism value). Whether that "
+            "happens depends on a record, so, as for the run alone, nothing is released (all "
+            "trials ran; which one, and how often, is not shown). Map non-finite values to a "
+            "fixed finite value before clipping (dpjax.clipped_grad(nan_safe=True) does) and "
+            "spend a fresh budget"
+        )
     if wrong_event is not None:
         _validate.fail(
             "train_and_score(...)[1]",
