@@ -24,7 +24,10 @@ import numpy as np
 
 from dpjax import _validate
 from dpjax import events as ev
-from dpjax.accounting.num_trials import max_trials_for, tnb_gamma
+from dpjax.accounting.num_trials import DEFAULT_TRIALS_TAIL, max_trials_for, tnb_gamma
+from dpjax.accounting.padded_slack import TRUNCATION_DELTA_SHARES, TruncationSlackError
+from dpjax.dp_sgd import _finite_sums
+from dpjax.mechanisms import _nonfinite
 
 __all__ = [
     "DISTRIBUTIONS",
@@ -104,6 +107,24 @@ class _Trial(NamedTuple):
     event: Any  # what the trial returned as its event (checked against base_event)
     output: Any
     failed: bool
+    refused: bool = False  # dpjax refused to noise non-finite private data in this trial
+
+
+#: dpjax's refusals to noise non-finite private data: a record decides whether they happen, and
+#: the run alone releases nothing then; a selection whose trial hits one releases nothing too.
+_DATA_REFUSALS = (_finite_sums.REFUSAL_PHRASE, _nonfinite.REFUSAL_PHRASE)
+
+
+def _is_data_refusal(err: BaseException) -> bool:
+    """Whether ``err`` (or an error it wraps, e.g. JAX's around a host callback) is one of
+    dpjax's refusals of non-finite private data."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if any(phrase in str(err) for phrase in _DATA_REFUSALS):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
 
 
 def _run_trial(train_and_score: Callable, key: jax.Array, candidate: Any) -> _Trial:
@@ -113,8 +134,8 @@ def _run_trial(train_and_score: Callable, key: jax.Array, candidate: Any) -> _Tr
         if not isinstance(returned, tuple) or len(returned) not in (2, 3):
             raise TypeError("train_and_score must return (score, event[, output])")
         score = float(np.asarray(returned[0]))
-    except Exception:  # noqa: BLE001 -- a failure may depend on the data: never re-raised
-        return _Trial(-math.inf, None, None, True)
+    except Exception as err:  # noqa: BLE001 -- a failure may depend on the data: never re-raised
+        return _Trial(-math.inf, None, None, True, _is_data_refusal(err))
     event = returned[1]
     if isinstance(event, list | tuple) and event:
         event = tuple(event)
@@ -146,10 +167,54 @@ def _same_event(event: Any, base_event: Any) -> bool:
     return event == base_event
 
 
-def _max_trials(max_trials: int | None, mean: float, shape: float) -> int:
+#: ε up to which a K_max sized from ``delta`` keeps the cap's slack within the first share of δ
+#: (as :data:`dpjax.dp_sgd.samplers.SIZING_EPSILON` for a padded sampler's cap).
+SIZING_EPSILON = 10.0
+
+
+def _trials_tail(delta: float | None) -> float:
+    """The P[K > K_max] a default K_max is sized for: 10⁻¹⁰, or less so that
+    (1 + e^ε)·P[K > K_max] ≤ 10⁻³·δ for every ε ≤ :data:`SIZING_EPSILON`."""
+    if delta is None:
+        return DEFAULT_TRIALS_TAIL
+    sized = TRUNCATION_DELTA_SHARES[0] * delta / (1.0 + math.exp(SIZING_EPSILON))
+    return min(DEFAULT_TRIALS_TAIL, sized)
+
+
+def _max_trials(max_trials: int | None, mean: float, shape: float, delta: float | None) -> int:
     if max_trials is None:
-        return max_trials_for(mean=mean, shape=shape)
+        return max_trials_for(mean=mean, shape=shape, tail=_trials_tail(delta))
     return _validate.positive_int("max_trials", max_trials)
+
+
+def _check_accountable(
+    selection: ev.RepeatAndSelectEvent, delta: float | None, max_trials_given: bool
+) -> None:
+    """Before any trial runs: the accountant can account ``selection`` (at ``delta``, if
+    given), so that no trial spends the data on a release that cannot be reported."""
+    from dpjax.accounting.accountant import PrivacyAccountant  # noqa: PLC0415
+
+    try:
+        accountant = PrivacyAccountant([selection])
+    except ValueError as err:  # e.g. an example- and a user-level event in one trial
+        _validate.fail("base_event", selection.base_event, f"an event one accountant holds ({err})")
+    if not accountant.applicable_methods():
+        _validate.fail(
+            "base_event",
+            selection.base_event,
+            "events with an RDP curve (a private selection is accounted by RDP only, Papernot "
+            "& Steinke 2022; sampling with replacement, for one, has a PLD only)",
+        )
+    if delta is None:
+        return
+    try:
+        accountant.epsilon(delta)
+    except TruncationSlackError as err:
+        _validate.fail(
+            "max_trials" if max_trials_given else "delta",
+            selection.max_trials if max_trials_given else delta,
+            f"a δ (and max_trials) at which this selection can be accounted ({err})",
+        )
 
 
 def private_selection(
@@ -162,6 +227,7 @@ def private_selection(
     distribution: str = "geometric",
     shape: float | None = None,
     max_trials: int | None = None,
+    delta: float | None = None,
 ) -> SelectionResult:
     r"""Draw K ~ D(mean), run ``max_trials`` private trials, release the best of the first K.
 
@@ -175,16 +241,24 @@ def private_selection(
     for the best trial alone, and revealing K voids it. So that the work done does not show K,
     every call runs exactly ``max_trials`` = K_max trials (a public number, the same for every
     K) and selects among the first min(K, K_max) of them; the other trials run on the data and
-    are discarded. The cap costs P[K > K_max] on δ (see "Formal guarantees"); the default K_max
-    is :func:`~dpjax.accounting.num_trials.max_trials_for` at tail 10⁻¹⁰ (for E[K] = 10: 36
-    trials for Poisson K, 219 geometric, 108 at η = 3: the price of hiding K).
+    are discarded. The cap costs (1 + e^ε)·P[K > K_max] on δ (see "Formal guarantees"); the
+    default K_max is :func:`~dpjax.accounting.num_trials.max_trials_for` at tail 10⁻¹⁰ (for
+    E[K] = 10: 36 trials for Poisson K, 219 geometric, 108 at η = 3: the price of hiding K),
+    or, given the ``delta`` the selection will be reported at, at the tail that keeps the cap's
+    slack within 10⁻³·δ for every ε ≤ 10 (336 geometric trials at δ = 10⁻⁸; the fixed 10⁻¹⁰
+    tail cannot be accounted there once ε > 3.9). Pass ``delta``: the selection's event is
+    then accounted at δ BEFORE any trial runs, and a selection that cannot be is refused
+    (``ValueError`` naming ``delta``, or ``max_trials`` if given) instead of spending every
+    trial on a release the accountant refuses afterwards.
 
     **The trials' event is stated up front** (``base_event``): every trial must return it
     (one base mechanism "random candidate, then a run with this event"; configurations with
     different σ, q or steps need one common event, e.g. calibrate σ per candidate to the same
     ε). A trial that returns another event, or none, makes the call raise ``ValueError`` after
     all K_max trials ran (nothing is released; the trials already ran: fix the trials and
-    spend a fresh budget). Events must be public constants, never computed from the data.
+    spend a fresh budget). Events must be public constants, never computed from the data. A
+    ``base_event`` the accountant cannot account (no RDP curve, or example- and user-level
+    events together) is refused before any trial runs.
 
     **A trial that fails** (raises an ``Exception``, or returns something other than
     ``(score, event[, output])``) is a candidate with score −inf and no output; the exception
@@ -193,7 +267,12 @@ def private_selection(
     result says so (``failed=True``) and a ``RuntimeWarning`` is issued (a function of the
     released output only). The failure is covered by the trial's event only if it depends on
     the trial's private outputs alone (e.g. a non-finite noisy loss), not on the raw data:
-    debug ``train_and_score`` on public or synthetic data first.
+    debug ``train_and_score`` on public or synthetic data first. One failure is known to
+    depend on the raw data: dpjax's own refusal to noise non-finite private data (a NaN/inf
+    clipped sum of ``dp_sgd_optimizer(l2_clip_norm=C)``, a non-finite value given to a
+    mechanism). The run alone releases nothing then, and so does the selection: it runs every
+    trial and raises ``ValueError`` (released as a failed trial, a NaN record made the result
+    ``failed`` on D and never on D without it).
 
     Side channels that remain (outside the guarantee; control them yourself): the duration,
     memory and logs of each trial. Total work is independent of K, but not of the data or the
@@ -233,14 +312,19 @@ def private_selection(
         shape: η ≥ 0 for the truncated negative binomial (0 logarithmic, 1 geometric);
             None for the others.
         max_trials: K_max, the public number of trials run; default
-            ``max_trials_for(mean=mean, shape=η)`` (P[K > K_max] ≤ 10⁻¹⁰).
+            ``max_trials_for(mean=mean, shape=η)`` (P[K > K_max] ≤ 10⁻¹⁰), or sized from
+            ``delta`` (above).
+        delta: the δ in (0, 1) the selection will be reported at, or None. Given, it sizes
+            the default ``max_trials`` and the selection is accounted at it before any trial.
 
     Returns:
         A :class:`SelectionResult` (its ``event`` is the RepeatAndSelectEvent to record).
 
     Raises:
-        ValueError: invalid arguments (before any trial runs), or, after all trials ran, a
-            trial that reported another event than ``base_event``.
+        ValueError: invalid arguments, a ``base_event`` the accountant cannot account, or a
+            selection that cannot be accounted at ``delta`` (all before any trial runs), or,
+            after all trials ran, a trial that reported another event than ``base_event`` or
+            that dpjax refused for non-finite private data (nothing is released).
 
     Example:
         >>> import jax
@@ -257,19 +341,38 @@ def private_selection(
     mean = _validate.in_range("mean", mean, 1.0, math.inf)
     shape = _shape_of(distribution, shape)
     base_event = _check_base_event(base_event)
-    k_max = _max_trials(max_trials, mean, shape)
+    if delta is not None:
+        delta = _validate.in_range(
+            "delta", delta, 0.0, 1.0, low_inclusive=False, high_inclusive=False
+        )
+    k_max = _max_trials(max_trials, mean, shape, delta)
+    selection = ev.RepeatAndSelectEvent(
+        base_event=base_event, mean=mean, shape=shape, max_trials=k_max
+    )
+    _check_accountable(selection, delta, max_trials is not None)
     key_count, key_picks, key_runs = jax.random.split(key, 3)
     released = min(draw_num_trials(_host_rng(key_count), mean=mean, shape=shape), k_max)
     picks = _host_rng(key_picks).integers(0, len(candidates), size=k_max)
     best: tuple[_Trial, Any] | None = None
     wrong_event = None
+    refused = False
     for i, pick in enumerate(picks):  # all K_max trials, whatever K is
         candidate = candidates[int(pick)]
         trial = _run_trial(train_and_score, jax.random.fold_in(key_runs, i), candidate)
         if not trial.failed and not _same_event(trial.event, base_event) and wrong_event is None:
             wrong_event = (trial.event,)
+        refused = refused or trial.refused
         if i < released and (best is None or trial.score > best[0].score):
             best = (trial, candidate)
+    if refused:
+        raise ValueError(
+            "train_and_score must not feed non-finite private data to a dpjax release: a trial "
+            "was refused for it (a NaN/inf clipped sum or mechanism value). Whether that "
+            "happens depends on a record, so, as for the run alone, nothing is released (all "
+            "trials ran; which one, and how often, is not shown). Map non-finite values to a "
+            "fixed finite value before clipping (dpjax.clipped_grad(nan_safe=True) does) and "
+            "spend a fresh budget"
+        )
     if wrong_event is not None:
         _validate.fail(
             "train_and_score(...)[1]",
@@ -277,9 +380,6 @@ def private_selection(
             f"base_event ({base_event!r}) in every trial: a trial that cannot state its event "
             "is not known to be private (nothing is released)",
         )
-    selection = ev.RepeatAndSelectEvent(
-        base_event=base_event, mean=mean, shape=shape, max_trials=k_max
-    )
     if best is None:  # Poisson K = 0
         return SelectionResult(candidate=None, score=None, output=None, event=selection)
     trial, candidate = best

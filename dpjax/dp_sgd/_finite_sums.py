@@ -41,6 +41,11 @@ from dpjax import _validate
 
 __all__ = ["refusing_nonfinite_sums", "refuse_nonfinite_sums", "refuse_concrete_nonfinite_sums"]
 
+#: The words that mark this refusal in an error (eager ``ValueError``, or a host callback's error
+#: as JAX re-raises it under ``jit``): :func:`dpjax.tuning.private_selection` releases nothing
+#: when a trial hits it.
+REFUSAL_PHRASE = "must be finite in every coordinate before the noise"
+
 _MESSAGE = (
     "updates must be finite in every coordinate before the noise: a NaN/inf in the sum to be "
     "noised (one you built yourself: l2_clip_norm=C without clipped_grad, a Laplace DP-SGD "

@@ -145,6 +145,21 @@ def _run_plan(steps: int | None, delta: float | None) -> tuple[int, float] | Non
     return t, d
 
 
+def _refuse_unsizable_rate(sampling_rate: float, n: int, steps: int, delta: float) -> None:
+    """A cap sized from (T, δ) would need more than n rows: refuse, naming the rate."""
+    _validate.fail(
+        "sampling_rate",
+        sampling_rate,
+        f"small enough that a cap of at most dataset_size={n} rows keeps the truncation slack "
+        f"(1 + e^ε)·T·p̄ within {TRUNCATION_DELTA_SHARES[0]:g}·delta for every ε ≤ "
+        f"{SIZING_EPSILON:g} over steps={steps} at delta={delta:g} (an add-one neighbour of "
+        "n + 1 records overflows even the full cap n with probability q^(n+1) per step); use "
+        "a smaller sampling_rate, full-batch DP-GD (dpjax.erm), or pass max_batch_size="
+        "dataset_size explicitly to accept a slack that is checked at ε = 0 only (the "
+        "accountant then refuses the ε whose slack does not fit in δ)",
+    )
+
+
 #: Resolution of the inclusion decision: two 32-bit words, i.e. a 64-bit uniform integer.
 THRESHOLD_BITS = 64
 _WORD = 1 << 32
@@ -238,7 +253,10 @@ class PoissonSampler(ReadOnlyAfterInit):
     Raises:
         ValueError: invalid arguments; ``steps`` without ``delta`` or the reverse; a
             ``max_batch_size`` whose truncation slack 2·T·p̄ (its value at ε = 0) exceeds
-            half of ``delta``, so that no ε can be reported at that δ.
+            half of ``delta``, so that no ε can be reported at that δ; ``sampling_rate``
+            when ``steps`` and ``delta`` are given without ``max_batch_size`` and no cap of at
+            most ``dataset_size`` rows meets the sizing claim above (q near 1 on a small data
+            set: an add-one neighbour overflows the full cap with probability q^(n+1)).
 
     Example:
         >>> import jax
@@ -282,7 +300,9 @@ class PoissonSampler(ReadOnlyAfterInit):
             t, d = plan
             tail = TRUNCATION_DELTA_SHARES[0] * d / (t * (1.0 + math.exp(SIZING_EPSILON)))
             cap = _binomial_cap(self.dataset_size + 1, self.sampling_rate, tail)
-            max_batch_size = min(self.dataset_size, cap)
+            if cap > self.dataset_size:  # no cap of at most n rows meets the sizing claim
+                _refuse_unsizable_rate(requested, self.dataset_size, t, d)
+            max_batch_size = cap
         self.max_batch_size = _validate.positive_int("max_batch_size", max_batch_size)
         if self.max_batch_size > self.dataset_size:
             _validate.fail("max_batch_size", max_batch_size, f"at most dataset_size={dataset_size}")

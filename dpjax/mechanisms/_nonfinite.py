@@ -30,6 +30,10 @@ def _is_inexact(x: Any) -> bool:
     return bool(jnp.issubdtype(jnp.result_type(x), jnp.inexact))
 
 
+#: The words that mark this refusal in an error (see :func:`dpjax.tuning.private_selection`).
+REFUSAL_PHRASE = "must be finite in every entry (NaN/inf have unbounded sensitivity)"
+
+
 def refuse_nonfinite(name: str, tree: Any) -> None:
     """Raise ``ValueError`` if a concrete floating leaf of ``tree`` has a NaN or ±inf entry.
 
@@ -45,7 +49,7 @@ def refuse_nonfinite(name: str, tree: Any) -> None:
         values = np.asarray(leaf).ravel()  # numpy: also correct while an outer jit traces
         if not np.all(np.isfinite(values)):
             raise ValueError(
-                f"{name} must be finite in every entry (NaN/inf have unbounded sensitivity); "
+                f"{name} {REFUSAL_PHRASE}; "
                 "got an array with non-finite entries (their number and values are not shown)"
             )
 

@@ -74,3 +74,30 @@ def test_os_key_allowed_eagerly_and_under_top_level_compile_time_eval():
     rows = jax.vmap(jax.random.uniform)(jax.random.split(os_key(), 4))
     assert np.unique(np.asarray(rows)).size == 4
     assert not np.array_equal(first, np.asarray(jax.random.key_data(os_key())))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="JAX's trace state is thread-local: os_key run in a worker thread while the caller "
+    "traces jax.jit sees an eager trace, so its bytes become a constant of the compiled "
+    "program (every call reuses one key). No public JAX API tells another thread's trace; "
+    "refusing every non-main thread would refuse legitimate multi-threaded servers.",
+)
+def test_os_key_refused_from_a_worker_thread_while_jit_traces():
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(max_workers=1)
+
+    @jax.jit
+    def draw(x):
+        key = pool.submit(os_key).result()  # a helper that fetches a key off-thread
+        return x + jax.random.uniform(key)
+
+    try:
+        first, second = float(draw(0.0)), float(draw(0.0))
+    except ValueError as err:  # what the claim requires: refused, naming os_key
+        assert "os_key" in str(err)
+        return
+    finally:
+        pool.shutdown()
+    assert first != second, "one key compiled into the program serves every call"

@@ -59,3 +59,35 @@ def test_explicit_cap_that_cannot_hold_delta_fails_at_construction():
 def test_steps_and_delta_are_checked(kwargs, name):
     with pytest.raises(ValueError, match=name):
         PoissonSampler(dataset_size=N, sampling_rate=Q, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("n", "q", "steps", "delta"),
+    [
+        (10_000, 0.01, 1_000, 1e-5),
+        (30, 0.5, 1_000, 1e-5),  # the full cap n: P[Bin(31, 0.5) > 30] = 0.5^31 per step
+        (10, 0.3, 1, 0.99),
+        (100, 1.0, 10, 1e-5),  # full batch: an add-one neighbour always overflows a cap of n
+    ],
+)
+def test_a_cap_sized_from_steps_and_delta_meets_its_claim_or_is_refused(n, q, steps, delta):
+    """The sized cap's claim — slack (1 + e^ε)·T·p̄ ≤ 10⁻³·δ for every ε ≤ 10 — holds, or the
+    sampler is refused at construction naming ``sampling_rate``. Clamping the cap to n silently
+    (the cap can hold at most n rows) broke the claim: n = 30, q = 0.5, T = 1000, δ = 1e-5 gave
+    slack 1.03e-2 = 1000·δ at ε = 10, and the accountant refused every ε > 2.3 after training."""
+    try:
+        sampler = PoissonSampler(dataset_size=n, sampling_rate=q, steps=steps, delta=delta)
+    except ValueError as err:
+        assert "sampling_rate" in str(err)
+        assert stats.binom.sf(n, n + 1, q) * steps * (1 + math.exp(10.0)) > 1e-3 * delta
+        return
+    p_bar = stats.binom.sf(sampler.max_batch_size, n + 1, q)
+    assert (1 + math.exp(10.0)) * steps * p_bar <= 1e-3 * delta
+
+
+def test_a_full_cap_can_still_be_chosen_explicitly():
+    """A caller who accepts the slack checked at ε = 0 only may state max_batch_size = n."""
+    sampler = PoissonSampler(
+        dataset_size=30, sampling_rate=0.5, max_batch_size=30, steps=1_000, delta=1e-5
+    )
+    assert sampler.max_batch_size == 30

@@ -1,6 +1,7 @@
 """Private selection hides K: every call runs the same public number of trials, whatever K is,
 and the cap on K is charged on δ (P[K > K_max] through the coupling slack)."""
 
+import dataclasses
 import math
 
 import dp_accounting
@@ -145,3 +146,48 @@ def test_capped_event_round_trips_and_old_records_read_as_uncapped():
             max_trials=-1,
         )  # fmt: skip
     assert stats.geom.sf(40, 0.2) == pytest.approx(num_trials_tail(40, mean=5.0, shape=1.0))
+
+
+def test_max_trials_sized_from_delta_lets_the_selection_be_accounted_at_that_delta():
+    """With ``delta`` the default K_max keeps the cap's slack (1 + e^ε)·P[K > K_max] within
+    10⁻³·δ for every ε ≤ 10 (as PoissonSampler(steps=, delta=) does for its cap). The fixed
+    default tail 10⁻¹⁰ (219 trials for a geometric K of mean 10) could not be accounted at
+    δ = 10⁻⁸ once ε > 3.9: σ = 2 gives ε = 4.95 uncapped, and the accountant refused the
+    released event after all 219 trials had run."""
+    base, delta = ev.GaussianEvent(noise_multiplier=2.0), 1e-8
+    count = [0]
+
+    def trial(k, c):
+        count[0] += 1
+        return float(c), base
+
+    res = private_selection(
+        jax.random.key(0), [1, 2], trial, mean=10.0, base_event=base, delta=delta
+    )
+    k_max = res.event.max_trials
+    assert count[0] == k_max
+    tail = num_trials_tail(k_max, mean=10.0, shape=1.0)
+    assert (1 + math.exp(10.0)) * tail <= 1e-3 * delta
+    assert num_trials_tail(219, mean=10.0, shape=1.0) > 1e-10 / 2  # the old default's tail
+    eps = PrivacyAccountant([res.event]).epsilon(delta)
+    uncapped = PrivacyAccountant([dataclasses.replace(res.event, max_trials=None)]).epsilon(delta)
+    assert uncapped == pytest.approx(4.954, abs=5e-3)
+    assert uncapped <= eps <= uncapped + 1e-3
+
+
+def test_a_selection_that_cannot_be_accounted_at_delta_is_refused_before_any_trial_runs():
+    """σ = 0.5: the uncapped selection has ε ≈ 16 at δ = 10⁻⁵, beyond what any cap's slack
+    fits in; with ``delta`` the call refuses before the first trial (naming delta) instead
+    of spending every trial on a release the accountant then refuses."""
+    base = ev.GaussianEvent(noise_multiplier=0.5)
+    count = [0]
+
+    def trial(k, c):
+        count[0] += 1
+        return float(c), base
+
+    with pytest.raises(ValueError, match="delta"):
+        private_selection(jax.random.key(0), [1, 2], trial, mean=10.0, base_event=base, delta=1e-5)
+    assert count[0] == 0
+    with pytest.raises(ValueError, match="delta"):
+        private_selection(jax.random.key(0), [1, 2], trial, mean=10.0, base_event=BASE, delta=0.0)
