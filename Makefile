@@ -10,7 +10,7 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 WORKERS ?= auto
 XDIST   := -n $(WORKERS) --maxprocesses 4 --dist loadscope
 
-.PHONY: data reproduce notebooks docs test test-slow test-torch test-all lint bench bench-full bench-torch venv clean
+.PHONY: data reproduce notebooks docs test test-slow test-torch test-all lint bench bench-full bench-startup bench-accounting bench-torch venv clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -81,6 +81,16 @@ bench: $(VENV)/.installed-dev
 
 bench-full: $(VENV)/.installed-dev
 	$(PY) -m benchmarks --out results
+
+## Time to first result: `import dpjax`, each console script's --help, the README's make_private
+## block, in fresh processes (results/startup.{json,md}).
+bench-startup: $(VENV)/.installed-dev
+	$(PY) -m benchmarks --startup --out results
+
+## Speed of the accountant (1000 recorded steps -> epsilon) and of make_private at a target
+## epsilon, CPU seconds in fresh processes (results/accounting.{json,md}).
+bench-accounting: $(VENV)/.installed-dev
+	$(PY) -m benchmarks --accounting --out results
 
 $(VENV)/.installed-bench-torch: pyproject.toml | $(VENV)/.installed-dev
 	$(PIP) install torch --index-url https://download.pytorch.org/whl/cpu || true

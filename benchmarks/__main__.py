@@ -1,28 +1,26 @@
-"""``python -m benchmarks [--quick] --out results``: dpjax's DP-SGD step, its breakdown, Opacus.
+"""Benchmarks of dpjax: the DP-SGD step against the non-private step and Opacus.
 
-``python -m benchmarks --construction`` times ``make_private``'s construction instead
-(:mod:`benchmarks.construction`).
+Every (model, batch) row runs in a fresh process that compiles each method (compile time:
+`lower().compile()` seconds), draws bare noise vectors of the model's size (dpjax's sound
+sampler and `jax.random.normal`), builds Opacus's fastest mode on the same PyTorch model when
+torch and opacus are installed (the `bench-torch` extra), then times everything round-robin.
+Each ratio is taken within one round and summarised by its median over rounds, in wall-clock
+and in CPU time. Writes bench.json and bench.md under --out, with these targets:
 
-Every (model, batch) of :data:`benchmarks.models.CONFIGS` runs in one fresh process that
-compiles every method (compile time: ``lower().compile()`` seconds), draws two bare noise
-vectors of the model's size (dpjax's sound sampler, ``jax.random.normal``), builds Opacus's
-fastest mode on the identical PyTorch model when the ``bench-torch`` extra is installed, then
-times everything round-robin in that process. Every ratio is taken within one round and
-summarised by its median over rounds (the machine may be shared and noisy), in wall-clock time
-and in the process's CPU time. Writes ``bench.json`` and ``bench.md`` with the issue-15 targets:
+* noise inside the jitted DP step <= 1.15 x a bare draw of the same size;
+* DP step <= 1.15 x (non-private step + bare draw);
+* dpjax's DP step <= 0.5 x Opacus's best mode;
+* compile time of the DP step <= 3 x the non-private step's.
 
-* noise inside the jitted DP step ≤ 1.15 × a bare draw of the same size
-  (``noise_over_draw`` = (DP step − the same step without noise) / bare draw);
-* DP step ≤ 1.15 × (non-private step + bare draw) (``dp_over_floor``);
-* ``dpjax_over_opacus`` = dpjax's DP step / Opacus's best mode ≤ 0.5;
-* compile time of the DP step ≤ 3 × the non-private step's.
+The full run (no --quick) adds the vmap paths and a peak-memory process per method. Both end
+with the throughput of the exact integer samplers and of the sound Gaussian sampler against
+`jax.random.normal` (target <= 1.3 x).
 
-The full run (no ``--quick``) adds the vmap paths and a peak-memory process per method.
-Both end with the throughput of the exact integer samplers (:mod:`benchmarks.integer_noise`)
-and the bare sound sampler against ``jax.random.normal`` (:mod:`benchmarks.sampler`: target
-sampler / jax.random.normal ≤ 1.3, issue 24).
-The same program is the console script ``dpjax-bench`` (from any directory once dpjax is
-installed).
+Three other sections run instead of the table: --startup (time to first result: `import dpjax`,
+each console script's --help, the README's make_private block; startup.{json,md}),
+--construction (CPU time of building make_private; construction.{json,md}), and --accounting
+(CPU time of the accountant, 1000 recorded steps -> epsilon, and of make_private at a target
+epsilon; accounting.{json,md}).
 """
 
 from __future__ import annotations
@@ -37,9 +35,8 @@ import subprocess
 import sys
 import time
 
-from benchmarks import integer_noise, sampler
-from benchmarks.models import CONFIGS, load_plugins
-from benchmarks.steps import available_methods
+# The models, steps and samplers import JAX and flax: they are imported by `main` after the
+# command line is parsed, so `--help` and argument errors are instant.
 
 TARGETS = {  # ratio key -> (bound, what it compares)
     "noise_over_draw": (1.15, "noise in the jitted step / bare draw"),
@@ -140,7 +137,7 @@ def _method_table(records: list[dict]) -> list[str]:
     return lines
 
 
-# issue 24: targets of one model only, by device platform ("cpu", "gpu", ...)
+# targets of one model only, by device platform ("cpu", "gpu", ...)
 MODEL_TARGETS = {
     "transformer": {
         "dp_over_nonprivate": (
@@ -192,7 +189,7 @@ def targets(records: list[dict]) -> list[dict]:
 def _target_lines(rows: list[dict]) -> list[str]:
     lines = [
         "",
-        "## Targets (issues 15 and 24; ratio: median over rounds of wall-clock, CPU-time)",
+        "## Targets (ratio: median over rounds of wall-clock, CPU-time)",
         "",
     ]
     for t in rows:
@@ -214,6 +211,13 @@ def _opacus_available() -> str | None:
     return None
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1; got {value}")
+    return value
+
+
 PROG = "python -m benchmarks"  # the console script `dpjax-bench` passes its own name
 
 
@@ -221,7 +225,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     """The command line; ``--help`` keeps the module docstring's paragraphs and lists."""
     parser = argparse.ArgumentParser(
         prog=prog,
-        description=__doc__.replace(":data:", "").replace("``", "`"),
+        description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
@@ -240,13 +244,15 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         "--only",
         default=None,
         metavar="MODELS",
-        help="comma-separated model names of benchmarks.models.CONFIGS to run (default: all)",
+        help="comma-separated models to run, e.g. mlp,cnn (mlp, cnn, cnn_tanh, cnn_im2col, "
+        "logreg, lora_mlp, transformer; default: all)",
     )
     parser.add_argument(
         "--repeats",
-        type=int,
+        type=_positive_int,
         default=None,
-        help="timing rounds per (model, batch) (default: 5 with --quick, else 11)",
+        help="timing rounds per (model, batch) (default: 5 with --quick, else 11); with "
+        "--startup, fresh processes per row (default 5)",
     )
     parser.add_argument(
         "--no-opacus",
@@ -263,7 +269,20 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         "--construction",
         action="store_true",
         help="only time make_private's construction (calibration, sampler cap) in fresh "
-        "processes: construction.json and construction.md (benchmarks/construction.py)",
+        "processes: construction.json and construction.md",
+    )
+    parser.add_argument(
+        "--startup",
+        action="store_true",
+        help="only time the start: `import dpjax`, each console script's --help and the "
+        "README's make_private block, in fresh processes: startup.json and startup.md",
+    )
+    parser.add_argument(
+        "--accounting",
+        action="store_true",
+        help="only time the accountant (1000 recorded DP-SGD steps -> epsilon) and make_private "
+        "at a target epsilon, each in fresh processes (min of --repeats, default 3): "
+        "accounting.json and accounting.md",
     )
     return parser
 
@@ -275,6 +294,19 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         from benchmarks.construction import run
 
         return run(args.out)
+    if args.startup:
+        from benchmarks.startup import run
+
+        return run(args.out, repeats=args.repeats or 5)
+    if args.accounting:
+        from benchmarks import accounting
+
+        accounting.run(args.out, args.repeats or 3)
+        return 0
+    from benchmarks import integer_noise, sampler
+    from benchmarks.models import CONFIGS, load_plugins
+    from benchmarks.steps import available_methods
+
     repeats = args.repeats or (5 if args.quick else 11)
     plugins = load_plugins()
     only = None if args.only is None else set(args.only.split(","))
@@ -315,8 +347,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         "records": records,
     }
     if not args.no_samplers:
-        payload["integer_noise"] = integer_noise.run(args.quick)  # issue 26
-        payload["sampler"] = sampler.run(args.quick)  # issue 24: sampler / jax.random.normal
+        payload["integer_noise"] = integer_noise.run(args.quick)
+        payload["sampler"] = sampler.run(args.quick)  # sound sampler / jax.random.normal
         rows.append(payload["sampler"]["target"])
     (args.out / "bench.json").write_text(json.dumps(payload, indent=2))
     md = ["# dpjax benchmarks", "", f"`{json.dumps(meta)}`", ""]

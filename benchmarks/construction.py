@@ -1,4 +1,4 @@
-"""``python -m benchmarks --construction``: CPU time of building ``make_private`` (issue 20).
+"""``python -m benchmarks --construction``: CPU time of building ``make_private``.
 
 Each case runs in a fresh process (cold calibration and accounting caches, imports done
 before the clock starts) and reports the process CPU time of ``make_private(...)`` and of the

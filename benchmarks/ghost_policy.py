@@ -1,8 +1,8 @@
-"""A/B of ghost clipping's backend policies in one process (issue 24).
+"""A/B of ghost clipping's backend policies in one process.
 
 ``python -m benchmarks.ghost_policy [--model transformer] [--batch 32] [--repeats 11]`` compiles
-the non-private step and the dpjax DP step twice, traced under the CPU policy (the plan before
-issue 24's GPU fix, still the CPU's) and under the accelerator policy
+the non-private step and the dpjax DP step twice, traced under the CPU policy (the plan that the
+accelerators used before their own policy, still the CPU's) and under the accelerator policy
 (:mod:`dpjax.dp_sgd._ghost_policy`, the default on GPU/TPU), then times the three round-robin
 and prints one JSON line per method (``AB {...}``: median ms, × non-private, compile s) and
 the device.

@@ -1,4 +1,4 @@
-"""Throughput of the exact integer samplers (issue 26) against ``jax.random.normal``.
+"""Throughput of the exact integer samplers against ``jax.random.normal``.
 
 ``python -m benchmarks.integer_noise [--quick] [--out results]`` times, in this process, one
 jitted draw of n coordinates of: the discrete Gaussian (σ = 3 and σ = 1000), the discrete
@@ -68,7 +68,7 @@ def section(records: list[dict]) -> list[str]:
     """Markdown lines for bench.md."""
     lines = [
         "",
-        "## Exact integer noise (issue 26): draws per second",
+        "## Exact integer noise: draws per second",
         "",
         f"x64 = {jax.config.read('jax_enable_x64')}; median of rounds, one jitted draw of n.",
         "",

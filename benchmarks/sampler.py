@@ -1,4 +1,4 @@
-"""The sound Gaussian sampler against ``jax.random.normal`` (issue 24: ≤ 1.3× on the CPU).
+"""The sound Gaussian sampler against ``jax.random.normal`` (target: ≤ 1.3× on the CPU).
 
 ``python -m benchmarks.sampler [--quick] [--out results]`` times, in this process, one jitted
 draw of d = 669 706 float32 coordinates (the MLP's size) of :func:`dpjax._random.normal` and
@@ -84,7 +84,7 @@ def section(result: dict) -> list[str]:
     """Markdown lines for bench.md."""
     return [
         "",
-        "## Sound sampler vs jax.random.normal (issue 24)",
+        "## Sound sampler vs jax.random.normal",
         "",
         f"- d = {result['size']} float32, {result['rounds']} interleaved rounds of "
         f"{result['draws_per_round']} draws: dpjax {result['dpjax_ms']:.2f} ms, "

@@ -8,7 +8,7 @@ public batch size (:func:`normalize_by`) and take an SGD step; the non-private s
 
 * ``dpjax_clip_only``: the same step without the noise;
 * ``dpjax_nobarrier``: the same noise drawn straight from :mod:`dpjax._noise`, without the
-  transform's fusion barrier (what users got before issue 15);
+  transform's fusion barrier (the plain draw, for comparison);
 * :func:`bare_draw`: a jitted draw of as many normals as the model has parameters, with the
   library's sound sampler (``draw``) and with ``jax.random.normal`` (``draw_jax``).
 """

@@ -1,10 +1,10 @@
-"""A flax nnx transformer under DP-SGD (issue 15): ghost clipping with embeddings and sequences.
+"""A flax nnx transformer under DP-SGD: ghost clipping with embeddings and sequences.
 
 The model is a pre-norm causal language model: token embedding + learned positional embedding
 (both ``nnx.Embed``), ``layers`` blocks of (LayerNorm, ``nnx.MultiHeadAttention`` with a causal
 mask, residual; LayerNorm, MLP width → 4·width → width with GELU, residual), a final LayerNorm
 and an untied output head. One example is a sequence of ``seq`` tokens; its loss is the mean
-next-token cross-entropy over the positions. Issue 15's size: 2 layers, width 256, 4 heads,
+next-token cross-entropy over the positions. Default size: 2 layers, width 256, 4 heads,
 sequence 128, vocabulary 8192, batch 32 and 128.
 
 Under ``dpjax.clipped_grad(backend="auto")`` every kernel (attention q/k/v/out, MLP, head) and

@@ -8,7 +8,9 @@ under one private folder, ``dpjax_workbench/``, and each console script of
 ``[project.scripts]`` lands here: it finds the folder that holds the three packages (the source
 checkout for an editable install, ``site-packages/dpjax_workbench`` for a wheel), puts it first
 on ``sys.path`` of this process only (and on ``PYTHONPATH`` for the worker processes the
-benchmarks and the distributed example start), and calls the program's ``main``.
+benchmarks and the distributed example start), parses the command line with the program's
+parser (built without importing JAX, so ``--help`` and argument errors are instant), and calls
+the program's ``main``.
 
 * ``dpjax-experiments``: ``python -m experiments`` (``make reproduce``);
 * ``dpjax-bench``: ``python -m benchmarks`` (``make bench``);
@@ -23,7 +25,6 @@ import importlib.util
 import os
 import pathlib
 import sys
-from collections.abc import Callable
 
 WORKBENCH_PACKAGES = ("experiments", "benchmarks", "examples")
 INSTALLED_FOLDER = "dpjax_workbench"  # site-packages/dpjax_workbench/{experiments,...}
@@ -83,13 +84,25 @@ def _enter(root: pathlib.Path) -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join([str(root)] + ([old] if old else []))
 
 
-def _load(module_name: str) -> Callable:
-    root = workbench_root()
-    _enter(root)
+def _import(module_name: str, root: pathlib.Path):
     module = importlib.import_module(module_name)
     if not _inside(module, root):  # pragma: no cover
         raise SystemExit(f"dpjax: {module_name} was imported from {module.__file__}, not {root}")
-    return module.main
+    return module
+
+
+def _run(program: str, parser: str, prog: str) -> int:
+    """Parse the command line with ``parser`` (``module:function``, a module that imports
+    neither JAX nor dpjax's rooms), then import ``program`` and call its ``main``.
+
+    ``--help`` and a wrong argument (argparse's usage message, exit code 2) answer before the
+    program's heavy imports; the program's ``main`` parses the same command line again.
+    """
+    root = workbench_root()
+    _enter(root)
+    module_name, function = parser.split(":")
+    getattr(_import(module_name, root), function)(prog).parse_args()
+    return _exit_code(_import(program, root).main(prog=prog))
 
 
 def _exit_code(result: object) -> int:
@@ -97,20 +110,23 @@ def _exit_code(result: object) -> int:
 
 
 def experiments() -> int:
-    """``dpjax-experiments``: reproduce the lectures' results (``make reproduce``)."""
-    return _exit_code(_load("experiments.__main__")(prog="dpjax-experiments"))
+    """``dpjax-experiments``: reproduce dpjax's experiments (``make reproduce``)."""
+    prog = "dpjax-experiments"
+    return _run("experiments.__main__", "experiments.__main__:build_parser", prog)
 
 
 def bench() -> int:
     """``dpjax-bench``: time dpjax's DP-SGD step against the non-private step and Opacus."""
-    return _exit_code(_load("benchmarks.__main__")(prog="dpjax-bench"))
+    return _run("benchmarks.__main__", "benchmarks.__main__:build_parser", "dpjax-bench")
 
 
 def example_digits() -> int:
     """``dpjax-example-digits``: DP-SGD on scikit-learn's digits with a flax nnx MLP."""
-    return _exit_code(_load("examples.flax_digits")(prog="dpjax-example-digits"))
+    prog = "dpjax-example-digits"
+    return _run("examples.flax_digits", "examples.cli:digits_parser", prog)
 
 
 def example_distributed() -> int:
     """``dpjax-example-distributed``: DP-SGD over several processes (``jax.distributed``)."""
-    return _exit_code(_load("examples.distributed_dp_sgd")(prog="dpjax-example-distributed"))
+    prog = "dpjax-example-distributed"
+    return _run("examples.distributed_dp_sgd", "examples.cli:distributed_parser", prog)

@@ -90,7 +90,7 @@ def _add_scaled(tree: Any, noise: Any, scale: Any) -> Any:
     return jax.tree.map(add, tree, noise)
 
 
-def _host_dtype(leaf: Any) -> np.dtype | None:
+def host_dtype(leaf: Any) -> np.dtype | None:
     """The dtype a concrete host value really has (Python float → float64, int → int64)."""
     if isinstance(leaf, bool | np.bool_):
         return np.dtype(bool)
@@ -170,7 +170,7 @@ def exact_sum_with_noise(
     must hold for the rounded query.
     """
     out_dtype = float_dtype_of(leaf) if out_dtype is None else out_dtype
-    host = _host_dtype(leaf)
+    host = host_dtype(leaf)
     if host is None and _validate.is_concrete(leaf):
         host = np.dtype(jnp.result_type(leaf)) if not exact_in(leaf.dtype, z.dtype) else None
     if host is not None and not exact_in(host, z.dtype):
@@ -231,7 +231,7 @@ def tree_iid_noise_like(key: jax.Array, tree: Any, sampler: Sampler) -> Any:
     i.i.d. (normal, Laplace, ...): the leaves receive disjoint slices of one i.i.d. draw, so
     they are independent of each other and of every other update (the key is split per dtype
     group and fresh per call). One large draw instead of one per leaf compiles about 4× faster
-    and runs faster on CPU for models with many leaves (benchmarks/, issue 9). Do not use it
+    and runs faster on CPU for models with many leaves (measured in benchmarks/). Do not use it
     for vector samplers with dependent coordinates (e.g. a uniform direction times a norm).
     """
     leaves, treedef = jax.tree.flatten(tree)

@@ -67,6 +67,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+try:  # the current trace, public in jax.extend.core; absent: os_key refuses (_at_top_level)
+    from jax.extend.core import find_top_trace
+except ImportError:  # pragma: no cover - a JAX this code was not written for
+    find_top_trace = None
+
 __all__ = [
     "noise_dtype",
     "normal",
@@ -111,12 +116,13 @@ def _check_wide(dtype: Any) -> Any:
 _LOW31 = 0x7FFFFFFF
 
 
-def _sign_and_flip(word: jax.Array) -> tuple[jax.Array, jax.Array]:
+def _sign_and_flip(word: jax.Array, xp: Any = jnp) -> tuple[jax.Array, jax.Array]:
     """Sign = the top bit of ``word``; flip = all-ones where negative, so that a negative
     coordinate reads its magnitude bits complemented: all-one words give −(largest magnitude),
-    mirroring all-zero words → +(largest magnitude). The law is unchanged (~ is a bijection)."""
-    negative = (word >> jnp.uint32(31)) == jnp.uint32(1)
-    flip = jnp.where(negative, jnp.uint32(0xFFFFFFFF), jnp.uint32(0))
+    mirroring all-zero words → +(largest magnitude). The law is unchanged (~ is a bijection).
+    ``xp``: ``jax.numpy``, or ``numpy`` for the same arithmetic on the host."""
+    negative = (word >> xp.uint32(31)) == xp.uint32(1)
+    flip = xp.where(negative, xp.uint32(0xFFFFFFFF), xp.uint32(0))
     return negative, flip
 
 
@@ -131,16 +137,24 @@ def _unit_and_sign(key: jax.Array, shape: tuple[int, ...], dtype: Any):
     return _unit_and_sign_of_words(hi, lo, dtype)
 
 
-def _unit_and_sign_of_words(hi: jax.Array, lo: jax.Array, dtype: Any):
+def unit_and_sign_on_host(key: jax.Array, shape: tuple[int, ...]) -> tuple[Any, Any]:
+    """:func:`_unit_and_sign` in float64 on the host (numpy), whatever ``jax_enable_x64`` says:
+    the same words of ``key``, the same U and sign as ``_unit_and_sign(key, shape, float64)``.
+    ``key`` must be concrete (an eager call)."""
+    hi, lo = np.asarray(jax.random.bits(key, (2, *shape), jnp.uint32))
+    return _unit_and_sign_of_words(hi, lo, np.float64, xp=np)
+
+
+def _unit_and_sign_of_words(hi: jax.Array, lo: jax.Array, dtype: Any, xp: Any = jnp):
     """:func:`_unit_and_sign` of given words: ``hi`` gives the sign and the top 31 bits of k,
-    ``lo`` its low 32 bits (elementwise)."""
-    negative, flip = _sign_and_flip(hi)
+    ``lo`` its low 32 bits (elementwise). ``xp``: as for :func:`_sign_and_flip`."""
+    negative, flip = _sign_and_flip(hi, xp)
     u = (
-        ((hi ^ flip) & jnp.uint32(_LOW31)).astype(dtype) * jnp.asarray(2.0**-31, dtype)
-        + (lo ^ flip).astype(dtype) * jnp.asarray(2.0**-63, dtype)
-        + jnp.asarray(2.0**-64, dtype)
+        ((hi ^ flip) & xp.uint32(_LOW31)).astype(dtype) * xp.asarray(2.0**-31, dtype)
+        + (lo ^ flip).astype(dtype) * xp.asarray(2.0**-63, dtype)
+        + xp.asarray(2.0**-64, dtype)
     )
-    return jnp.minimum(u, jnp.asarray(1.0, dtype)), negative
+    return xp.minimum(u, xp.asarray(1.0, dtype)), negative
 
 
 # Draws of at least _MIN_CHUNKED coordinates run their word -> sample transform in a loop over
@@ -165,7 +179,7 @@ def _sample_words(
     its result materialised once. Without the loop XLA fused a copy of the chain into every
     consumer, e.g. into each of the 38 leaf slices of a transformer's one flat noise draw
     (:func:`dpjax._noise.tree_iid_noise_like`), so compile time grew with the number of leaves
-    (issue 15).
+    (measured).
     """
     dtype = _check_wide(dtype)
     hi, lo = jax.random.bits(key, (2, *shape), jnp.uint32)
@@ -228,7 +242,7 @@ _ERFINV_OUTER = (
 # uses, highest degree first): z = √(−2 log p), Φ̄⁻¹(p) = z − log(z)/z − P(1/z)/(Q(1/z)·z),
 # (P₁, Q₁) for z < 8 (p > e⁻³²), (P₂, Q₂) beyond. Written out (Horner, unrolled) rather than
 # calling ndtri, which also compiles its central branch and six ``jnp.polyval`` loops for
-# lanes that never reach them (issue 24: 15% of the sampler's compiled program). Same
+# lanes that never reach them (measured: 15% of the sampler's compiled program). Same
 # accuracy: ≤ 3.1 float32 ulp from the exact quantile on 2·10⁴ points of [2⁻⁶⁶, 2⁻³²], as
 # ndtri; the two agree bit for bit on 99.4% of them and within 2 ulp on the rest.
 _NDTRI_P1 = (
@@ -299,7 +313,7 @@ def _tail_codes(words: jax.Array) -> tuple[jax.Array, jax.Array]:
     (:func:`normal_overflow_probability`). The sign rides in the code, so no lane word is read
     back. Both ends come from ONE variadic reduction (min, max) over the blocks: XLA:CPU
     compiles it as one small loop, where two ``jnp.min`` / ``jnp.max`` reductions compiled
-    into six kernels and cost more compile time than the whole body map (issue 24).
+    into six kernels and cost more compile time than the whole body map (measured).
     """
     size = words.shape[0]
     blocks = -(-size // _BLOCK)
@@ -358,7 +372,7 @@ def _normal32_words(key: jax.Array, size: int) -> tuple[jax.Array, jax.Array]:
 
     ONE ``jax.random.bits`` draw of size + 2·⌈size/4096⌉ words, cut into the lane words and the
     fresh tail words: every word is read by at most one coordinate, and one generator instance
-    is compiled (a key split and two draws compiled three; issue 24).
+    is compiled (a key split and two draws compiled three; measured).
     """
     fresh = _REFINED_PER_BLOCK * -(-size // _BLOCK)
     bits = jax.random.bits(key, (size + fresh,), jnp.uint32)
@@ -579,9 +593,15 @@ def os_key(impl: Any = None) -> jax.Array:
         A typed scalar key (``jax.random.key`` style). Keep it secret; never log it.
 
     Raises:
-        ValueError: when called inside ``jax.jit`` or another trace: there the OS bytes are
-            read once, at compile time, and baked into the program as a constant, so every
-            call would reuse one key. Call ``os_key()`` outside and pass the key in.
+        ValueError: when called anywhere but at the top level, i.e. while any JAX
+            transformation traces the caller: ``jax.jit`` (where the OS bytes are read once, at
+            compile time, and baked into the program as a constant, so every call would reuse
+            one key, ``jax.ensure_compile_time_eval`` included), ``jax.vmap`` (where the body
+            runs once and the one key it draws is broadcast to every row: all rows share one
+            noise draw), ``pmap``, ``shard_map``, ``lax.scan``/``cond`` bodies, ``grad`` and
+            ``eval_shape``. Call ``os_key()`` outside and pass the key in (one key per row of a
+            vmap: ``jax.random.split(dpjax.os_key(), rows)``). A host callback
+            (``jax.pure_callback``) runs at the top level and may call it.
 
     Example:
         >>> import jax
@@ -589,20 +609,46 @@ def os_key(impl: Any = None) -> jax.Array:
         >>> key.shape, jax.random.key_data(key).dtype.name
         ((), 'uint32')
     """
+    _refuse_under_transform()
     shape, dtype = _key_data_layout(impl, jax.config.jax_default_prng_impl)
     nbytes = np.dtype(dtype).itemsize * math.prod(shape)
     words = np.frombuffer(secrets.token_bytes(nbytes), dtype=dtype).reshape(shape)
     key = jax.random.wrap_key_data(words, impl=impl)
-    if isinstance(key, jax.core.Tracer):
-        raise ValueError(
-            "os_key must be called outside jax.jit (and other traced functions such as "
-            "jax.vmap, lax.scan bodies or a jitted training step): under a trace it runs once, "
-            "when the function is compiled, and its bytes become a constant of the compiled "
-            "program, so every call would release the SAME noise and the difference of two "
-            "releases would be noise-free. Draw the key outside and pass it in: "
-            "key = dpjax.os_key(); jitted_release(key, value)"
-        )
+    if isinstance(key, jax.core.Tracer):  # belt and braces: a trace the check above missed
+        _refuse_os_key_here()
     return key
+
+
+def _at_top_level() -> bool:
+    """Whether no JAX transformation is tracing the caller (the current trace is eager).
+
+    ``jax.extend.core.find_top_trace`` returns the current trace: ``EvalTrace`` at the top level
+    and in host callbacks; a batching, staging (jit, scan, cond, pmap, eval_shape, also under
+    ``ensure_compile_time_eval``, which keeps the jit's trace and only folds constants) or
+    differentiation trace otherwise. If that API is missing (a JAX this code was not written
+    for), the answer is False: os_key then refuses loudly rather than risk a shared key.
+    """
+    if find_top_trace is None:
+        return False
+    return type(find_top_trace(())).__name__ == "EvalTrace"
+
+
+def _refuse_under_transform() -> None:
+    if not _at_top_level():
+        _refuse_os_key_here()
+
+
+def _refuse_os_key_here() -> None:
+    raise ValueError(
+        "os_key must be called at the top level, outside every JAX transformation (jax.jit, "
+        "jax.ensure_compile_time_eval inside jit, jax.vmap, pmap, shard_map, lax.scan/cond "
+        "bodies, grad, a jitted training step): under jit it runs once, when the function is "
+        "compiled, and its bytes become a constant of the compiled program, so every call would "
+        "release the SAME noise; under vmap it runs once and its one key serves every row, so "
+        "the rows share one noise draw. Either way differences of releases would be noise-free. "
+        "Draw the key outside and pass it in: key = dpjax.os_key(); jitted_release(key, value), "
+        "or one key per row: jax.vmap(release)(jax.random.split(dpjax.os_key(), rows), values)"
+    )
 
 
 @functools.lru_cache(maxsize=32)

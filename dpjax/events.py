@@ -183,8 +183,35 @@ class PoissonSampledGaussianEvent(PrivacyEvent):
             return 0.0
         return float(stats.binom.sf(self.max_batch_size, self.dataset_size + 1, self.sampling_rate))
 
-    def untruncated(self) -> PoissonSampledGaussianEvent:
-        """The same event without the cap (exact Poisson sampling)."""
+    def untruncated(self, *, slack_paid_separately: bool = False) -> PoissonSampledGaussianEvent:
+        """The same event without the cap (exact Poisson sampling): an ANALYSIS aid.
+
+        The untruncated event is not the mechanism that ran: a padded sampler's guarantee is
+        the untruncated one's plus the truncation slack (1 + e^ε)·count·p̄ on δ
+        (:func:`dpjax.accounting.truncation_slack`). Record the padded event itself (every
+        accountant pays the slack, also inside a
+        :class:`RepeatAndSelectEvent`); dropping the cap is refused unless the caller states
+        that it pays the slack itself.
+
+        Args:
+            slack_paid_separately: True to acknowledge that the slack
+                ``truncation_slack(ε, count·overflow_probability)`` is added to δ elsewhere.
+
+        Raises:
+            ValueError: a padded event and ``slack_paid_separately`` not True.
+        """
+        if not self.truncated:
+            return self
+        if slack_paid_separately is not True:
+            _validate.fail(
+                "slack_paid_separately",
+                slack_paid_separately,
+                "True: the untruncated event drops the padded sampler's truncation slack "
+                f"(1 + e^ε)·count·p̄ with count·p̄ = {self.count * self.overflow_probability:.3g}; "
+                "record the padded event itself (the accountant pays the slack, also under "
+                "RepeatAndSelectEvent), or pass True and add "
+                "dpjax.accounting.truncation_slack(ε, count·overflow_probability) to δ yourself",
+            )
         return dataclasses.replace(self, dataset_size=None, max_batch_size=None)
 
 
@@ -227,7 +254,7 @@ class FixedBatchGaussianEvent(PrivacyEvent):
 
 @dataclasses.dataclass(frozen=True)
 class LaplaceDPSGDEvent(PrivacyEvent):
-    """The Laplace-noise DP-SGD of the lecture on advances in DP (Theorems 36–37): per-step
+    """The Laplace-noise batch-1 DP-SGD (no published source located): per-step
     pure-DP budgets ε_h.
 
     ``epsilons`` holds the per-release ε_h; the run is (Σ ε_h, 0)-DP by basic composition.
@@ -257,6 +284,13 @@ class RepeatAndSelectEvent(PrivacyEvent):
     names its distribution, as in dp-accounting's ``RepeatAndSelectDpEvent``: ``inf``
     Poisson, ``1`` geometric (Liu & Talwar 2019), ``0`` logarithmic, ``0 < shape < inf``
     truncated negative binomial. The relation is the base event's. Accounted by RDP only.
+
+    ``max_trials`` K_max (a public integer) records a selection that always runs K_max trials
+    and selects among the first min(K, K_max) (so its running time does not show K): the
+    accountant charges P[K > K_max] (:func:`dpjax.accounting.num_trials.num_trials_tail`)
+    through the coupling slack (1 + e^ε)·m̄ on δ, as for a padded sampler. None: K was not
+    capped (records written before the field existed). Padded Poisson-sampler events are
+    allowed in ``base_event``: each trial adds its overflow mass, E[K]·Σ count·p̄ in all.
     """
 
     base_event: PrivacyEvent | tuple[PrivacyEvent, ...]
@@ -264,6 +298,7 @@ class RepeatAndSelectEvent(PrivacyEvent):
     shape: float
     count: int = 1
     relation: NeighbouringRelation | None = None
+    max_trials: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.base_event, list | tuple):
@@ -288,6 +323,9 @@ class RepeatAndSelectEvent(PrivacyEvent):
         self._coerce_float("mean", "shape")
         _validate.in_range("mean", self.mean, 1.0, float("inf"), high_inclusive=False)
         _validate.in_range("shape", self.shape, 0.0, float("inf"), high_inclusive=True)
+        if self.max_trials is not None:
+            self._coerce_int("max_trials")
+            _validate.positive_int("max_trials", self.max_trials)
 
     @property
     def base_parts(self) -> tuple[PrivacyEvent, ...]:
@@ -450,6 +488,7 @@ def event_to_dict(event: PrivacyEvent) -> dict[str, Any]:
 _OPTIONAL_FIELDS = {
     "PoissonSampledGaussianEvent": {"dataset_size", "max_batch_size", "privacy_unit"},
     "EpsilonDeltaEvent": {"privacy_unit"},
+    "RepeatAndSelectEvent": {"max_trials"},
 }
 
 

@@ -2,11 +2,11 @@
 
 Every mechanism, sensitivity and accountant in dpjax names the relation it uses, and the two
 must agree: a sensitivity computed under add/remove-one and a guarantee claimed under
-replace-one is the most common factor-2 privacy bug (literature §2.9, pitfall 8).
+replace-one is the most common factor-2 privacy bug .
 
-* ``REPLACE_ONE`` — D and D' have the same size n and differ in one record (the lectures'
-  convention, e.g. the sensitivity 2L/(μn) of the regularised argmin in the lecture on output
-  perturbation).
+* ``REPLACE_ONE`` — D and D' have the same size n and differ in one record (the textbook
+  convention, e.g. the sensitivity 2L/(μn) of the regularised argmin in Chaudhuri, Monteleoni,
+  Sarwate 2011).
 * ``ADD_OR_REMOVE_ONE`` — D' is D with one record added or removed (the convention of
   dp-accounting and Opacus for DP-SGD; a sum of per-example terms bounded by C has
   sensitivity C, versus 2C under replace-one).

@@ -21,7 +21,6 @@ same command on every host; ``initialize()`` finds the pod)::
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -39,6 +38,7 @@ import optax
 
 import dpjax
 from dpjax.dp_sgd import distributed
+from examples.cli import distributed_parser as build_parser
 
 NOISE_SEED = 7  # the noise key: the SAME on every process (never derived from the process index)
 STEPS = 3
@@ -221,32 +221,6 @@ def _wait_all_or_first_failure(procs: list[subprocess.Popen], deadline: float) -
 def _read(file) -> str:
     file.seek(0)
     return file.read()
-
-
-def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
-    """The command line; ``--help`` shows the module docstring with its paragraphs."""
-    parser = argparse.ArgumentParser(
-        prog=prog,
-        description=__doc__.replace("``", "`"),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--coordinator", help="host:port of process 0 (default: auto-detect)")
-    parser.add_argument(
-        "--num-processes", type=int, help="processes in the job (with --coordinator)"
-    )
-    parser.add_argument(
-        "--process-id", type=int, help="this process's index, 0 .. num-processes - 1"
-    )
-    parser.add_argument("--cpu-devices", type=int, help="CPU devices per process (CPU only)")
-    parser.add_argument(
-        "--noise-multiplier", type=float, default=1.0, help="σ of the DP-SGD noise (default 1)"
-    )
-    parser.add_argument("--x64", action="store_true", help="float64 (to compare to a reference)")
-    parser.add_argument(
-        "--check-key-mismatch", action="store_true", help="also check a per-process key is refused"
-    )
-    parser.add_argument("--spawn", type=int, help="launch this many processes on this machine")
-    return parser
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> None:

@@ -22,7 +22,6 @@ training set only). The reported δ includes the padded sampler's truncation sla
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -37,6 +36,7 @@ import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import dpjax  # noqa: E402
+from examples.cli import digits_parser as build_parser  # noqa: E402
 
 
 class MLP(nnx.Module):
@@ -147,37 +147,6 @@ def train(
         "steps": private.steps,
         "max_batch_size": private.max_batch_size,
     }
-
-
-def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
-    """The command line; ``--help`` shows the module docstring with its paragraphs."""
-    parser = argparse.ArgumentParser(
-        prog=prog,
-        description=__doc__.replace("``", "`"),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument(
-        "--target-epsilon", type=float, default=3.0, help="ε of the whole run (default 3)"
-    )
-    parser.add_argument(
-        "--delta", type=float, default=1e-5, help="δ of the whole run, add/remove-one (1e-5)"
-    )
-    parser.add_argument(
-        "--epochs", type=float, default=20.0, help="passes over the training set (default 20)"
-    )
-    parser.add_argument("--batch", type=int, default=64, help="expected batch size q·n (64)")
-    parser.add_argument(
-        "--clip", type=float, default=1.0, help="per-example L2 clip norm C (default 1)"
-    )
-    parser.add_argument("--lr", type=float, default=0.1, help="SGD learning rate (default 0.1)")
-    parser.add_argument(
-        "--dropout", type=float, default=0.1, help="dropout rate of the hidden layer (0.1)"
-    )
-    parser.add_argument(
-        "--seed", type=int, default=0, help="seed of the split, the model and the noise (0)"
-    )
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    return parser
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> dict:

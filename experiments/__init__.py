@@ -1,1 +1,1 @@
-"""Experiments that reproduce the lectures' results; run ``python -m experiments --help``."""
+"""Experiments that reproduce dpjax's results; ``python -m experiments --help`` lists them."""

@@ -38,25 +38,46 @@ REPORT_TITLE = "# dpjax reproduction report"
 PROG = "python -m experiments"  # the console script `dpjax-experiments` passes its own name
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1; got {value}")
+    return value
+
+
+def _experiment_lines() -> list[str]:
+    """``  name: what it measures`` per experiment (read without importing the experiments)."""
+    lines = []
+    for name in registry.EXPERIMENTS:
+        text = registry.description(name).removeprefix(f"{name}: ")
+        by_name = " (run by name only; not part of 'all')" if name in registry.BY_NAME_ONLY else ""
+        lines.append(f"  {name}: {text.removesuffix(' (run by name)')}{by_name}")
+    return lines
+
+
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
-    lines = [f"  {name}: {registry.load(name).DESCRIPTION}" for name in registry.EXPERIMENTS]
+    """The command line (imports no experiment: ``--help`` and argument errors are instant)."""
     parser = argparse.ArgumentParser(
         prog=prog,
         description=(
-            "Reproduce the lectures' results with dpjax. Writes JSON, PNG plots and a section\n"
-            f"of {REPORT_NAME} per experiment under --out, and prints where they are.\n\n"
+            "Reproduce dpjax's experiments: excess-risk rates of private convex ERM, privacy\n"
+            "audits, composition, utility against other libraries, private tuning,\n"
+            "fine-tuning and correlated noise. Writes JSON, PNG plots and a section of\n"
+            f"{REPORT_NAME} per experiment under --out, and prints where they are.\n\n"
             f"`{prog} all` rewrites {REPORT_NAME}; one experiment replaces only its own\n"
             "section and keeps the others, so running them one by one into the same --out\n"
             "gives the same report."
         ),
-        epilog="experiments:\n" + ("\n".join(lines) or "  (none yet)"),
+        epilog="experiments:\n" + ("\n".join(_experiment_lines()) or "  (none yet)"),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "name",
+        metavar="NAME",
+        choices=("all", *registry.EXPERIMENTS),
         help=(
-            f"'all' (every experiment; rewrites {REPORT_NAME}) or one experiment name "
-            f"(updates its own section of {REPORT_NAME}, keeps the others)"
+            f"'all' (every experiment; rewrites {REPORT_NAME}) or one experiment name, listed "
+            f"below (updates its own section of {REPORT_NAME}, keeps the others)"
         ),
     )
     parser.add_argument("--full", action="store_true", help="run the full grid (slow)")
@@ -69,7 +90,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--jobs",
-        type=int,
+        type=_positive_int,
         default=1,
         help=(
             "experiments run at once, each in its own process (default 1; `make reproduce` "
@@ -175,8 +196,6 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     out = args.out.resolve()
     report = args.out / REPORT_NAME
     verdicts = []
-    if args.jobs < 1:
-        raise ValueError(f"--jobs must be >= 1; got {args.jobs}")
     fresh = args.name == "all"  # `all` starts REPORT.md afresh; one experiment updates it
     if args.jobs > 1 and len(names) > 1:
         verdicts = _run_parallel(names, args, report)

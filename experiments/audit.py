@@ -1,6 +1,6 @@
 """Empirical privacy audit of dpjax: claimed ε vs an empirical lower bound, and mutants caught.
 
-The audit suite (literature.md §3.4) lives here so that the tests (``tests/auditing/``)
+The audit suite lives here so that the tests (``tests/auditing/``)
 and the report (``python -m experiments audit``) run the same cases. A :class:`Case` is one
 mechanism on one worst-case neighbouring pair: either the **correct** dpjax implementation
 (called through the public API; its ε_LB must stay ≤ the claimed ε) or a **mutant**, a
@@ -8,7 +8,7 @@ deliberately broken re-implementation (its ε_LB must exceed the claimed ε in �
 independent repetitions). Mutants exist only here, never in the library.
 
 Every audit uses fixed keys, so the tests are deterministic; each bound holds at 99.75%
-(Bonferroni over the ≈ 20 audits, literature §3.4: with 95% per bound, one correct audit in
+(Bonferroni over the ≈ 20 audits: with 95% per bound, one correct audit in
 a few hundred is flagged by chance — observed once for the tight ε = 10 Gaussian). "Exact ε"
 is the ε of the noise actually implemented (the tightness reference), where it is known in
 closed form. Float64 (x64) is enabled by :func:`run` because the ERM solvers need it; the mechanism
@@ -38,7 +38,7 @@ DELTA = 1e-5
 REPETITIONS = 20  # the mutant rule: caught in >= 19 of 20 independent repetitions
 CORRECT_REPETITIONS = 5  # a correct mechanism must stay below its claim in every one
 CAUGHT_AT_LEAST = 19
-# Bonferroni over the ≈ 20 audits of one run (literature §3.4): each bound holds at 99.75%,
+# Bonferroni over the ≈ 20 audits of one run: each bound holds at 99.75%,
 # so a correct implementation is falsely flagged in some audit with probability ≤ 5%.
 CONFIDENCE = 0.9975
 
@@ -236,7 +236,7 @@ def all_cases() -> list[Case]:
 
 
 # ---------------------------------------------------------------------------------------------
-# B–D: the ERM solvers (float64). Canaries saturate the sensitivity bound (literature §3.4):
+# B–D: the ERM solvers (float64). Canaries saturate the sensitivity bound:
 # the linear loss ℓ(w; x, y) = −y⟨w, x⟩ with x = e₁ and y flipped between D and D′ moves the
 # minimiser by exactly 2L/(μn) (output perturbation) and the clipped gradient by exactly 2C at
 # every step (a Dirac gradient canary for DP-GD); the other n − 1 points have x = 0.

@@ -1,4 +1,4 @@
-"""Audit of whole DP-SGD runs of ``dpjax.make_private`` (issue 22): white box, black box, one run.
+"""Audit of whole DP-SGD runs of ``dpjax.make_private``: white box, black box, one run.
 
 The run: logistic regression on 62 points (features 1–3; feature 0 is reserved for the input
 canary), one gradient-canary row (index 0, the index padding slots hold) and one input-canary

@@ -5,10 +5,10 @@ The mechanism is the same for every method: T releases of a Gaussian mechanism w
 (analytic calibration, Balle & Wang 2018). The composition theorems see each release as a
 generic (ε₀, δ₀)-DP mechanism; zCDP, RDP and PLD see the Gaussian itself. Every curve is ε at
 the same total δ = 1e-5, under the Gaussian's own relation. Basic composition grows like T
-(the lecture on properties of DP, composition: "linear scaling is highly pessimistic"), the
+(Dwork & Roth 2014, composition: "linear scaling is highly pessimistic"), the
 others like √T at large T.
 
-A second table compares the noise the DP-GD recipes of the lecture on ML under DP (advanced
+A second table compares the noise the textbook DP-GD recipes (advanced
 composition; zCDP) ask for with tight calibration.
 """
 
@@ -153,11 +153,11 @@ def _markdown(
         "The optimal composition is tight for *generic* (ε₀, δ₀) mechanisms; zCDP, RDP and PLD "
         "use that the releases are Gaussian, which is why they are lower.",
         "",
-        "### DP-GD noise for (ε, δ) = (1, 1e-5): the lecture recipes vs tight calibration",
+        "### DP-GD noise for (ε, δ) = (1, 1e-5): the textbook recipes vs tight calibration",
         "",
         "σ/Δ per full-batch step (Δ = per-step sensitivity):",
         "",
-        "| T | advanced comp. + classic Gaussian (lecture) | zCDP, ρ + 2√(ρ ln 1/δ) (BS16) "
+        "| T | advanced comp. + classic Gaussian (textbook) | zCDP, ρ + 2√(ρ ln 1/δ) (BS16) "
         "| zCDP, CKS conversion | RDP | PLD |",
         "|---|---|---|---|---|---|",
     ]

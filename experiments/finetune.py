@@ -1,6 +1,6 @@
 """Public pre-training, private fine-tuning: scratch vs full vs LoRA vs bias-only vs last layer.
 
-The lecture on ML under DP: DP-SGD's noise has norm σC·√d for d trainable coordinates, so the
+DP-SGD's noise has norm σC·√d for d trainable coordinates, so the
 state of the art pre-trains on PUBLIC data and fine-tunes privately, training few coordinates
 (Yu et al. 2022, LoRA; Bu, Mao, Xu 2022, DP-BiTFiT). No weights can be downloaded here, so the
 public model is pre-trained inside the experiment:
@@ -33,8 +33,8 @@ Accuracy on the private test split: mean and 95% Student-t CI over S seeds (fres
 noise and — scratch — initialisation per seed). Scratch and full share one compiled
 ``jit(vmap(scan))`` over (schedule, ε, seed); every other mode has its own (its trainable tree).
 Float32 throughout (no x64: nothing here needs exactness beyond what dpjax certifies).
-The ``--full`` scale: 20 seeds per cell. The small transformer on synthetic public text that
-issue 24 also asks for is :mod:`experiments.finetune_text`: :func:`run` runs it after this
+The ``--full`` scale: 20 seeds per cell. The small transformer on synthetic public text is
+:mod:`experiments.finetune_text`: :func:`run` runs it after this
 part and appends its table to the same report section.
 """
 
@@ -377,7 +377,7 @@ def markdown(result: dict, plot_name: str | None, size: str) -> str:
     rows = result["rows"]
     v = verdict(rows)
     lines = [
-        "## Public pre-training, private fine-tuning (issue 24)",
+        "## Public pre-training, private fine-tuning",
         "",
         f"MLP 64→{HIDDEN}→{HIDDEN}→5 (tanh). Public model: the body pre-trained NON-privately "
         f"as an autoencoder on the public digits 0–4 ({result['n_public']} images, "

@@ -1,6 +1,6 @@
 """Public pre-training, private fine-tuning of a small transformer on synthetic text.
 
-The text half of issue 24's fine-tuning experiment (the vision half is
+The text half of the fine-tuning experiment (the vision half is
 :mod:`experiments.finetune`, which runs this module and appends its section). No text can be
 downloaded here, so both corpora come from fixed generative processes:
 

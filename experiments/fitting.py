@@ -2,7 +2,7 @@
 
 The rate experiments measure, in each cell of a grid (one value of n, d or ε), an array of
 excess risks of shape ``(K, S)``: K independently generated data sets × S noise seeds per data
-set. This module turns a row of such cells into the numbers the report shows (literature §2.6):
+set. This module turns a row of such cells into the numbers the report shows:
 
 * the OLS slope of ``log2(mean excess)`` against ``log2(x)`` (means, never medians: the
   theorems bound expectations);
@@ -11,7 +11,7 @@ set. This module turns a row of such cells into the numbers the report shows (li
 * the local slopes between consecutive grid points (they expose curvature);
 * per cell, a one-sided upper confidence bound on the mean (Student t over the K·S runs) and a
   Holm–Bonferroni decision "the measured mean is below the stated bound" over the cells of a
-  row (literature §2.7).
+  row.
 
 Everything here is host-side NumPy in float64.
 """

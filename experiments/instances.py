@@ -1,4 +1,4 @@
-"""Synthetic instances of the rate experiments, with certified exact optima (literature §2.2–2.3).
+"""Synthetic instances of the rate experiments, with certified exact optima.
 
 Every feature vector lies on the unit sphere (x = g/‖g‖, g ~ N(0, I_d)), so the Lipschitz
 constant L of each loss is known exactly and no clipping is ever active. Generation, exact
@@ -6,7 +6,7 @@ optima and excess risks are host-side NumPy in float64 (an explicit ``numpy.rand
 no JAX compile per shape). Excess risks are means of per-example *differences* to the optimum,
 so they are not lost in the rounding of two nearly equal objective values.
 
-Instances (letters as in literature §2.2):
+Instances:
 
 * A ``logistic``: P(y = 1 | x) = sigmoid(<w0, x>), ‖w0‖ = 2 (non-separable). Optimum of
   J(w) = F(w) + (μ/2)‖w‖² by damped Newton (NumPy), certified by the PL inequality
@@ -243,7 +243,7 @@ def linear_ridge_instance(rng: np.random.Generator, n: int, d: int, *, mu: float
     """Linear loss −<w, x> (y = 1) plus (μ/2)‖w‖²: J is exactly quadratic with Hessian μI.
 
     w* = x̄/μ and J(w) − J* = (μ/2)‖w − w*‖² exactly, so the excess is the second moment
-    of the iterate's error that the recursions of the lecture on advances in DP (Theorems
+    of the iterate's error that the recursions of the Laplace batch-1 DP-SGD analysis (its theorems
     36–37) track. The per-example gradient −x_i has norm 1: clipping at L = 1 is never active.
     """
     X = unit_sphere(rng, n, d)

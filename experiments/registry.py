@@ -11,9 +11,12 @@ Each experiment module defines
 
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.util
 import inspect
 import pathlib
+import sys
 import time
 from types import ModuleType
 from typing import Any
@@ -49,6 +52,28 @@ def load(name: str) -> ModuleType:
     if name not in EXPERIMENTS:
         raise ValueError(f"experiment must be one of {sorted(EXPERIMENTS)!r}; got {name!r}")
     return importlib.import_module(EXPERIMENTS[name])
+
+
+def description(name: str) -> str:
+    """The ``DESCRIPTION`` line of experiment ``name``, read from its source without importing
+    it (importing every experiment would load JAX, dp-accounting and scikit-learn just to print
+    ``--help``); an experiment whose line is not a plain string literal is imported."""
+    module_path = EXPERIMENTS[name]
+    loaded = sys.modules.get(module_path)
+    if loaded is not None:
+        return loaded.DESCRIPTION
+    spec = importlib.util.find_spec(module_path)
+    if spec is not None and spec.origin and spec.origin.endswith(".py"):
+        tree = ast.parse(pathlib.Path(spec.origin).read_text(encoding="utf-8"))
+        for node in tree.body:
+            if (
+                isinstance(node, ast.Assign)
+                and [getattr(t, "id", None) for t in node.targets] == ["DESCRIPTION"]
+                and isinstance(node.value, ast.Constant)
+                and isinstance(node.value.value, str)
+            ):
+                return node.value.value
+    return load(name).DESCRIPTION
 
 
 def run_module(module_path: str, out: pathlib.Path, full: bool, seed: int, size: Any) -> dict:

@@ -300,7 +300,7 @@ def markdown_table(records: Sequence[dict], tolerance: float) -> str:
         "and the stated bound was not violated in any non-vacuous cell; the line "
         f'"N/M rows ✓" counts it. "within ±{tolerance:g}" is the lenient verdict (the theory\'s '
         "slope inside the CI widened by the tolerance), shown for comparison and not counted. "
-        "Vacuous: bound ≥ L·D, literature §2.7, or no explicit bound. Held: no significant "
+        "Vacuous: bound ≥ L·D (it says nothing), or no explicit bound. Held: no significant "
         "excess of the mean over the bound (one-sided t test, Holm–Bonferroni over the row, 1%). "
         '"at 99%": cells where the one-sided 99% upper confidence bound of the mean is below the '
         "bound (Holm–Bonferroni), the positive check; nearly tight bounds need more runs for it. "

@@ -18,7 +18,7 @@ Test accuracy: mean and 95% Student-t CI over S repetitions (fresh split of the 
 into train/validation and fresh keys each time). Each DP-SGD run is one jitted ``lax.scan``; the
 naive/oracle runs of one candidate are ``vmap``-ed over repetitions.
 
-A second table compares ε of the samplers of the lecture at the same expected batch, σ and
+A second table compares ε of the textbook samplers at the same expected batch, σ and
 steps: Poisson (add/remove and replace-one), without replacement (independent b-subsets),
 with replacement (per-draw clipping; BBG18 bound, and a realisable lower bound) and shuffling.
 """
@@ -42,7 +42,7 @@ TNB_SHAPE = 0.5
 VAL_FRACTION = 0.25
 SIZES = {
     "tiny": dict(targets=(3.0,), reps=3, lrs=(0.5, 2.0), clips=(0.5, 2.0)),
-    "quick": dict(targets=(1.0, 3.0, 8.0), reps=20, lrs=(0.1, 0.5, 2.0), clips=(0.2, 1.0, 5.0)),
+    "quick": dict(targets=(1.0, 3.0, 8.0), reps=10, lrs=(0.1, 0.5, 2.0), clips=(0.2, 1.0, 5.0)),
     "full": dict(targets=(1.0, 3.0, 8.0), reps=60, lrs=(0.1, 0.5, 2.0), clips=(0.2, 1.0, 5.0)),
 }
 
@@ -127,11 +127,13 @@ def _bisect(f, target: float, lo: float = 0.3, hi: float = 30.0) -> float:
 
 def _selection_event(sigma: float, score_sigma: float):
     from dpjax import events as ev
+    from dpjax.accounting.num_trials import max_trials_for
 
     return ev.RepeatAndSelectEvent(
         (_run_event(sigma), ev.GaussianEvent(score_sigma, relation="add_or_remove_one")),
         mean=MEAN_TRIALS,
         shape=TNB_SHAPE,
+        max_trials=max_trials_for(mean=MEAN_TRIALS, shape=TNB_SHAPE),  # what the selection runs
     )
 
 
@@ -201,12 +203,13 @@ def evaluate(size: str = "quick", seed: int = 0) -> dict:
             test_acc[c_i] = ((data["Xte"] @ w.T > 0).T == (data["yte"] > 0.5)).mean(1)
         naive = test_acc[val_acc.argmax(0), np.arange(reps)]
         oracle = test_acc.max(0)
-        # private selection: K random trials per repetition
+        # private selection: K random trials per repetition (max_trials run, K hidden)
+        planned = _selection_event(cal["sigma_selection"], cal["score_sigma"])
         sel = []
         for r in range(reps):
             mask = masks[r]
 
-            def train_and_score(key, cand, mask=mask, cal=cal):
+            def train_and_score(key, cand, mask=mask, cal=cal, planned=planned):
                 k_run, k_score = jax.random.split(key)
                 lr, clip = cand
                 w = np.asarray(
@@ -215,18 +218,17 @@ def evaluate(size: str = "quick", seed: int = 0) -> dict:
                 correct = ((data["Xtr"] @ w > 0) == (data["ytr"] > 0.5)) & ~mask
                 noise = cal["score_sigma"] * float(jax.random.normal(k_score))
                 score = (correct.sum() + noise) / max((~mask).sum(), 1)
-                events = (_run_event(cal["sigma_selection"]),) + (
-                    _selection_event(cal["sigma_selection"], cal["score_sigma"]).base_parts[1],
-                )
-                return score, events, w
+                return score, planned.base_event, w
 
             res = private_selection(
                 jax.random.fold_in(root, 10_000 * (t_i + 1) + r),
                 candidates,
                 train_and_score,
                 mean=MEAN_TRIALS,
+                base_event=planned.base_event,
                 distribution="truncated_negative_binomial",
                 shape=TNB_SHAPE,
+                max_trials=planned.max_trials,
             )
             sel.append(float(((data["Xte"] @ res.output > 0) == (data["yte"] > 0.5)).mean()))
         for method, acc, stated, spent in (
@@ -285,7 +287,7 @@ def sampler_table(
         rows.append(_with_replacement_lower_bound(n, batch, sigma, steps, vdi))
     add("shuffling (epochs of disjoint batches)", "replace-one", ev.FixedBatchGaussianEvent(
         sigma, batch, n, count=steps, sampling="shuffle"), "no amplification")  # fmt: skip
-    # The lecture's lemma on one step, composed by basic composition (closed form, loose).
+    # The textbook amplification lemma on one step, composed by basic composition (loose).
     from dpjax.accounting.tight import gaussian_epsilon_upper
 
     e1 = gaussian_epsilon_upper(2.0 / sigma, DELTA / steps)
@@ -293,7 +295,7 @@ def sampler_table(
         epsilon=e1, delta=DELTA / steps, sampling_rate=q, sampling="without_replacement"
     )
     rows.append(
-        dict(sampler="without replacement, lecture lemma + basic composition",
+        dict(sampler="without replacement, textbook lemma + basic composition",
              relation="replace-one", epsilon=steps * e_amp,
              note=f"δ = {steps * d_amp:.1e}: ln(1+(e^ε−1)p) per step")
     )  # fmt: skip
@@ -353,7 +355,7 @@ def markdown(result: dict, samplers: list[dict], plot_name: str | None, size: st
     rows = result["rows"]
     grid = ", ".join(f"({lr:g}, {c:g})" for lr, c in result["candidates"])
     lines = [
-        "## Private hyperparameter tuning (issue 21)",
+        "## Private hyperparameter tuning",
         "",
         f"DP-SGD logistic regression on digits (0–4 vs 5–9; {result['n_train']} training, "
         f"{result['n_test']} test rows), Poisson q = {SAMPLING_RATE}, {STEPS} steps, "
@@ -385,7 +387,7 @@ def markdown(result: dict, samplers: list[dict], plot_name: str | None, size: st
         "ε of one run would publish: its stated ε is false by the factor in the last column "
         "(at least). Private selection pays for the tuning inside the stated ε.",
         "",
-        "### ε of the lecture's samplers (same expected batch, σ, steps)",
+        "### ε of the textbook samplers (same expected batch, σ, steps)",
         "",
         "n = 1000, expected batch 50, σ = 2, 100 steps, δ = 1e-5; the tightest of PLD (grid "
         "1e-3) and RDP that applies, unless noted.",

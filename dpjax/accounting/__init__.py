@@ -4,8 +4,8 @@ Closed forms (host-side floats): :func:`basic_composition`, :func:`parallel_comp
 :func:`advanced_composition` (and its per-step corollary), :func:`optimal_composition_epsilon`
 (Kairouz–Oh–Viswanath), :func:`group_privacy`, :func:`convert_relation` (add/remove-one →
 replace-one), :func:`amplification_by_subsampling`, zCDP (:func:`gaussian_zcdp_rho`,
-:func:`zcdp_compose`, :func:`zcdp_epsilon`, :func:`zcdp_gaussian_sigma`), the DP-GD recipes of
-the lecture on ML under DP (:func:`dpgd_sigma_advanced`, :func:`dpgd_sigma_zcdp`).
+:func:`zcdp_compose`, :func:`zcdp_epsilon`, :func:`zcdp_gaussian_sigma`), the textbook DP-GD noise
+recipes (:func:`dpgd_sigma_advanced`, :func:`dpgd_sigma_zcdp`).
 
 f-DP (:mod:`dpjax.accounting.fdp`): exact μ-GDP conversions :func:`gdp_epsilon` and
 :func:`gdp_delta`, the CLT approximation :func:`gdp_mu_clt_approximation` (alias

@@ -47,8 +47,8 @@ def basic_composition(
     """Basic (sequential, adaptive) composition: (Σ εᵢ, Σ δᵢ).
 
     Formal guarantees:
-        Basic Adaptive Composition in the lecture on properties of DP and Lemma 6
-        (sequential composition, pure DP) in the lecture on advances in DP: running
+        Basic adaptive composition (Dwork & Roth 2014, Theorem 3.16; sequential
+        composition, pure DP): running
         (εᵢ, δᵢ)-DP mechanisms on the same data, possibly chosen adaptively, is
         (Σεᵢ, Σδᵢ)-DP under the relation of the inputs.
 
@@ -73,7 +73,7 @@ def parallel_composition(
     """Parallel composition over disjoint parts of the data: (max εᵢ, max δᵢ).
 
     Formal guarantees:
-        Lemma 7 (parallel composition) in the lecture on advances in DP: if Q⁽ⁱ⁾ is εᵢ-DP and
+        Parallel composition (McSherry 2009, "Privacy integrated queries"): if Q⁽ⁱ⁾ is εᵢ-DP and
         runs on the i-th block of a partition of the data into disjoint blocks, the joint release is
         maxᵢ εᵢ-DP. The (ε, δ) version (max δᵢ) follows the same way, since one record lies in
         exactly one block. The partition must not depend on the data (a fixed split by index,
@@ -95,7 +95,7 @@ def parallel_composition(
 
 
 def _drift(epsilon: float) -> float:
-    """Per-step drift bound ε(e^ε − 1)/(e^ε + 1) = ε·tanh(ε/2) (lecture on properties of DP,
+    """Per-step drift bound ε(e^ε − 1)/(e^ε + 1) = ε·tanh(ε/2) (Dwork & Roth 2014,
     "Bounding the drift")."""
     return epsilon * math.tanh(epsilon / 2.0)
 
@@ -109,9 +109,9 @@ def advanced_composition(
         ε' = ε\\sqrt{2T\\ln(1/δ')} + Tε\\frac{e^ε - 1}{e^ε + 1}, \\qquad δ_{total} = Tδ + δ'.
 
     Formal guarantees:
-        Advanced Composition in the lecture on properties of DP, with the drift term
+        Advanced Composition in Dwork & Roth 2014, with the drift term
         ε(e^ε − 1)/(e^ε + 1) that its proof ("Bounding the drift", Hoeffding + Chernoff) gives;
-        the lecture's first statement shows the looser drift Tε(e^ε − 1). Holds under the
+        a first statement often shows the looser drift Tε(e^ε − 1). Holds under the
         relation of the (ε, δ) inputs (Dwork, Rothblum and Vadhan 2010). For large ε or small T
         it can exceed basic composition's Tε; both bounds hold at once, so take the smaller
         (``min(ε', T·ε)``) if you only need a valid number.
@@ -156,7 +156,7 @@ def advanced_composition_heterogeneous(
         \\qquad δ_{total} = \\sum_i δ_i + δ'.
 
     Formal guarantees:
-        The proof of Advanced Composition in the lecture on properties of DP carries over step
+        The proof of Advanced Composition in Dwork & Roth 2014 carries over step
         by step: the drift lemma bounds each step's conditional mean by εᵢ(e^εᵢ − 1)/(e^εᵢ + 1), and
         Hoeffding's lemma with interval width 2εᵢ gives P(Σ(Lᵢ − μᵢ) > γ) ≤ exp(−γ²/(2Σεᵢ²)).
         With all εᵢ equal this is exactly :func:`advanced_composition`.
@@ -191,7 +191,7 @@ def advanced_composition_step_epsilon(
     """Per-step ε that the corollary of advanced composition allows: ε'/√(8T ln(1/δ')).
 
     Formal guarantees:
-        Corollary after Advanced Composition in the lecture on properties of DP: T (ε, δ)-DP
+        Corollary after Advanced Composition in Dwork & Roth 2014: T (ε, δ)-DP
         steps with ε ≤ ε'/√(8T ln(1/δ')) compose to (ε', Tδ + δ')-DP, valid for 0 < ε' < 1 only.
 
     Args:
@@ -222,7 +222,7 @@ def group_privacy(*, epsilon: float, delta: float, group_size: int) -> tuple[flo
     """Group privacy: protection of a group of k records, (kε, δ(e^{kε} − 1)/(e^ε − 1)).
 
     Formal guarantees:
-        Group Privacy in the lecture on properties of DP: an (ε, δ)-DP mechanism satisfies, for data
+        Group Privacy in Dwork & Roth 2014: an (ε, δ)-DP mechanism satisfies, for data
         sets differing in k entries (k steps of the mechanism's relation),
         P(M(D) ∈ Ω) ≤ e^{kε} P(M(D') ∈ Ω) + δ(e^{kε} − 1)/(e^ε − 1).
 
@@ -297,7 +297,7 @@ def convert_relation(
     * replace-one → add/remove-one: refused (``ValueError``), see below.
 
     Formal guarantees:
-        Group privacy (Dwork & Roth 2014, Theorem 2.2; lecture on properties of DP, group
+        Group privacy (Dwork & Roth 2014, Theorem 2.2, group
         privacy): an (ε, δ)-DP mechanism is (kε, k e^{(k−1)ε} δ)-DP for data sets at distance
         k, and more tightly (kε, δ(e^{kε} − 1)/(e^ε − 1))-DP (:func:`group_privacy`). Replacing
         one record is removing it and then adding another (D → D − x → D − x + y), two steps of

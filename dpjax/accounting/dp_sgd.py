@@ -60,8 +60,8 @@ def dp_sgd_epsilon(
     ``sampling_rate = 1`` is full-batch DP-GD (each step a Gaussian mechanism).
 
     Formal guarantees:
-        The Poisson-subsampled Gaussian mechanism composed T times (Abadi et al. 2016; lecture
-        on ML under DP, DP-SGD and amplification by subsampling), accounted by dp-accounting's
+        The Poisson-subsampled Gaussian mechanism composed T times (Abadi et al. 2016;
+        Balle, Barthe, Gaboardi 2018), accounted by dp-accounting's
         PLD (``accounting="pld"``, tight up to discretisation; Koskela et al. 2020, Doroshenko et
         al. 2022) or RDP (``accounting="rdp"``, never tighter; Mironov 2017). At q = 1 ``"pld"`` is
         the exact Gaussian profile (Balle & Wang 2018, Theorem 8) of one release with σ/√T.
@@ -70,7 +70,7 @@ def dp_sgd_epsilon(
 
         * ``ADD_OR_REMOVE_ONE`` (default, as in dp-accounting and Opacus): neighbours add or
           remove one record; one record moves the clipped sum by at most C.
-        * ``REPLACE_ONE`` (the lectures' convention): one record replaced; the sum moves by up
+        * ``REPLACE_ONE`` (the textbook convention): one record replaced; the sum moves by up
           to 2C — the accountant accounts for this itself, pass σ/C unchanged. Only
           ``accounting="pld"`` supports it for q < 1 (RDP raises).
 
@@ -233,7 +233,7 @@ def warn_if_delta_reveals_records(delta: float, dataset_size: int, where: str) -
 
     An (ε, δ) guarantee with δ ≥ 1/n is met by releasing one random record in the clear
     (each record has chance 1/n ≤ δ): it protects nobody. δ ≪ 1/n is the usual requirement
-    (lecture on approximate DP; Dwork & Roth 2014, §2.3).
+    (Dwork & Roth 2014, §2.3).
     """
     if delta * dataset_size >= 1.0:
         warnings.warn(

@@ -89,7 +89,7 @@ def optimal_composition_epsilon(
 
     Formal guarantees:
         Kairouz, Oh and Viswanath (ICML 2015), Theorem 3.3; see :func:`optimal_composition_delta`.
-        Never larger than advanced composition (lecture on properties of DP) or basic composition
+        Never larger than advanced composition (Dwork & Roth 2014) or basic composition
         with the same total δ.
 
     Args:

@@ -1,8 +1,8 @@
-"""The DP-GD noise recipes of the lecture on ML under DP: per-step noise from a total (ε, δ)
+"""The textbook DP-GD noise recipes: per-step noise from a total (ε, δ)
 budget, as functions.
 
 They return the σ of N(0, σ²I) added to each step's released gradient, for a per-step ℓ2
-sensitivity Δ *under the relation you claim*: in that lecture the noisy *average* gradient of n
+sensitivity Δ *under the relation you claim*: usually the noisy *average* gradient of n
 records clipped to C has Δ = C/n under add/remove-one with n public, and 2C/n under replace-one.
 Divide the result by Δ to compare it with :func:`dpjax.accounting.calibrate_noise_multiplier` at
 ``sampling_rate=1`` (the tight answer; these recipes are looser, which the composition
@@ -32,11 +32,11 @@ def _check(epsilon: float, delta: float, steps: int, sensitivity: float) -> int:
 def advanced_composition_step_budget(
     *, epsilon: float, delta: float, steps: int
 ) -> tuple[float, float]:
-    """The per-step (ε₀, δ₀) of the lecture's recipe: δ₀ = δ/(2T), δ' = δ/2, ε₀ solving advanced
+    """The per-step (ε₀, δ₀) of the recipe: δ₀ = δ/(2T), δ' = δ/2, ε₀ solving advanced
     composition exactly (ε₀√(2T ln(1/δ')) + Tε₀ tanh(ε₀/2) = ε, by bisection).
 
     Formal guarantees:
-        Advanced Composition in the lecture on properties of DP: T steps of (ε₀, δ₀) give
+        Advanced Composition in Dwork & Roth 2014: T steps of (ε₀, δ₀) give
         (ε, Tδ₀ + δ') = (ε, δ). Solving the equation instead of the corollary's
         ε₀ = ε/√(8T ln(1/δ')) is tighter and valid for every ε (the corollary needs ε < 1).
 
@@ -80,24 +80,24 @@ def dpgd_sigma_advanced(
     sensitivity: float,
     calibration: str = "classic",
 ) -> float:
-    """σ per DP-GD step from the lecture's recipe "Gaussian mechanism + advanced composition".
+    """σ per DP-GD step from the recipe "Gaussian mechanism + advanced composition".
 
     .. math::
         σ = Δ\\sqrt{2\\ln(1.25/δ_0)}/ε_0,\\qquad (ε_0, δ_0) = \\text{per-step budget}.
 
     Formal guarantees:
-        "Privacy Analysis" of DP Gradient Descent in the lecture on ML under DP: each step is
+        The privacy analysis of DP gradient descent (Bassily, Smith, Thakurta 2014): each step is
         (ε₀, δ₀)-DP by the Gaussian mechanism (classic calibration, Dwork & Roth 2014 Thm A.1,
         ε₀ < 1; or ``calibration="analytic"``, Balle & Wang 2018), and T steps compose to
-        (ε, δ) by advanced composition (lecture on properties of DP) with the split of
+        (ε, δ) by advanced composition (Dwork & Roth 2014) with the split of
         :func:`advanced_composition_step_budget`. Same relation as ``sensitivity``.
 
     Args:
         epsilon: total ε in (0, inf).
         delta: total δ in (0, 1).
         steps: T, a positive integer.
-        sensitivity: per-step ℓ2 sensitivity Δ in (0, inf) (the lecture's C/n, add/remove-one).
-        calibration: per-step Gaussian calibration, ``"classic"`` (the lecture's) or ``"analytic"``.
+        sensitivity: per-step ℓ2 sensitivity Δ in (0, inf) (C/n: average gradient, add/remove-one).
+        calibration: per-step Gaussian calibration, ``"classic"`` (textbook) or ``"analytic"``.
 
     Returns:
         σ.
@@ -124,14 +124,14 @@ def dpgd_sigma_zcdp(
     sensitivity: float,
     conversion: str = "bun_steinke",
 ) -> float:
-    """σ per DP-GD step from the lecture's zCDP recipe: σ = Δ√(T/(2ρ)).
+    """σ per DP-GD step from the zCDP recipe: σ = Δ√(T/(2ρ)).
 
     ρ is the largest total zCDP budget that converts to (ε, δ): with
-    ``conversion="bun_steinke"`` (the lecture's) ρ = (√(ln(1/δ) + ε) − √(ln(1/δ)))²; with
+    ``conversion="bun_steinke"`` (the textbook one) ρ = (√(ln(1/δ) + ε) − √(ln(1/δ)))²; with
     ``"cks"`` the tighter Canonne–Kamath–Steinke conversion. Each step is then ρ/T-zCDP.
 
     Formal guarantees:
-        "Improved Analysis with Concentrated DP" in the lecture on ML under DP: the Gaussian
+        The analysis with concentrated DP (Bun & Steinke 2016): the Gaussian
         mechanism with σ is Δ²/(2σ²)-zCDP, T steps compose to TΔ²/(2σ²) = ρ, and ρ-zCDP
         implies (ρ + 2√(ρ ln(1/δ)), δ)-DP (Bun & Steinke 2016). The notes' per-step variance
         ½(C/(ε₀n))² ln(1.25/δ) carries a stray ln(1.25/δ) factor: ε₀²-zCDP needs
@@ -142,7 +142,7 @@ def dpgd_sigma_zcdp(
         delta: total δ in (0, 1).
         steps: T, a positive integer.
         sensitivity: per-step ℓ2 sensitivity Δ in (0, inf).
-        conversion: ``"bun_steinke"`` (the lecture's) or ``"cks"``.
+        conversion: ``"bun_steinke"`` (the textbook one) or ``"cks"``.
 
     Returns:
         σ.

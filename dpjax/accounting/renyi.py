@@ -18,10 +18,11 @@ from dp_accounting import rdp
 
 from dpjax import _validate
 from dpjax import events as ev
+from dpjax.accounting import vectorized
 from dpjax.accounting.conversion import _common_relation, _group, _quiet_absl, to_dp_event
 from dpjax.accounting.padded_slack import _with_truncation_slack
 
-__all__ = ["DEFAULT_RDP_ORDERS", "rdp_curve", "rdp_epsilon"]
+__all__ = ["DEFAULT_RDP_ORDERS", "rdp_curve", "rdp_epsilon", "rdp_to_epsilon"]
 
 
 #: RDP orders: fractional near 1 (large ε), dense up to 64, geometric up to 10⁴ (small ε).
@@ -71,9 +72,38 @@ def rdp_epsilon(
 
     def evaluate(plain: Sequence[ev.PrivacyEvent], d: float) -> float:
         grid, curve = rdp_curve(plain, orders=orders)
-        return float(rdp.compute_epsilon(grid, curve, d)[0])
+        return rdp_to_epsilon(grid, curve, d)
 
     return _with_truncation_slack(events, delta, evaluate)
+
+
+def rdp_to_epsilon(orders: Sequence[float], curve: Sequence[float], delta: float) -> float:
+    """ε(δ) of an RDP curve, orders whose RDP value is NaN skipped.
+
+    A NaN RDP value is a failed evaluation (e.g. dp-accounting's sum of terms at a noise
+    multiplier whose square underflows, σ ≲ 1e-154, meets inf − inf), not a divergence: it is
+    read as +inf (the order is skipped). dp-accounting's conversion would instead return ε = 0
+    for a curve with a NaN order (its minimum over orders picks the NaN, then max(0, NaN) = 0),
+    so a mechanism with almost no noise read as perfectly private.
+
+    Formal guarantees:
+        Canonne, Kamath, Steinke 2020 (https://arxiv.org/abs/2004.00603), Proposition 12, as
+        ``dp_accounting.rdp.compute_epsilon`` evaluates it, minimised over the orders with a
+        valid (non-NaN) RDP value; ``inf`` when none has one. Skipping an order only loosens
+        the bound.
+
+    Args:
+        orders: RDP orders α > 1.
+        curve: RDP values at ``orders``.
+        delta: δ in [0, 1).
+
+    Returns:
+        ε ≥ 0, or ``inf``.
+    """
+    values = np.asarray(curve, dtype=np.float64)
+    if np.isnan(values).any():
+        values = np.where(np.isnan(values), np.inf, values)
+    return float(rdp.compute_epsilon(orders, values, delta)[0])
 
 
 def _rdp_relation(events: Sequence[ev.PrivacyEvent]) -> dp_accounting.NeighboringRelation:
@@ -93,11 +123,27 @@ def _rdp_vector(
     orders: tuple[float, ...],
     dp_relation: dp_accounting.NeighboringRelation,
 ) -> np.ndarray:
-    """RDP of ``event`` at ``orders`` (read-only array), cached by event and orders."""
-    accountant = rdp.RdpAccountant(orders=list(orders), neighboring_relation=dp_relation)
+    """RDP of ``event`` at ``orders`` (read-only array), cached by event and orders.
+
+    One Poisson-subsampled Gaussian release (add/remove-one) is evaluated by
+    :func:`dpjax.accounting.vectorized.poisson_gaussian_rdp`: dp-accounting's values, bit for
+    bit, without its per-term Python loop over integer orders up to 10⁴."""
+    dp_event = to_dp_event(event, method="rdp")[0]
+    inner = dp_event.event if isinstance(dp_event, dp_accounting.SelfComposedDpEvent) else None
     with _quiet_absl():
-        accountant.compose(to_dp_event(event, method="rdp")[0])
-    vector = accountant.rdp
+        if (
+            inner is not None
+            and dp_event.count == 1
+            and dp_relation is dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+            and vectorized.is_poisson_gaussian(inner)
+        ):
+            vector = vectorized.poisson_gaussian_rdp(
+                inner.sampling_probability, inner.event.noise_multiplier, orders
+            )
+        else:
+            accountant = rdp.RdpAccountant(orders=list(orders), neighboring_relation=dp_relation)
+            accountant.compose(dp_event)
+            vector = accountant.rdp
     vector.setflags(write=False)
     return vector
 

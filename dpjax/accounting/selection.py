@@ -18,6 +18,12 @@ releasing only the best run is RDP with
 
 dp-accounting's RDP accountant implements both for ``RepeatAndSelectDpEvent``; this module
 feeds it the base event (any event dpjax accounts by RDP) and caches the curve.
+
+A selection capped at ``max_trials`` trials, or over trials with a padded Poisson sampler, is not
+the mechanism of these theorems; it is within total variation m̄ of it (m̄ = P[K > K_max] +
+E[K]·Σ count·p̄, see :func:`dpjax.accounting.padded_slack._selection_mass`), which
+:class:`~dpjax.accounting.PrivacyAccountant` charges on δ as (1 + e^ε)·m̄. Its RDP curve alone is
+therefore refused here.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import numpy as np
 from dp_accounting import dp_event as dp_events
 from dp_accounting import rdp
 
+from dpjax import _validate
 from dpjax import events as ev
 from dpjax.accounting.conversion import _quiet_absl, to_dp_event
 from dpjax.accounting.renyi import DEFAULT_RDP_ORDERS, _rdp_relation
@@ -66,7 +73,21 @@ def repeat_and_select_rdp(
         (candidate, score, model) is released.
 
     Raises:
-        ValueError: if RDP does not apply to the base event.
+        ValueError: if RDP does not apply to the base event, or the event carries a slack
+            that no RDP curve holds (``max_trials`` set, or a padded sampler in the base
+            event: record it in a :class:`~dpjax.accounting.PrivacyAccountant`, which pays the
+            slack on δ).
     """
+    padded = [
+        p for p in event.base_parts if isinstance(p, ev.PoissonSampledGaussianEvent) and p.truncated
+    ]
+    if event.max_trials is not None or padded:
+        _validate.fail(
+            "event",
+            event,
+            "a selection without max_trials and without a padded sampler in base_event (their "
+            "slack (1 + e^ε)·m̄ is an (ε, δ) term, not an RDP one: record the event in a "
+            "PrivacyAccountant, which charges it)",
+        )
     grid = tuple(float(a) for a in (DEFAULT_RDP_ORDERS if orders is None else orders))
     return np.asarray(grid), event.count * _curve(event, grid)

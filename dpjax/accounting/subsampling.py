@@ -2,7 +2,7 @@
 
 Each sampling scheme comes with the neighbouring relation its amplification theorem is proved
 under, and the base mechanism's (ε, δ) must be stated under that same relation (on the
-subsample). Mixing them is the sampler/accountant mismatch of literature §2.9 (pitfall 10).
+subsample). Mixing them is the sampler/accountant mismatch of the accountant.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ def amplification_by_subsampling(
     """(ε, δ) of an (ε, δ)-DP mechanism run on a random subsample: (ln(1 + p(e^ε − 1)), pδ).
 
     Formal guarantees:
-        Privacy amplification by subsampling in the lecture on ML under DP ("DP SGD: Improved
-        Privacy Analysis"): M(S(x)) is (ln(1 + (e^ε − 1)p), pδ)-DP. The relation matters
+        Privacy amplification by subsampling (Abadi et al. 2016; Balle, Barthe,
+        Gaboardi 2018): M(S(x)) is (ln(1 + (e^ε − 1)p), pδ)-DP. The relation matters
         (Balle, Barthe and Gaboardi, "Privacy Amplification by Subsampling", NeurIPS 2018):
 
         * ``"poisson"`` (each record kept independently with probability p): holds under

@@ -70,6 +70,7 @@ from scipy import special
 
 from dpjax import _validate
 from dpjax import events as ev
+from dpjax.accounting import vectorized
 from dpjax.accounting.conversion import (
     _DP_RELATION,
     TIGHT_METHODS,
@@ -145,9 +146,14 @@ def _gaussian_delta_upper(mu: float, epsilon: float) -> float:
     a, b = mu / 2.0, epsilon / mu
     first = float(special.ndtr(a - b))
     log_second = epsilon + float(special.log_ndtr(-a - b))
+    # Where e^log_second underflows (or log_second is NaN, ε = ∞), the subtracted term is
+    # dropped: first alone is an upper bound (and 0·(1 − η) must not turn into NaN).
     second = math.exp(log_second) if log_second > -745.0 else 0.0
-    eta = 1e-14 * (4.0 + abs(epsilon) + abs(log_second))
-    return max(first * (1.0 + eta) - second * (1.0 - eta), 0.0)
+    eta = 1e-14 * (4.0 + abs(epsilon) + (abs(log_second) if second > 0.0 else 0.0))
+    upper = first * (1.0 + eta) - (second * (1.0 - eta) if second > 0.0 else 0.0)
+    if math.isnan(upper):
+        return 1.0  # δ ≤ 1 always holds
+    return max(upper, 0.0)
 
 
 def gaussian_epsilon_upper(mu: float, delta: float) -> float:
@@ -162,19 +168,21 @@ def gaussian_epsilon_upper(mu: float, delta: float) -> float:
         Same relation as the μᵢ (each Δᵢ stated under it).
 
     Args:
-        mu: μ = Δ/σ in (0, inf).
+        mu: μ = Δ/σ in (0, inf]; μ = inf (no noise) gives ``inf``.
         delta: δ in [0, 1); δ = 0 gives ``inf``.
 
     Returns:
-        ε ≥ 0.
+        ε ≥ 0, or ``inf``.
     """
-    if delta <= 0.0:
-        return math.inf
+    if delta <= 0.0 or not mu < math.inf:
+        return math.inf  # μ = ∞ (e.g. Δ/σ overflowing at σ ≲ 1e-154): no noise, not private
     if _gaussian_delta_upper(mu, 0.0) <= delta:
         return 0.0
     lo, hi = 0.0, 1.0
     while _gaussian_delta_upper(mu, hi) > delta:
         lo, hi = hi, 2.0 * hi
+        if hi == math.inf:
+            return math.inf
     while hi - lo > 1e-13 * hi:
         mid = 0.5 * (lo + hi)
         if mid <= lo or mid >= hi:
@@ -196,8 +204,9 @@ class PLDGridCoarsenedWarning(UserWarning):
 #: Most points of one composed PLD (one FFT; ≈ 64 MiB per complex copy), so that a call answers
 #: in seconds instead of raising ``MemoryError`` inside dp-accounting.
 MAX_PLD_GRID_POINTS = 2**22
-#: Most points of one step's PLD before self-composition (building costs ≈ 10 µs a point;
-#: replace-one at σ = 1, q = 0.05 needs 1.4e5).
+#: Most points of one step's PLD before self-composition (building costs ≈ 1 µs a point under
+#: add/remove-one, :mod:`~dpjax.accounting.vectorized`, ≈ 10 µs under replace-one; replace-one
+#: at σ = 1, q = 0.05 needs 1.4e5).
 MAX_PLD_STEP_POINTS = 2**19
 #: The coarsest discretisation the automatic coarsening may use.
 MAX_VALUE_DISCRETIZATION_INTERVAL = 0.1
@@ -225,13 +234,17 @@ def _step_points(event: ev.PrivacyEvent, vdi: float) -> float:
     return (max(top, 0.0) - math.log1p(-q) + 1.0) / vdi + 3.0
 
 
+def _step_key(event: ev.PrivacyEvent, vdi: float) -> tuple:
+    """The parameters of one step (count 1) of a Laplace or Poisson-subsampled Gaussian event:
+    the cache key of its PLD."""
+    if isinstance(event, ev.LaplaceEvent):
+        return ("laplace", event.noise_multiplier, 1.0, ADD_OR_REMOVE_ONE, vdi)
+    return ("poisson", event.noise_multiplier, event.sampling_rate, event.relation, vdi)
+
+
 def _step_pld(event: ev.PrivacyEvent, vdi: float) -> pld_lib.PrivacyLossDistribution:
     """One step (count 1) of a Laplace or Poisson-subsampled Gaussian event."""
-    if isinstance(event, ev.LaplaceEvent):
-        return _cached_step_pld("laplace", event.noise_multiplier, 1.0, ADD_OR_REMOVE_ONE, vdi)
-    return _cached_step_pld(
-        "poisson", event.noise_multiplier, event.sampling_rate, event.relation, vdi
-    )
+    return _cached_step_pld(*_step_key(event, vdi))
 
 
 @functools.lru_cache(maxsize=16)
@@ -245,26 +258,45 @@ def _cached_step_pld(
         return pld_lib.from_laplace_mechanism(
             parameter=noise_multiplier, value_discretization_interval=vdi
         )
-    return pld_lib.from_gaussian_mechanism(
-        standard_deviation=noise_multiplier,
+    return vectorized.gaussian_pld(
+        noise_multiplier,
         sampling_prob=q,
         value_discretization_interval=vdi,
         neighboring_relation=_DP_RELATION[relation],
     )
 
 
-def _composed_points(step: pld_lib.PrivacyLossDistribution, count: int) -> int:
-    """Grid points dp-accounting's ``self_compose(count)`` will allocate: its own Chernoff
-    truncation bound (``common.compute_self_convolve_bounds``) on each direction's PMF."""
-    if count == 1:
+@functools.lru_cache(maxsize=64)
+def _convolve_bounds(step_key: tuple, count: int) -> tuple[tuple[int, int], ...]:
+    """dp-accounting's truncation bounds (``common.compute_self_convolve_bounds``, a Chernoff
+    bound) of ``count`` self-convolutions of each direction's dense PMF of one step: computed
+    once, for the grid-size check and for the self-composition."""
+    step = _cached_step_pld(*step_key)
+    pmfs = (step._pmf_remove, step._pmf_add)  # noqa: SLF001 (no public accessor)
+    first = pld_common.compute_self_convolve_bounds(
+        pmfs[0].to_dense_pmf()._probs,  # noqa: SLF001
+        count,
+        _TAIL_MASS_TRUNCATION,
+    )
+    if pmfs[1] is pmfs[0]:
+        return first, first
+    second = pld_common.compute_self_convolve_bounds(
+        pmfs[1].to_dense_pmf()._probs,  # noqa: SLF001
+        count,
+        _TAIL_MASS_TRUNCATION,
+    )
+    return first, second
+
+
+def _composed_points(event: ev.PrivacyEvent, vdi: float) -> int:
+    """Grid points dp-accounting's ``self_compose(event.count)`` of one step will allocate: its
+    own Chernoff truncation bound on each direction's PMF."""
+    key = _step_key(event, vdi)
+    if event.count == 1:
+        step = _cached_step_pld(*key)
         pmfs = (step._pmf_remove, step._pmf_add)  # noqa: SLF001 (no public accessor)
         return max(p.size for p in pmfs)
-    points = 0
-    for pmf in (step._pmf_remove, step._pmf_add):  # noqa: SLF001
-        probs = pmf.to_dense_pmf()._probs  # noqa: SLF001
-        lo, hi = pld_common.compute_self_convolve_bounds(probs, count, _TAIL_MASS_TRUNCATION)
-        points = max(points, hi - lo + 1)
-    return points
+    return max(hi - lo + 1 for lo, hi in _convolve_bounds(key, event.count))
 
 
 def _grid_overload(events: Sequence[ev.PrivacyEvent], vdi: float) -> tuple[float, float]:
@@ -284,16 +316,23 @@ def _grid_overload(events: Sequence[ev.PrivacyEvent], vdi: float) -> tuple[float
         overload = max(overload, _step_points(e, vdi) / MAX_PLD_STEP_POINTS)
     if overload > 1.0:
         return overload * MAX_PLD_GRID_POINTS, overload
-    total = math.fsum(_composed_points(_step_pld(e, vdi), e.count) for e in others)
+    total = math.fsum(_composed_points(e, vdi) for e in others)
     if mu_sq:
         total += _gaussian_points(mu, vdi)
     return total, total / MAX_PLD_GRID_POINTS
 
 
 def _self_composed(event: ev.PrivacyEvent, count: int, vdi: float):
-    step = _step_pld(event, vdi)
+    """``count`` self-compositions of one step of ``event`` (dp-accounting's
+    ``self_compose``; dense steps reuse the truncation bounds of the grid-size check)."""
+    key = _step_key(event, vdi)
+    step = _cached_step_pld(*key)
     if count == 1:
         return step
+    if vectorized.is_dense(step):
+        return vectorized.self_compose(
+            step, count, _TAIL_MASS_TRUNCATION, _convolve_bounds(key, count)
+        )
     return _dense_if_huge(step, count).self_compose(
         count, tail_mass_truncation=_TAIL_MASS_TRUNCATION
     )
@@ -334,9 +373,8 @@ def _compose_plds(
     ]
     if mu_sq:
         composed.append(
-            pld_lib.from_gaussian_mechanism(
-                standard_deviation=1.0 / math.sqrt(math.fsum(mu_sq)),
-                value_discretization_interval=vdi,
+            vectorized.gaussian_pld(
+                1.0 / math.sqrt(math.fsum(mu_sq)), value_discretization_interval=vdi
             )
         )
     return composed
@@ -555,11 +593,7 @@ def _pld_incremental_plain(
             continue
         plds = [running]
         if mu_sq:
-            plds.append(
-                pld_lib.from_gaussian_mechanism(
-                    standard_deviation=1.0 / mu, value_discretization_interval=used
-                )
-            )
+            plds.append(vectorized.gaussian_pld(1.0 / mu, value_discretization_interval=used))
         out.append(_epsilon_of(plds, delta))
     return out
 

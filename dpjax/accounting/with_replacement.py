@@ -91,7 +91,7 @@ def with_replacement_delta(
         divergences by the k-fold group profile. Per-draw clipping makes that profile exactly a
         Gaussian with sensitivity 2kC (k replaced draws, each moving the sum by ≤ 2C), so
         δ'(ε') = Σ_k P[K = k] δ_N(ln(1 + (e^{ε'} − 1)/η); 2k/σ), K ~ Binomial(b, 1/n).
-        For b = 1 this is the lecture's amplification lemma (ln(1 + (e^ε − 1)p), pδ) with
+        For b = 1 this is the textbook amplification lemma (ln(1 + (e^ε − 1)p), pδ) with
         p = 1/n. Negative ε by the duality δ(ε) = 1 − e^ε + e^ε δ(−ε) (the bound holds in
         both directions).
 

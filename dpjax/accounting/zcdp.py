@@ -1,8 +1,8 @@
 """Zero-concentrated DP (zCDP): the Gaussian mechanism's ρ, composition, conversion to (ε, δ).
 
 ρ-zCDP means D_α(M(D) ‖ M(D')) ≤ ρα for every α > 1 and neighbours D, D' (Bun and Steinke
-2016). ρ adds up under composition; it does not amplify by subsampling (lecture on ML under
-DP), so DP-SGD with q < 1 needs RDP or PLD accounting instead.
+2016). ρ adds up under composition; it does not amplify by subsampling (Bun & Steinke
+2016), so DP-SGD with q < 1 needs RDP or PLD accounting instead.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def gaussian_zcdp_rho(*, sigma: float, sensitivity: float) -> float:
 
     Formal guarantees:
         Bun and Steinke (TCC 2016), Proposition 1.6; "Improved Analysis with Concentrated DP" in the
-        lecture on ML under DP. Δ is the ℓ2 sensitivity under the relation you claim.
+        Bun & Steinke 2016. Δ is the ℓ2 sensitivity under the relation you claim.
 
     Args:
         sigma: noise standard deviation in (0, inf).
@@ -59,7 +59,7 @@ def zcdp_gaussian_sigma(*, rho: float, sensitivity: float, steps: int = 1) -> fl
     Formal guarantees:
         Each release with N(0, σ²) noise on a statistic of ℓ2 sensitivity Δ is Δ²/(2σ²)-zCDP
         (Bun and Steinke 2016, Proposition 1.6) and T of them compose to TΔ²/(2σ²) = ρ
-        (Lemma 2.3; lecture on ML under DP, improved analysis with concentrated DP). Δ under the
+        (Lemma 2.3; Bun & Steinke 2016). Δ under the
         relation you claim.
 
     Args:
@@ -87,7 +87,7 @@ def zcdp_compose(rhos: Sequence[float]) -> float:
 
     Formal guarantees:
         Bun and Steinke (TCC 2016), Lemma 2.3 (adaptive composition); "By composition of zCDP"
-        in the lecture on ML under DP. Same relation as the inputs.
+        in Bun & Steinke 2016. Same relation as the inputs.
 
     Args:
         rhos: per-mechanism ρᵢ, each in (0, inf).
@@ -114,7 +114,7 @@ def zcdp_epsilon_bun_steinke(*, rho: float, delta: float) -> float:
 
     Formal guarantees:
         Bun and Steinke (TCC 2016), Proposition 1.3; the conversion used in the
-        lecture on ML under DP ("By zCDP-to-approx. DP conversion").
+        Bun & Steinke 2016 (zCDP to (ε, δ)-DP).
 
     Args:
         rho: ρ in (0, inf).
@@ -186,7 +186,7 @@ def zcdp_epsilon(*, rho: float, delta: float, conversion: str = "cks") -> float:
     Args:
         rho: ρ in (0, inf).
         delta: δ in (0, 1).
-        conversion: ``"cks"`` (Canonne–Kamath–Steinke 2020) or ``"bun_steinke"`` (the lecture's).
+        conversion: ``"cks"`` (Canonne–Kamath–Steinke 2020) or ``"bun_steinke"`` (the textbook one).
 
     Returns:
         ε.

@@ -10,7 +10,7 @@
   output law is finite and computable, over adversarial neighbour pairs.
 
 Audits are evidence, not proofs: a correct mechanism must give ε_LB ≤ claimed ε, a broken one
-is caught when ε_LB > claimed ε (literature.md §3).
+is caught when ε_LB > claimed ε.
 """
 
 from dpjax.auditing import dp_sgd_audit, exact, porosity

@@ -27,7 +27,7 @@ lower bound that holds with the stated confidence. Three estimators are provided
 
 Threshold choice: the threshold is chosen on the first half of the scores ("selection half")
 and the confidence bound is computed on the second half only; choosing t on the same samples
-the bound is computed from inflates the bound (literature.md §3.2). Trials are i.i.d., so a
+the bound is computed from inflates the bound. Trials are i.i.d., so a
 fixed split (first half / second half) is as good as a random one.
 
 All functions are pure functions of their arguments (arrays of scores, counts, parameters).

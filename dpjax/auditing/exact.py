@@ -178,7 +178,7 @@ def assert_within_claim(
 
     For δ = 0 the check is ε_true = :func:`pure_epsilon` ≤ ε(1 + rtol); for δ > 0 it is
     :func:`delta_at` (ε(1 + rtol)) ≤ δ. ``rtol`` absorbs float64 rounding of the laws only;
-    it is far below any real violation (finding 4 of issue 13 is a factor 2).
+    it is far below any real violation (the rounding bug this catches was a factor 2).
 
     Args:
         p: law of M(D).

@@ -1,7 +1,7 @@
 """Run a mechanism many times on D and D′ with independent keys and bound ε from below.
 
 The harness is the only place where audit trials are generated, so that the rules of
-literature.md §3.4 hold for every audit: the mechanism is called through its public API, the
+ hold for every audit: the mechanism is called through its public API, the
 D runs and the D′ runs use **independent** keys (never common random numbers: reusing a key
 across D and D′ makes them trivially distinguishable, an audit bug rather than a privacy bug),
 and trials are batched with ``jax.vmap`` under ``jax.jit`` in fixed-size chunks.

@@ -9,7 +9,7 @@ certainty, so the fraction
 
 is a δ that no amount of noise removes. For JAX's float32 samplers every noise value can be
 enumerated: ``jax.random.uniform`` produces the 2^23 values m·2^-23, and ``jax.random.laplace``
-maps them through sign(u)·log1p(−|u|) (literature.md §4.3). The enumeration replays those float
+maps them through sign(u)·log1p(−|u|). The enumeration replays those float
 operations with JAX on the same backend and is checked against real draws (the control).
 """
 

@@ -16,7 +16,8 @@ norms without per-example gradients; its certified bounds and sums in ``_ghost_b
 the Laplace DP-SGD noise), ``optimizers`` (``dp_sgd_optimizer``, gradient accumulation, Laplace
 DP-SGD), ``distributed`` (data parallel over a device mesh), ``user_level`` (user-level
 DP-SGD: ``make_private(..., user_ids=...)``), ``adaptive_clip`` (adaptive clipping, Andrew et
-al. 2021: C follows a quantile of the norms), ``finetune`` (full, LoRA, bias-only, last-layer
+al. 2021: C follows a quantile of the norms), ``norm_layers`` (``replace_batch_norm``: GroupNorm
+in place of BatchNorm in a flax nnx model), ``finetune`` (full, LoRA, bias-only, last-layer
 fine-tuning).
 
 Two sub-packages ("rooms"): ``training`` (``make_private``: the one-call path built from these,
@@ -42,6 +43,7 @@ from dpjax.dp_sgd.clipping import ClippedGrad, ClippingInfo, clip_pytree, clippe
 from dpjax.dp_sgd.distributed import DataParallelClippedGrad, data_parallel, replicate
 from dpjax.dp_sgd.matrix_factorization.config import BandMF, CyclicPoissonSampler
 from dpjax.dp_sgd.matrix_factorization.streaming import correlated_noise
+from dpjax.dp_sgd.norm_layers import replace_batch_norm
 from dpjax.dp_sgd.optimizers import (
     AccumulationState,
     DPSGDTransformation,
@@ -60,12 +62,19 @@ from dpjax.dp_sgd.samplers import (
     WithReplacementSampler,
 )
 from dpjax.dp_sgd.training import (
+    Callback,
+    Checkpoint,
+    CSVLogger,
+    EarlyStopping,
+    Evaluate,
+    FitRun,
     PrivateState,
     PrivateTraining,
     PublicState,
     make_private,
     nnx_loss,
     poisson_schedule,
+    restore_checkpoint,
 )
 from dpjax.dp_sgd.training import ledger as _plan  # noqa: F401 (former path of the ledger)
 from dpjax.dp_sgd.transforms import (
@@ -87,11 +96,17 @@ __all__ = [
     "AdaptiveClip",
     "AdaptiveClipState",
     "BandMF",
+    "CSVLogger",
+    "Callback",
+    "Checkpoint",
     "CyclicPoissonSampler",
     "ClippedGrad",
     "ClippingInfo",
     "DPSGDTransformation",
     "DataParallelClippedGrad",
+    "EarlyStopping",
+    "Evaluate",
+    "FitRun",
     "PaddedBatch",
     "PoissonSampler",
     "PrivateState",
@@ -124,5 +139,7 @@ __all__ = [
     "normalize_by",
     "poisson_schedule",
     "public_opt_state",
+    "replace_batch_norm",
     "replicate",
+    "restore_checkpoint",
 ]

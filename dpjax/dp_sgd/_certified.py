@@ -160,7 +160,7 @@ def ldexp_rows(x: jax.Array, e: jax.Array) -> jax.Array:
     subnormals (XLA:CPU sets FTZ/DAZ) makes a subnormal entry or a subnormal result 0, the
     same flush it applies to that entry in every other product, the clipped sum's included;
     a backend that keeps subnormals rounds a subnormal result once (≤ 2^-149 in float32).
-    ``jnp.ldexp`` is neither on XLA:CPU: it returns a subnormal entry unchanged (issue 24).
+    ``jnp.ldexp`` is neither on XLA:CPU: it returns a subnormal entry unchanged (measured).
     Each factor ``2^{⌊e/2⌋}``, ``2^{e − ⌊e/2⌋}`` is a normal float for |e| ≤ 2·(emax − 1), and
     the intermediate lies between the entry and the result, so it is normal when both are.
     """
@@ -259,7 +259,7 @@ def df_pack(hi: jax.Array, lo: jax.Array) -> jax.Array:
     Speed only, no arithmetic: the pair's parts are read back unchanged by :func:`df_unpack`
     (a complex number is two floats side by side). A merge ``df_add`` whose result is packed
     compiles to one elementwise pass that writes one array; with two float outputs XLA:CPU
-    splits it into about five passes, each of which re-reads its operands (issue 24: the
+    splits it into about five passes, each of which re-reads its operands (measured: the
     T = 1 ghost sums' merges cost more than their matrix products). float32 parts give
     complex64, float64 parts complex128.
     """

@@ -52,8 +52,8 @@ Formal guarantees:
     √(1 + (σ_Δ/(2σ_b))²), i.e. noise multiplier (σ_Δ⁻² + (2σ_b)⁻²)^(−1/2) = σ (Andrew et al.
     2021, Theorem 1; https://arxiv.org/abs/1905.03871). With
     Poisson sampling at rate q, T steps are accounted exactly as DP-SGD with noise
-    multiplier σ: ``PoissonSampledGaussianEvent(σ, q, count=T)`` (Abadi et al. 2016; lecture on
-    ML under DP, amplification by subsampling); the mechanisms compose adaptively, so C_t
+    multiplier σ: ``PoissonSampledGaussianEvent(σ, q, count=T)`` (Abadi et al. 2016,
+    amplification by subsampling); the mechanisms compose adaptively, so C_t
     may depend on every earlier release. C_t (and b̃_t) are functions of the noisy releases
     and public constants: C_t is public, is released with the model (``public_state``) and is
     covered by the guarantee. The count noise is drawn by the same sound sampler as the

@@ -75,8 +75,8 @@ Formal guarantees:
     exact sum of those vectors, f = 1/(1 + 2·rel). So adding or removing one example moves
     the RELEASED float sum by at most f·C·(1 + 2·rel) ≤ C (the tests allow C·(1 + 1e-6) for
     the rounding of C itself), for every batch size accepted (f ≥ 1/4): ℓ2 sensitivity C under
-    add/remove-one and 2C under replace-one (triangle inequality; lecture on machine learning
-    under DP, DP-GD with per-example clipping; Abadi et al. 2016, "Deep Learning with
+    add/remove-one and 2C under replace-one (triangle inequality;
+    per-example clipping as in Abadi et al. 2016, "Deep Learning with
     Differential Privacy", §3.1; the rounding of the sum: Casacuberta, Shoemate, Vadhan,
     Wagaman 2022, "Widespread Underestimation of Sensitivity in Differentially Private
     Libraries and How to Fix It", CCS; pairwise and compensated summation: Higham, "Accuracy
@@ -709,8 +709,8 @@ def clipped_grad(
         (zeroed when ``nan_safe``), with the clip factor taken from a certified upper bound of
         its norm (rounding included) and C multiplied by the summation shrink f of the batch
         (the rounding of the batch sum, other rows included; Casacuberta et al. 2022, CCS).
-        Padding rows (mask False) contribute exactly 0. See the module docstring (lecture on
-        machine learning under DP, DP-GD with per-example clipping; Abadi et al. 2016, §3.1).
+        Padding rows (mask False) contribute exactly 0. See the module docstring (per-example
+        clipping: Abadi et al. 2016, §3.1).
 
     Example:
         >>> import jax.numpy as jnp

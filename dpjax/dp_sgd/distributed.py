@@ -25,7 +25,7 @@ on one machine, or ``srun`` / a TPU pod with the same code).
 
 Formal guarantees:
     Across processes the released update is the Gaussian mechanism on the global clipped sum
-    (Abadi et al. 2016, Algorithm 1; lecture on ML under DP, DP-SGD): every example's clipped
+    (Abadi et al. 2016, Algorithm 1): every example's clipped
     gradient (norm ≤ C) enters the global sum exactly once, from the one device that holds its
     row, so the global sum has sensitivity C (add/remove-one; 2C replace-one) whatever the
     number of processes or devices. The noise N(0, σ²C²I) is drawn ONCE from the shared key

@@ -1,6 +1,6 @@
 r"""Private fine-tuning of PART of a publicly pre-trained model: full, LoRA, bias-only, last layer.
 
-The lecture on ML under DP: the noise DP-SGD adds has expected norm σC·√d for d trainable
+The noise DP-SGD adds has expected norm σC·√d for d trainable
 coordinates, while the signal (the clipped sum) has norm at most B·C — so "noise is proportional
 to the square root of the number of parameters", and the state of the art is to pre-train on
 PUBLIC data and fine-tune privately, training as few coordinates as the task allows (Yu et al.
@@ -31,9 +31,9 @@ Formal guarantees:
     example, with the frozen part a constant: :func:`dpjax.make_private` (or any DP-SGD built
     from :func:`dpjax.clipped_grad`) on it is DP-SGD on the trainable coordinates, with the
     guarantee of :func:`dpjax.make_private` (the Poisson subsampled Gaussian mechanism on a
-    per-example clipped sum of ℓ2 sensitivity C, add/remove-one; Abadi et al. 2016; lecture on
-    ML under DP). ε does not depend on d; the noise is N(0, σ²C²·I_d) on the d trainable
-    coordinates only (lecture on ML under DP: noise ∝ √d). The released model
+    per-example clipped sum of ℓ2 sensitivity C, add/remove-one; Abadi et al.
+    2016). ε does not depend on d; the noise is N(0, σ²C²·I_d) on the d trainable
+    coordinates only (the noise grows as √d). The released model
     ``combine(trainable, frozen)`` (and :func:`merge_lora` of it) is post-processing of the
     private trainable part and the frozen part, so it has the same (ε, δ) guarantee — PROVIDED
     the frozen part is PUBLIC: a function of data that are disjoint from the private data set

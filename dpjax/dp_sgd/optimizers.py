@@ -38,6 +38,7 @@ import optax
 from dpjax import _noise, _validate
 from dpjax._warnings import PrivacyLeakWarning
 from dpjax.dp_sgd import _certified
+from dpjax.dp_sgd._finite_sums import refuse_concrete_nonfinite_sums, refusing_nonfinite_sums
 from dpjax.dp_sgd.transforms import (
     NoiseState,
     PublicNoiseState,
@@ -217,7 +218,11 @@ def dp_sgd_optimizer(
             :func:`dpjax.data_parallel`) that produces the sums; C is its ``l2_norm_bound``.
         l2_clip_norm: only for clipped sums not built by dpjax (then ``clipped_grad`` is
             omitted and you own the wire). Given together with ``clipped_grad``, it must equal
-            that function's C exactly.
+            that function's C exactly. Own sums must be finite: a NaN/inf coordinate is
+            refused before any noise is drawn (see Raises), since no map of a summed value
+            restores the sensitivity that a per-example map (``clipped_grad``'s
+            ``nan_safe``) keeps. Under ``jit`` that check is one host callback per step
+            (``clipped_grad`` sums, finite by construction, have none).
 
     Returns:
         A :class:`DPSGDTransformation` (an ``optax.GradientTransformation`` stating σ, C and the
@@ -233,14 +238,18 @@ def dp_sgd_optimizer(
             init/update) a wrapping ``optax.MultiSteps``, ``optax.masked`` or
             ``optax.multi_transform``; at update, a tree or shapes other than ``params``'
             (with ``params`` omitted: other than those given to ``init`` in this process; and
-            omitted with no ``init``: refused) — per-example gradients are never noised.
+            omitted with no ``init``: refused) — per-example gradients are never noised; with
+            own sums (``l2_clip_norm`` without ``clipped_grad``), a sum with a NaN/inf entry
+            (named ``updates``): eagerly before the noise; under ``jit`` a host callback
+            raises it and JAX fails the step (as this ValueError or a ``JaxRuntimeError``
+            carrying it), so no update is released. Do not continue a run from that state.
 
     Formal guarantees:
         One update is the Gaussian mechanism with noise multiplier σ = stddev/C on a sum of
         ℓ2 sensitivity C (add/remove-one; 2C replace-one — the accountant doubles it, see
         :mod:`dpjax.events`). With Poisson sampling at rate q for T steps the run is
-        accounted by ``PoissonSampledGaussianEvent(σ, q, T)`` (Abadi et al. 2016;
-        lecture on ML under DP, DP-SGD with amplification by subsampling), which
+        accounted by ``PoissonSampledGaussianEvent(σ, q, T)`` (Abadi et al. 2016,
+        DP-SGD with amplification by subsampling), which
         :func:`event_for` returns. The normaliser and the optimizer are post-processing.
 
     Example:
@@ -265,8 +274,11 @@ def dp_sgd_optimizer(
     clip = _clip_norm_of(clipped_grad, l2_clip_norm)
     if not isinstance(optimizer, optax.GradientTransformation):
         _validate.fail("optimizer", optimizer, "an optax.GradientTransformation")
+    noise = add_gaussian_noise(noise_multiplier * clip, key=key)
+    if clipped_grad is None:  # own sums: nothing guarantees that they are finite
+        noise = refusing_nonfinite_sums(noise)
     chain = optax.chain(
-        add_gaussian_noise(noise_multiplier * clip, key=key),
+        noise,
         normalize_by(normalizer),
         optimizer,
     )
@@ -335,8 +347,8 @@ def event_for(
 
     Formal guarantees:
         The event describes exactly the noise the optimizer adds (σ·C on a sum of add/remove-one
-        sensitivity C) composed over T releases under the sampler's subsampling (lecture on ML
-        under DP, amplification by subsampling; Abadi et al. 2016), including the padded
+        sensitivity C) composed over T releases under the sampler's subsampling (Abadi et al.
+        2016, amplification by subsampling), including the padded
         sampler's truncation, paid by the coupling slack of
         :func:`dpjax.accounting.tight.truncation_slack`.
 
@@ -417,6 +429,11 @@ def accumulate_clipped_sums(
         :class:`DPSGDTransformation` stating the inner σ and C when ``private_optimizer`` is
         one, so :func:`event_for` works on it: T is the number of logical batches).
 
+    Raises:
+        ValueError: at update, a concrete micro-batch sum with a NaN/inf entry (named
+            ``updates``): its total could only be released non-finite. Under ``jit`` the
+            inner optimizer decides (``dp_sgd_optimizer`` with own sums refuses it).
+
     Formal guarantees:
         The released quantity per logical batch is the Gaussian mechanism on the clipped sum
         of the logical batch, so the accountant counts T = (#calls)/k releases with the
@@ -450,6 +467,7 @@ def accumulate_clipped_sums(
         )
 
     def update_fn(updates: Any, state: AccumulationState, params: Any = None):
+        refuse_concrete_nonfinite_sums(updates)  # traced: the inner optimizer's check runs
         low = state.clipped_sum_low
         if low is None:  # a state from before the low part existed
             low = jax.tree.map(jnp.zeros_like, state.clipped_sum)
@@ -497,7 +515,7 @@ def accumulate_clipped_sums(
 def laplace_dp_sgd_optimizer(
     *, l1_sensitivity: float, epsilon: float, rho: float, kappa: float, key: jax.Array
 ) -> optax.GradientTransformation:
-    r"""The Laplace-noise batch-1 DP-SGD (lecture on advances in DP, Theorems 36–37).
+    r"""The Laplace-noise batch-1 DP-SGD (no published source located).
 
     .. math::  \beta^{(h)} = \beta^{(h-1)} - \gamma_{h-1}\big(\nabla L_{\Omega_h}(\beta^{(h-1)})
        + \theta_h Z_h\big),\quad \gamma_j = (1+j)^{-\rho},\ Z_h \sim \text{Laplace}(0, I),
@@ -508,24 +526,53 @@ def laplace_dp_sgd_optimizer(
 
     Args:
         l1_sensitivity: Δ₁ = Δ(∇L), replace-one ℓ1 sensitivity of the per-step gradient.
-        epsilon: ε of Theorem 36.
+        epsilon: ε of the privacy theorem.
         rho: step-size exponent ρ ∈ (0, 1).
-        kappa: privacy-weight exponent κ ≥ 0 (the noise term of Theorem 37 vanishes iff
+        kappa: privacy-weight exponent κ ≥ 0 (the noise term of the utility theorem vanishes iff
             2κ + ρ > 2; ρ = 1/2 needs κ > 3/4).
         key: required JAX PRNG key.
 
     Returns:
         An ``optax.GradientTransformation``; account with :func:`laplace_dp_sgd_event`.
 
+    Raises:
+        ValueError: at update, a gradient with a NaN/inf entry (named ``updates``), before
+            the noise: eagerly, or under ``jit`` from a host callback that fails the step (see
+            :func:`dp_sgd_optimizer`); NaN + noise would reveal the example.
+
     Formal guarantees:
         See :func:`dpjax.dp_sgd.transforms.add_laplace_dp_sgd_noise`: step h is (Δ₁/θ_h)-DP
         (replace-one), the run of T steps (Σ_{h≤T} Δ₁/θ_h, 0)-DP by basic composition
-        (:func:`laplace_dp_sgd_event`); Theorem 36 of the lecture states ε·a_h-DP for the h-th
+        (:func:`laplace_dp_sgd_event`); the stated analysis gives ε·a_h-DP for the h-th
         iterate.
     """
+    return laplace_dp_sgd_chain(
+        l1_sensitivity=l1_sensitivity,
+        epsilon=epsilon,
+        rho=rho,
+        kappa=kappa,
+        key=key,
+        gradients_finite_by_construction=False,
+    )
+
+
+def laplace_dp_sgd_chain(
+    *,
+    l1_sensitivity: float,
+    epsilon: float,
+    rho: float,
+    kappa: float,
+    key: jax.Array,
+    gradients_finite_by_construction: bool,
+) -> optax.GradientTransformation:
+    """:func:`laplace_dp_sgd_optimizer`; with ``gradients_finite_by_construction`` (the caller
+    feeds ``dpjax.clipped_grad`` output, whose ``nan_safe`` map keeps it finite) the non-finite
+    check, a host callback per step under ``jit``, is left out."""
     noise = add_laplace_dp_sgd_noise(
         l1_sensitivity=l1_sensitivity, epsilon=epsilon, rho=rho, kappa=kappa, key=key
     )
+    if not gradients_finite_by_construction:
+        noise = refusing_nonfinite_sums(noise)
 
     def step_size(count: jax.Array) -> jax.Array:  # γ_{h-1} at iteration h = count + 1
         return -laplace_dpsgd_step_size((count + 1).astype(jnp.result_type(float)), rho)

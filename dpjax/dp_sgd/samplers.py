@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from scipy import stats
 
 from dpjax import _validate
+from dpjax.accounting.padded_slack import TRUNCATION_DELTA_SHARES
 from dpjax.dp_sgd._frozen import ReadOnlyAfterInit
 from dpjax.events import (
     FixedBatchGaussianEvent,
@@ -50,6 +51,11 @@ __all__ = [
 ]
 
 DEFAULT_OVERFLOW_PROBABILITY = 1e-9
+
+#: ε up to which a cap sized from ``steps`` and ``delta`` keeps the truncation slack within the
+#: first share of δ (:data:`dpjax.accounting.padded_slack.TRUNCATION_DELTA_SHARES`); larger
+#: ε use the larger shares (up to ε ≈ 16 within δ/2).
+SIZING_EPSILON = 10.0
 
 
 _MAX_INDEX = 2**31 - 1  # jax.random draws int32 indices
@@ -124,6 +130,21 @@ def _binomial_cap(n: int, q: float, tail: float) -> int:
     return max(1, min(n, hi))
 
 
+def _run_plan(steps: int | None, delta: float | None) -> tuple[int, float] | None:
+    """(T, δ) of the planned run, validated, or None if neither is given."""
+    if steps is None and delta is None:
+        return None
+    if steps is None or delta is None:
+        _validate.fail(
+            "steps" if steps is None else "delta",
+            None,
+            "given together with " + ("delta" if steps is None else "steps") + " (or neither)",
+        )
+    t = _validate.positive_int("steps", steps)
+    d = _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False, high_inclusive=False)
+    return t, d
+
+
 #: Resolution of the inclusion decision: two 32-bit words, i.e. a 64-bit uniform integer.
 THRESHOLD_BITS = 64
 _WORD = 1 << 32
@@ -184,14 +205,19 @@ class PoissonSampler(ReadOnlyAfterInit):
     Above the cap: if more than ``max_batch_size`` examples are selected (probability
     ``overflow_probability`` per step), the ``max_batch_size`` of highest priority are kept — a
     uniformly random subset (priorities are drawn independently of the selection) — and the
-    rest dropped. The default cap makes this ≤ 1e-9 per step. (Order and truncation rule do
-    not enter the privacy analysis; truncation is paid for by :meth:`delta_slack`, which the
+    rest dropped. Give the run's ``steps`` T and target ``delta`` δ when you know them: the
+    default cap is then the smallest m whose slack (1 + e^ε)·T·p̄ fits in the first share
+    (10⁻³) of δ for every ε ≤ :data:`SIZING_EPSILON`, and an explicit ``max_batch_size`` whose
+    slack cannot fit in δ at any ε is refused here, before training, instead of by the
+    accountant after it. Without them the default cap makes the overflow ≤ 1e-9 per step,
+    which holds δ = 10⁻⁵ only for a few hundred steps. (Order and truncation rule do not
+    enter the privacy analysis; truncation is paid for by :meth:`delta_slack`, which the
     accountants add to δ for the events of :meth:`event`.)
 
     Formal guarantees:
         Without overflow this is exactly the Poisson subsampling at rate ``sampling_rate``
-        assumed by the subsampled Gaussian accountant (Abadi et al. 2016; lecture on ML under
-        DP, amplification by subsampling), under add/remove-one, given uniform random bits.
+        assumed by the subsampled Gaussian accountant (Abadi et al. 2016,
+        amplification by subsampling), under add/remove-one, given uniform random bits.
         With truncation: couple the truncated run M with the untruncated run M* on the same
         randomness. They differ only if some step overflows, which has probability ≤ T·p̄ on
         D and on its neighbour D′, with p̄ = P[Binomial(n + 1, q) > m] (n = ``dataset_size``,
@@ -204,8 +230,15 @@ class PoissonSampler(ReadOnlyAfterInit):
     Args:
         dataset_size: n ≥ 1.
         sampling_rate: q ∈ [2⁻⁶⁴, 1] (the realised rate ⌊q·2⁶⁴⌋/2⁶⁴ is stored).
-        max_batch_size: the padded length; default: smallest m with
-            P[Binomial(n, q) > m] ≤ 1e-9.
+        max_batch_size: the padded length; default: sized from ``steps`` and ``delta`` when
+            given (above), else the smallest m with P[Binomial(n, q) > m] ≤ 1e-9.
+        steps: T, the number of steps the run will take (with ``delta``), or None.
+        delta: the δ the run will be reported at (with ``steps``), in (0, 1), or None.
+
+    Raises:
+        ValueError: invalid arguments; ``steps`` without ``delta`` or the reverse; a
+            ``max_batch_size`` whose truncation slack 2·T·p̄ (its value at ε = 0) exceeds
+            half of ``delta``, so that no ε can be reported at that δ.
 
     Example:
         >>> import jax
@@ -223,7 +256,13 @@ class PoissonSampler(ReadOnlyAfterInit):
     _REBUILD_HINT = "build a new PoissonSampler(...)"
 
     def __init__(
-        self, *, dataset_size: int, sampling_rate: float, max_batch_size: int | None = None
+        self,
+        *,
+        dataset_size: int,
+        sampling_rate: float,
+        max_batch_size: int | None = None,
+        steps: int | None = None,
+        delta: float | None = None,
     ):
         self.dataset_size = _validate.positive_int("dataset_size", dataset_size)
         requested = _validate.real("sampling_rate", sampling_rate)
@@ -234,13 +273,30 @@ class PoissonSampler(ReadOnlyAfterInit):
         self.requested_sampling_rate = requested
         self.sampling_rate = realised_sampling_rate(requested)
         self.threshold = inclusion_threshold(requested)
-        if max_batch_size is None:
+        plan = _run_plan(steps, delta)
+        if max_batch_size is None and plan is None:
             max_batch_size = _binomial_cap(
                 self.dataset_size, self.sampling_rate, DEFAULT_OVERFLOW_PROBABILITY
             )
+        elif max_batch_size is None:
+            t, d = plan
+            tail = TRUNCATION_DELTA_SHARES[0] * d / (t * (1.0 + math.exp(SIZING_EPSILON)))
+            cap = _binomial_cap(self.dataset_size + 1, self.sampling_rate, tail)
+            max_batch_size = min(self.dataset_size, cap)
         self.max_batch_size = _validate.positive_int("max_batch_size", max_batch_size)
         if self.max_batch_size > self.dataset_size:
             _validate.fail("max_batch_size", max_batch_size, f"at most dataset_size={dataset_size}")
+        if plan is not None and 2.0 * plan[0] * self.neighbour_overflow_probability > (
+            TRUNCATION_DELTA_SHARES[-1] * plan[1]
+        ):
+            _validate.fail(
+                "max_batch_size",
+                max_batch_size,
+                f"a cap whose truncation slack (1 + e^ε)·T·p̄ can fit in delta={plan[1]:g} over "
+                f"steps={plan[0]} (here T·p̄ = {plan[0] * self.neighbour_overflow_probability:.3g}"
+                " > δ/4 even at ε = 0): a larger max_batch_size, or None to size it from steps "
+                "and delta",
+            )
         self._freeze()
 
     @property

@@ -8,8 +8,8 @@ The privatised update of DP-SGD is built in three visible steps:
    realised batch size, so normalisation leaks nothing (post-processing).
 3. any optax optimizer (post-processing again).
 
-:func:`add_laplace_dp_sgd_noise` is the Laplace-noise DP-SGD of the lecture on
-advances in DP (Theorems 36–37). Every transform that draws noise REQUIRES a key (no default),
+:func:`add_laplace_dp_sgd_noise` is the Laplace-noise batch-1
+DP-SGD. Every transform that draws noise REQUIRES a key (no default),
 keeps its raw key data in its state (checkpointable, see :class:`NoiseState`), splits it on every
 update and per leaf (through :mod:`dpjax._noise`), and draws from the 64-bit samplers of
 :mod:`dpjax._random` in at least float32 (support ±9.155σ, δ floor
@@ -43,6 +43,7 @@ import optax
 
 from dpjax import _noise, _random, _validate
 from dpjax.dp_sgd import _vmap_guard
+from dpjax.dp_sgd._finite_sums import refuse_concrete_nonfinite_sums
 
 __all__ = [
     "NoiseState",
@@ -280,7 +281,7 @@ class _ParamShapes:
     """The shapes of the params a noise transform was initialised with (host-side record).
 
     ``update(updates, state)`` with ``params`` omitted is checked against them, so per-example
-    gradients (a leading batch axis) are refused even then (issue 20, finding 8: without
+    gradients (a leading batch axis) are refused even then (without
     ``params`` the check was skipped and unclipped rows were released with noise). With no
     ``init`` in this process and no ``params``, the update is refused: there is nothing to
     check it against.
@@ -334,10 +335,10 @@ def _key_impl(key: jax.Array) -> Any:
 
 
 def _fusion_barrier(updates: Any) -> Any:
-    """``updates`` unchanged, behind ``jax.lax.optimization_barrier`` (speed only, issue 15).
+    """``updates`` unchanged, behind ``jax.lax.optimization_barrier`` (speed only).
 
     Keeps XLA from fusing the end of the clipped sum with the noise draw and the addition
-    (issue 15 measured, for the MLP 784-512-512-10 at batch 1024 with ``jax.random.normal``,
+    (measured for the MLP 784-512-512-10 at batch 1024 with ``jax.random.normal``,
     18.5 ms per jitted DP step without it and 11.3 ms with it; ``python -m benchmarks``
     times the step with and without it as ``dpjax`` / ``dpjax_nobarrier``). It changes no
     value: the same key gives bit-identical noisy sums (tests/dp_sgd/test_noise_transforms.py).
@@ -401,16 +402,21 @@ def add_gaussian_noise(stddev: float, *, key: jax.Array) -> optax.GradientTransf
 
     Raises:
         TypeError: no key / not a key. ValueError: negative or non-finite stddev; at
-            ``update``: updates not shaped like ``params`` (with ``params`` omitted: like the
+            ``update``: a leaf whose dtype cannot hold the noise (9.155·stddev ≥ its largest
+            value: float16 with stddev ≥ 7155; pass float32 sums), updates not shaped like
+            ``params`` (with ``params`` omitted: like the
             params given to ``init`` in this process; omitted with no ``init``: refused), or
             updates batched by a ``jax.vmap`` that the state is not batched by (per-example
             gradients under ``vmap(tx.update, in_axes=(0, None, None))``; a vmap over runs
             batches the state too, with distinct keys: repeated keys raise eagerly and give
-            NaN updates under ``jit``).
+            NaN updates under ``jit``); eagerly, updates with a NaN/inf entry (named
+            ``updates``: NaN + noise would reveal the record behind it). Under ``jit`` that is
+            not checked here (feed ``dpjax.clipped_grad`` sums, finite by construction, or use
+            ``dp_sgd_optimizer(l2_clip_norm=C)``, which also refuses them under ``jit``).
 
     Formal guarantees:
         With stddev = σ·Δ₂, one update is the Gaussian mechanism on a query of ℓ2 sensitivity Δ₂
-        (lecture on properties of DP, the Gaussian mechanism; Dwork–Roth 2014, Theorem A.1;
+        (Dwork & Roth 2014, Theorem A.1;
         exact profile Balle–Wang 2018); T updates compose adaptively and are accounted by
         :mod:`dpjax.accounting`. The sampler's support ends at ±9.155·stddev: the δ floor this
         adds is :func:`dpjax.accounting.noise_truncation_delta` (below 1e-12 per release at
@@ -438,6 +444,8 @@ def add_gaussian_noise(stddev: float, *, key: jax.Array) -> optax.GradientTransf
 
     def update_fn(updates: Any, state: NoiseState, params: Any = None):
         shapes.check(updates, params)
+        refuse_concrete_nonfinite_sums(updates)
+        _refuse_noise_beyond_dtype(updates, stddev)
         next_key, noise_key, release = _checked_next_keys(updates, state, impl)
         noisy = _noise.tree_add_iid_noise(noise_key, _fusion_barrier(updates), _normal, stddev)
         return release(noisy), NoiseState(key=next_key, count=optax.safe_increment(state.count))
@@ -445,8 +453,38 @@ def add_gaussian_noise(stddev: float, *, key: jax.Array) -> optax.GradientTransf
     return optax.GradientTransformation(init_fn, update_fn)
 
 
+#: The largest |Z| the N(0, 1) sampler returns (Φ̄⁻¹(2⁻⁶⁵), see :mod:`dpjax._random`).
+NORMAL_SUPPORT = 9.155
+
+
+def _refuse_noise_beyond_dtype(updates: Any, stddev: float) -> None:
+    """Refuse updates whose dtype cannot hold the noise (e.g. float16 with σ·C ≥ 7155).
+
+    The noise is drawn and added in float32 and the noisy sum cast back to each leaf's dtype;
+    a leaf of float16 (largest value 65504) would turn every draw beyond its range into ±inf
+    (checked on the dtype, so also under ``jit``).
+    """
+    for leaf in jax.tree.leaves(updates):
+        dtype = _noise.float_dtype_of(leaf)
+        top = float(jnp.finfo(dtype).max)
+        if NORMAL_SUPPORT * stddev >= top:
+            _validate.fail(
+                "stddev",
+                stddev,
+                f"below {top / NORMAL_SUPPORT:.6g} for {jnp.dtype(dtype).name} updates "
+                f"(noise up to {NORMAL_SUPPORT}·stddev is added in float32 and cast back to the "
+                f"update's dtype, whose largest value is {top:.6g}: it would become inf); pass "
+                "the clipped sum in float32 (clipped_grad returns float32 sums for "
+                "float16/bfloat16 parameters) and let optax.apply_updates cast the update once",
+            )
+
+
 def normalize_by(constant: float) -> optax.GradientTransformation:
     """Divide updates by a PUBLIC constant (e.g. the expected batch size q·n).
+
+    The division is done in at least float32 and the quotient cast once to the update's
+    dtype: a float16 update divided by a constant beyond 65504 (float16's largest value) is
+    not divided by inf.
 
     Args:
         constant: a data-independent positive number. Never pass the realised batch size of a
@@ -467,10 +505,14 @@ def normalize_by(constant: float) -> optax.GradientTransformation:
     """
     _validate.positive("constant", constant)
 
+    def scale(u: Any) -> jax.Array:  # in at least float32, cast once to the update's dtype
+        wide = _noise.noise_dtype_of(u)
+        quotient = jnp.asarray(u, wide) / jnp.asarray(constant, wide)
+        return quotient.astype(_noise.float_dtype_of(u))
+
     def update_fn(updates: Any, state: optax.EmptyState, params: Any = None):
         del params
-        scaled = jax.tree.map(lambda u: u / jnp.asarray(constant, jnp.result_type(u)), updates)
-        return scaled, state
+        return jax.tree.map(scale, updates), state
 
     return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
 
@@ -486,7 +528,7 @@ def laplace_dpsgd_step_size(h: Any, rho: float) -> Any:
 def laplace_dp_sgd_theta(
     h: Any, *, l1_sensitivity: float, epsilon: float, rho: float, kappa: float
 ):
-    r"""Noise scale θ_h of iteration h ≥ 1 (lecture on advances in DP, Theorem 36).
+    r"""Noise scale θ_h of iteration h ≥ 1 (the Laplace batch-1 DP-SGD's schedule).
 
     .. math::  \theta_h = \frac{1}{a_h}\Big\{\frac{\sum_{j=0}^{h-2}\gamma_j}{\gamma_{h-1}}
        + 1\Big\} \frac{\Delta_1}{\varepsilon}, \quad a_h = h^\kappa, \ \gamma_j = (1+j)^{-\rho}
@@ -496,7 +538,7 @@ def laplace_dp_sgd_theta(
     Args:
         h: iteration index (1-based).
         l1_sensitivity: Δ₁ = Δ(∇L), the ℓ1 sensitivity of the (batch-1) gradient.
-        epsilon: ε > 0, the base budget of Theorem 36.
+        epsilon: ε > 0, the base budget of the privacy theorem.
         rho: step-size exponent ρ ∈ (0, 1).
         kappa: privacy-weight exponent κ ≥ 0 (a_h = h^κ).
 
@@ -554,7 +596,7 @@ def _theta_on_host(h: np.ndarray, dtype: Any, theta_kw: dict) -> np.ndarray:
 
 
 def _theta_rounded_up(h: jax.Array, dtype: Any, theta_kw: dict) -> jax.Array:
-    """θ_h computed on the host in float64 and rounded up to ``dtype`` (issue 13, finding 14).
+    """θ_h computed on the host in float64 and rounded up to ``dtype`` (never below exact).
 
     The noise drawn is then never smaller than the float64 θ_h the privacy event accounts
     (a float32 θ_h computed on device was up to 6.9e-7 relative too small).
@@ -571,7 +613,7 @@ def _theta_rounded_up(h: jax.Array, dtype: Any, theta_kw: dict) -> jax.Array:
 def add_laplace_dp_sgd_noise(
     *, l1_sensitivity: float, epsilon: float, rho: float, kappa: float, key: jax.Array
 ) -> optax.GradientTransformation:
-    r"""Add θ_h · Laplace(0, 1) noise at iteration h (Laplace DP-SGD, Theorems 36–37).
+    r"""Add θ_h · Laplace(0, 1) noise at iteration h (Laplace batch-1 DP-SGD).
 
     Implements the noise of  β^{(h)} = β^{(h-1)} − γ_{h-1}(∇L_{Ω_h}(β^{(h-1)}) + θ_h Z_h)  with
     :func:`laplace_dp_sgd_theta`; chain it with ``optax.scale_by_schedule`` of −γ (see
@@ -580,10 +622,10 @@ def add_laplace_dp_sgd_noise(
     Args:
         l1_sensitivity: Δ₁, ℓ1 sensitivity of the released gradient under replace-one (for a
             batch-1 gradient clipped to ℓ2 norm C in dimension d: Δ₁ ≤ 2C√d).
-        epsilon: ε > 0 of Theorem 36.
+        epsilon: ε > 0 of the privacy theorem.
         rho: step-size exponent ρ ∈ (0, 1), γ_j = (1+j)^{-ρ}.
         kappa: privacy-weight exponent κ ≥ 0, a_h = h^κ; the utility term vanishes iff
-            2κ + ρ > 2 (Theorem 37 discussion).
+            2κ + ρ > 2 (the utility theorem discussion).
         key: required JAX PRNG key.
 
     Returns:
@@ -592,14 +634,14 @@ def add_laplace_dp_sgd_noise(
     Raises:
         ValueError: at ``update``, updates not shaped like ``params`` (with ``params``
             omitted: like the params given to ``init``; omitted with no ``init``: refused),
-            or batched by a ``jax.vmap`` that the state is not batched by (see
-            :func:`add_gaussian_noise`).
+            or batched by a ``jax.vmap`` that the state is not batched by, or (eagerly) with
+            a NaN/inf entry (see :func:`add_gaussian_noise`).
 
     Formal guarantees:
         Per step, the noisy gradient is the Laplace mechanism with b = θ_h on a query of ℓ1
         sensitivity Δ₁, hence (Δ₁/θ_h, 0)-DP (replace-one; Dwork–Roth 2014, Theorem 3.6), and T
         steps are (Σ_h Δ₁/θ_h, 0)-DP by basic composition — the rigorous statement recorded by
-        :func:`dpjax.laplace_dp_sgd_event`. Theorem 36 of the lecture additionally states that the
+        :func:`dpjax.laplace_dp_sgd_event`. The stated analysis additionally claims that the
         h-th iterate alone is ε·a_h-DP (its proof bounds the iterate's sensitivity by
         Σ_{j<h} γ_j Δ₁ and treats earlier steps as fixed).
     """
@@ -618,6 +660,7 @@ def add_laplace_dp_sgd_noise(
 
     def update_fn(updates: Any, state: NoiseState, params: Any = None):
         shapes.check(updates, params)
+        refuse_concrete_nonfinite_sums(updates)
         # rounded up in the NARROWEST noise dtype of the tree: that value is exact in every
         # wider one, so no leaf's cast can round θ below the accounted float64 value
         dtypes = [np.dtype(_noise.noise_dtype_of(u)) for u in jax.tree.leaves(updates)]

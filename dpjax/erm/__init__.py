@@ -14,8 +14,12 @@ that guarantees its accuracy on every input, no failure branch), ``bounds``
 ``linear_regression`` (noisy sufficient statistics), ``hypothesis_grid`` (exponential mechanism).
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from dpjax.erm import bounds, losses
-from dpjax.erm.estimator import PrivateLogisticRegression
 from dpjax.erm.hypothesis_grid import exponential_mechanism_grid
 from dpjax.erm.iterative import dp_gd, dp_sgd, laplace_dp_sgd
 from dpjax.erm.linear_regression import noisy_sufficient_statistics_regression
@@ -26,6 +30,24 @@ from dpjax.erm.objective_perturbation import (
 from dpjax.erm.output_perturbation import output_perturbation
 from dpjax.erm.result import ERMResult
 from dpjax.erm.solver import SolveResult, objective, solve
+
+if TYPE_CHECKING:
+    from dpjax.erm.estimator import PrivateLogisticRegression
+
+
+def __getattr__(name: str) -> Any:
+    """``PrivateLogisticRegression`` on first access: its module imports scikit-learn, which
+    ``import dpjax.erm`` does not need."""
+    if name != "PrivateLogisticRegression":
+        raise AttributeError(f"module 'dpjax.erm' has no attribute {name!r}")
+    value = importlib.import_module("dpjax.erm.estimator").PrivateLogisticRegression
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __all__ = [
     "ERMResult",

@@ -2,17 +2,17 @@
 
 All bounds are on the **average** scale, J(w) = (1/n)Σℓ(w, x_i, y_i) + (μ/2)‖w‖² (or F = J with
 μ = 0 for the convex, tuned-μ rows), bound the **expectation** over the noise, and use the
-explicit constants of literature §1 (table §1.9). Host-side floats: the rate experiments call
+explicit constants of the published theorems. Host-side floats: the rate experiments call
 these directly. Noise scales are inputs where the solver may calibrate them several ways
-(``*_from_scale``); the convenience wrappers use the lecture calibrations.
+(``*_from_scale``); the convenience wrappers use the textbook calibrations.
 
 Formal guarantees (each function names its own):
-    * output perturbation: E[J(w*+b)] − J(w*) ≤ L·E‖b‖ + (μ/2)E‖b‖² (L-Lipschitz F; lecture
-      on output perturbation, utility theorem and its proof),
-      and ≤ ((c+μ)/2)E‖b‖² when F is c-smooth (literature §1.1);
-    * objective perturbation: E[J(w_p)] − J(w*) ≤ E‖b‖²/(2n²μ) (objective-pert.
-      lecture, utility analysis);
-    * DP-GD: literature §1.4 (projected GD, averaging; zCDP).
+    * output perturbation: E[J(w*+b)] − J(w*) ≤ L·E‖b‖ + (μ/2)E‖b‖² (L-Lipschitz F;
+      CMS11, utility theorem and its proof),
+      and ≤ ((c+μ)/2)E‖b‖² when F is c-smooth ;
+    * objective perturbation: E[J(w_p)] − J(w*) ≤ E‖b‖²/(2n²μ) (CMS11,
+      utility analysis);
+    * DP-GD: Bassily, Smith, Thakurta 2014 (projected GD, averaging; zCDP).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def argmin_sensitivity(
     """ℓ2 sensitivity of w* = argmin J: 2L/(μn) (replace-one), L/(μn) (add/remove-one).
 
     Formal guarantees:
-        Sensitivity lemma of the lecture on output perturbation (CMS11 Corollary 8): for L-Lipschitz
+        Sensitivity lemma of CMS11 (Corollary 8): for L-Lipschitz
         convex ℓ and μ-strongly convex regulariser, ‖w*(D) − w*(D′)‖ ≤ 2L/(μn) under replace-one.
         Under add/remove-one with the public normaliser n (J = (1/n)Σ_{i∈D} ℓ + (μ/2)‖w‖² for
         |D| = n ± 1) the two objectives differ by one term ℓ/n, whence L/(μn) by the same proof.
@@ -68,7 +68,7 @@ def argmin_sensitivity(
 
 
 def classic_sigma(*, sensitivity: float, epsilon: float, delta: float) -> float:
-    """σ = Δ√(2 ln(1.25/δ))/ε, the lectures' formula (no ε < 1 check: for bounds only)."""
+    """σ = Δ√(2 ln(1.25/δ))/ε, the classical formula (no ε < 1 check: for bounds only)."""
     _validate.positive("sensitivity", sensitivity)
     return float(sensitivity) * classic_gaussian_ratio(epsilon=epsilon, delta=delta)
 
@@ -98,7 +98,7 @@ def output_perturbation_from_scale(
 
     Formal guarantees:
         J(w*+b) − J(w*) = F(w*+b) − F(w*) + μ⟨w*, b⟩ + (μ/2)‖b‖² with E⟨w*, b⟩ = 0 and
-        F(w*+b) − F(w*) ≤ L‖b‖ (lecture on output perturbation, utility; literature §1.1); for a
+        F(w*+b) − F(w*) ≤ L‖b‖ (Chaudhuri, Monteleoni, Sarwate 2011, utility); for a
         c-smooth F, F(w*+b) − F(w*) ≤ ⟨∇F(w*), b⟩ + (c/2)‖b‖².
     """
     d = _validate.positive_int("d", d)
@@ -122,10 +122,10 @@ def output_perturbation(
     smoothness: float | None = None,
     relation: NeighbouringRelation | str = REPLACE_ONE,
 ) -> float:
-    """The Gaussian output-perturbation bound with the lecture's σ = Δ√(2 ln(1.25/δ))/ε.
+    """The Gaussian output-perturbation bound with the classical σ = Δ√(2 ln(1.25/δ))/ε.
 
-    ≈ 3L²√(d ln(1.25/δ))/(εμn) (output-perturbation lecture) while √(d ln(1.25/δ))/(εn)
-    ≤ 0.043; the two-term form is returned (literature §1.1). The solver's own bound uses its
+    ≈ 3L²√(d ln(1.25/δ))/(εμn) (Chaudhuri, Monteleoni, Sarwate 2011) while √(d ln(1.25/δ))/(εn)
+    ≤ 0.043; the two-term form is returned. The solver's own bound uses its
     actual (e.g. analytic) σ.
     """
     sens = argmin_sensitivity(lipschitz=lipschitz, mu=mu, n=n, relation=relation)
@@ -173,7 +173,7 @@ def objective_perturbation_from_scale(
     .. math::  \frac{E\|b\|^2}{2n^2(\mu+\Delta)} + \frac{\Delta L^2}{2\mu^2}
 
     Formal guarantees:
-        Strong convexity of the perturbed objective (objective-perturbation lecture, utility
+        Strong convexity of the perturbed objective (Chaudhuri, Monteleoni, Sarwate 2011, utility
         analysis) gives
         J_Δ(w_p) − J_Δ(w_Δ*) ≤ ‖b‖²/(2n²(μ+Δ)); the extra ridge costs (Δ/2)‖w*‖² ≤ ΔL²/(2μ²)
         since ‖w*‖ = ‖∇F(w*)‖/μ ≤ L/μ.
@@ -192,7 +192,7 @@ def objective_perturbation_from_scale(
 def objective_perturbation(
     *, n: int, d: int, epsilon: float, delta: float, lipschitz: float, mu: float
 ) -> float:
-    """The lecture's bound dσ²/(2n²μ) with σ² = 8L² ln(1.25/δ)/ε² (objective-pert. lecture)."""
+    """The textbook bound dσ²/(2n²μ) with σ² = 8L² ln(1.25/δ)/ε² (CMS11)."""
     sens = sensitivity_factor(REPLACE_ONE) * float(lipschitz)  # objective perturbation: 2L
     sigma = classic_sigma(sensitivity=sens, epsilon=epsilon, delta=delta)
     return objective_perturbation_from_scale(n=n, d=d, scale=sigma, mu=mu, lipschitz=lipschitz)
@@ -210,7 +210,7 @@ def tuned_mu_output_perturbation(
 ) -> float:
     """μ* = √(2B)/R, B = 2√2 L²√(d ln(1.25/δ))/(εn): balances μR²/2 against B/μ (output-pert.).
 
-    For a merely convex L-Lipschitz loss with ‖w*_F‖ ≤ R (literature §1.1, "Convex (mu tuned)").
+    For a merely convex L-Lipschitz loss with ‖w*_F‖ ≤ R (convex case, μ tuned).
     """
     _validate.positive("radius", radius)
     b = 2.0 * math.sqrt(2.0) * float(lipschitz) ** 2 * _log_term(n, d, epsilon, delta)
@@ -223,8 +223,8 @@ def tuned_output_perturbation(
     """E[F(w_priv)] − F* at μ*: μ*R²/2 + Lσ√d + μ*dσ²/2 (≈ 2^{5/4} L R √s, s as above).
 
     Formal guarantees:
-        F(w) − F* ≤ J(w) − J(w_J*) + μR²/2 (output-perturbation lecture,
-        "what if we had no regularizer"; literature §1.1)
+        F(w) − F* ≤ J(w) − J(w_J*) + μR²/2 (Chaudhuri, Monteleoni, Sarwate 2011,
+        "what if we had no regularizer")
         plus the strongly convex output-perturbation bound at μ*.
     """
     mu = tuned_mu_output_perturbation(
@@ -237,7 +237,7 @@ def tuned_output_perturbation(
 def tuned_mu_objective_perturbation(
     *, n: int, d: int, epsilon: float, delta: float, lipschitz: float, radius: float
 ) -> float:
-    """μ* = √d σ/(nR), σ² = 8L² ln(1.25/δ)/ε² (objective-pert. lecture; lit. §1.1)."""
+    """μ* = √d σ/(nR), σ² = 8L² ln(1.25/δ)/ε² (CMS11)."""
     _validate.positive("radius", radius)
     sens = sensitivity_factor(REPLACE_ONE) * float(lipschitz)  # objective perturbation: 2L
     sigma = classic_sigma(sensitivity=sens, epsilon=epsilon, delta=delta)
@@ -249,7 +249,7 @@ def tuned_objective_perturbation(
 ) -> float:
     """E[F(w_p)] − F* ≤ R√d σ/n = 2√2 L R √(d ln(1.25/δ))/(εn) at μ*.
 
-    Objective-perturbation lecture; literature §1.1.
+    Objective perturbation (CMS11).
     """
     return 2.0 * math.sqrt(2.0) * float(lipschitz) * float(radius) * _log_term(n, d, epsilon, delta)
 
@@ -273,8 +273,8 @@ def epsilon_from_rho(rho: float, delta: float) -> float:
 def dp_gd_sigma(*, n: int, steps: int, rho: float, lipschitz: float, relation=REPLACE_ONE) -> float:
     """σ of the noise on the *average* gradient so that T steps are ρ-zCDP.
 
-    ρ = T·Δ²/(2σ²) with Δ = 2L/n (replace-one) or L/n (add/remove) (lecture on ML under
-    DP, concentrated DP; literature §1.4) ⇒ σ = Δ√(T/(2ρ)).
+    ρ = T·Δ²/(2σ²) with Δ = 2L/n (replace-one) or L/n (add/remove) (Bun & Steinke
+    2016, concentrated DP) ⇒ σ = Δ√(T/(2ρ)).
     """
     n = _validate.positive_int("n", n)
     sens = sensitivity_factor(relation) * float(lipschitz) / n
@@ -282,7 +282,7 @@ def dp_gd_sigma(*, n: int, steps: int, rho: float, lipschitz: float, relation=RE
 
 
 def dp_gd_convex(*, d: int, steps: int, sigma: float, lipschitz: float, radius: float) -> float:
-    """Projected DP-GD, constant η, averaged iterate: D√((L² + dσ²)/T) (literature §1.4).
+    """Projected DP-GD, constant η, averaged iterate: D√((L² + dσ²)/T) .
 
     Formal guarantees:
         E[F(w̄)] − F* ≤ D²/(2ηT) + η(L² + dσ²)/2 for stochastic subgradients with
@@ -303,7 +303,7 @@ def dp_gd_strongly_convex(
 
     Formal guarantees:
         Lacoste-Julien, Schmidt & Bach (2012), Theorem/Corollary for the weighted average of
-        projected stochastic subgradient with E‖ĝ‖² ≤ G² + dσ² (literature §1.4).
+        projected stochastic subgradient with E‖ĝ‖² ≤ G² + dσ² .
     """
     d = _validate.positive_int("d", d)
     steps = _validate.positive_int("steps", steps)
@@ -315,13 +315,13 @@ def dp_gd_strongly_convex(
 def bst_lower_bound_convex(
     *, n: int, d: int, epsilon: float, lipschitz: float, radius: float
 ) -> float:
-    """BST14 lower-bound shape L·D·min(1, √d/(εn)) (Ω(·), constant 1; literature §1.3)."""
+    """BST14 lower-bound shape L·D·min(1, √d/(εn)) (Ω(·), constant 1)."""
     return float(lipschitz) * float(radius) * min(1.0, math.sqrt(d) / (float(epsilon) * n))
 
 
 def bst_lower_bound_strongly_convex(
     *, n: int, d: int, epsilon: float, lipschitz: float, mu: float, radius: float
 ) -> float:
-    """BST14 lower-bound shape min(LD, L²d/(με²n²)) (Ω(·), constant 1; literature §1.3)."""
+    """BST14 lower-bound shape min(LD, L²d/(με²n²)) (Ω(·), constant 1)."""
     sc = float(lipschitz) ** 2 * d / (float(mu) * float(epsilon) ** 2 * n**2)
     return min(float(lipschitz) * float(radius), sc)

@@ -74,8 +74,8 @@ def exponential_mechanism_grid(
     relation: NeighbouringRelation | str = REPLACE_ONE,
     dataset_size: int | None = None,
 ) -> ERMResult:
-    r"""Pick w from a grid with probability ∝ exp(−εJ_N(w)/(2Δ)) (KLNRS11; lecture on ML under
-    DP, exponential mechanism for ML), via :func:`dpjax.mechanisms.exponential_mechanism`.
+    r"""Pick w from a grid with probability ∝ exp(−εJ_N(w)/(2Δ)) (KLNRS11;
+    the exponential mechanism for ML), via :func:`dpjax.mechanisms.exponential_mechanism`.
 
     Args:
         key: PRNG key, used once.
@@ -100,10 +100,10 @@ def exponential_mechanism_grid(
 
     Formal guarantees:
         ε-DP under ``relation``: exponential mechanism with score sensitivity Δ
-        (:func:`grid_score_sensitivity` with the public N; lecture on advances in DP, Theorem 27
+        (:func:`grid_score_sensitivity` with the public N; Dwork & Roth 2014, Theorem 3.10
         (exponential mechanism); McSherry & Talwar 2007). With a public N, neighbours' scores
         differ by one term ℓ/N (plus a constant common to all candidates). Utility:
-        E-gap ≤ 2Δ ln m/ε (lecture on advances in DP, Lemma 28, expectation form) plus the grid
+        E-gap ≤ 2Δ ln m/ε (Dwork & Roth 2014, Theorem 3.11, expectation form) plus the grid
         error: the nearest grid point is within h√d/2 of the cube minimiser and J is
         (L + μD√d)-Lipschitz on the cube.
     """

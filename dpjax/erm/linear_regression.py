@@ -1,4 +1,4 @@
-"""Private linear regression from noisy sufficient statistics (lecture on ML under DP)."""
+"""Private linear regression from noisy sufficient statistics (noisy S_xx, S_xy; least squares)."""
 
 from __future__ import annotations
 
@@ -101,15 +101,15 @@ def noisy_sufficient_statistics_regression(
 
     Returns:
         :class:`ERMResult` with ``GaussianEvent(σ/Δ)``; ``excess_risk_bound`` is ``inf`` (the
-        lectures give no bound for this estimator; measure it), ``bound_note`` says so.
+        textbooks give no bound for this estimator; measure it), ``bound_note`` says so.
 
     Raises:
         ValueError: bad parameters, or add/remove-one without ``dataset_size``.
 
     Formal guarantees:
         One Gaussian mechanism on the statistics vector of ℓ2 sensitivity Δ
-        (:func:`sufficient_statistics_sensitivity`; lecture on the properties of DP, Gaussian
-        mechanism; lecture on ML under DP, sufficient-statistics regression: S_xx, S_xy are
+        (:func:`sufficient_statistics_sensitivity`; Dwork & Roth 2014, Gaussian
+        mechanism; sufficient-statistics regression: S_xx, S_xy are
         statistical queries), under ``relation``; the estimate is post-processing by a map
         fixed by public values only (μ, N).
     """

@@ -9,12 +9,12 @@ model w ∈ R^d. Every loss here is a *linear-model* loss, ℓ(w, x, y) = φ(s) 
 so ∇_w ℓ = φ'(s)·(±x) and ∇²_w ℓ = φ''(s)·x xᵀ has rank one. With ‖x‖ ≤ 1 (and |y| ≤ 1 for
 margin losses) the constants are
 
-* ``lipschitz`` L = sup|φ'| — the Lipschitz constant of ℓ(·, x, y) (output-
-  and objective-perturbation lectures);
+* ``lipschitz`` L = sup|φ'| — the Lipschitz constant of ℓ(·, x, y) (output and
+  objective perturbation, Chaudhuri, Monteleoni, Sarwate 2011);
 * ``smoothness`` c = sup|φ''| — the bound on the second derivative used by CMS11 Algorithm 2 and
-  KST12 (literature §1.1–1.2); ``None`` when φ is not differentiable (hinge, absolute);
+  KST12; ``None`` when φ is not differentiable (hinge, absolute);
 * ``twice_differentiable`` — whether the change-of-variables proof of objective perturbation
-  applies (the median example of the objective-perturbation lecture is what goes wrong
+  applies (median regression, the absolute loss, is what goes wrong
   without it).
 
 Example:
@@ -61,7 +61,7 @@ class Loss:
             ``None`` when φ is not differentiable.
         twice_differentiable: whether φ has a (bounded) second derivative everywhere the proofs
             of objective perturbation need it.
-        linear_model: True: ∇²ℓ has rank ≤ 1 (KST12's assumption, literature §1.2).
+        linear_model: True: ∇²ℓ has rank ≤ 1 (KST12's assumption).
         label_bound: the bound B the labels must satisfy (|y| ≤ B), or ``None`` if unbounded.
         domain_radius: the radius R of the ball on which ``lipschitz`` holds, or ``None`` if it
             holds everywhere (only the squared loss needs one).
@@ -130,11 +130,11 @@ logistic = Loss(
     twice_differentiable=True,
     label_bound=1.0,
 )
-"""Logistic loss log(1 + exp(−y⟨w, x⟩)): L = 1, c = 1/4 (CMS11, literature §1.1)."""
+"""Logistic loss log(1 + exp(−y⟨w, x⟩)): L = 1, c = 1/4 (CMS11)."""
 
 
 def huber_svm(h: float) -> Loss:
-    """The Huber-SVM loss of CMS11 with parameter h (literature §1.1, "equation 7").
+    """The Huber-SVM loss of CMS11 with parameter h.
 
     φ(z) = 0 if z > 1 + h;  (1 + h − z)²/(4h) if |1 − z| ≤ h;  1 − z if z < 1 − h.
 
@@ -189,8 +189,8 @@ absolute = Loss(
     label_bound=None,
     dual="absolute",
 )
-"""Absolute loss |⟨w, x⟩ − y|: L = 1, sharp (the objective-perturbation lecture's median
-example; refused by objective perturbation)."""
+"""Absolute loss |⟨w, x⟩ − y|: L = 1, sharp (median regression:
+refused by objective perturbation)."""
 
 linear = Loss(
     name="linear",
@@ -201,10 +201,10 @@ linear = Loss(
     twice_differentiable=True,
     label_bound=1.0,
 )
-"""BST14's lower-bound loss −y⟨w, x⟩ (with y = 1: −⟨w, x⟩): L = 1, c = 0 (literature §1.3).
+"""BST14's lower-bound loss −y⟨w, x⟩ (with y = 1: −⟨w, x⟩): L = 1, c = 0.
 
 With the regulariser (μ/2)‖w‖² its minimiser is w* = mean(y_i x_i)/μ, so the argmin
-sensitivity 2L/(μn) is attained exactly — the tight instance of the audits (literature §2.2 E)."""
+sensitivity 2L/(μn) is attained exactly — the tight instance of the audits (instance E)."""
 
 
 def bounded_squared(radius: float, label_bound: float) -> Loss:

@@ -1,4 +1,4 @@
-"""Objective perturbation (lecture on objective perturbation; CMS11 Alg. 2; KST12 Alg. 1)."""
+"""Objective perturbation (Chaudhuri, Monteleoni, Sarwate 2011; CMS11 Alg. 2; KST12 Alg. 1)."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def check_objective_perturbation_loss(loss: Loss, mu: float) -> None:
         ValueError: μ ≤ 0, a loss that is not twice differentiable or has no bound c on φ'',
             a non-linear-model loss (Hessian rank > 1) or a loss Lipschitz only on a ball.
     """
-    why = "the median example of the lecture on objective perturbation: for "
+    why = "a median counterexample: for "
     why += "J(w) = (1/n)Σ|w − x_i| on D = {0, 100} vs {0, 101} the "
     why += "tilted argmin reveals the data with probability 1/2"
     if not (_validate.is_concrete(mu) and float(mu) > 0):
@@ -112,11 +112,11 @@ def calibrate(
 ) -> dict:
     """Host-side constants of each variant: noise scale, noise kind, extra ridge Δ, spent (ε, δ).
 
-    * ``"lecture"`` (objective-perturbation lecture): b ~ N(0, σ²I), σ² = 8L² ln(1.25/δ)/ε²
-      (classic; ε < 1) or the analytic σ for Δ₂ = 2L. The lecture's argument omits the Jacobian
+    * ``"lecture"`` (Chaudhuri, Monteleoni, Sarwate 2011): b ~ N(0, σ²I), σ² = 8L² ln(1.25/δ)/ε²
+      (classic; ε < 1) or the analytic σ for Δ₂ = 2L. That textbook argument omits the Jacobian
       of b ↦ w_priv; dpjax records ε + ln(1 + 2c/(nμ) + c²/(n²μ²)) (CMS11's Jacobian term)
       in the event.
-    * ``"kst"`` (KST12 Alg. 1, literature §1.2): σ = L√(8 ln(2/δ) + 4ε)/ε, extra ridge so the
+    * ``"kst"`` (KST12 Alg. 1): σ = L√(8 ln(2/δ) + 4ε)/ε, extra ridge so the
       total is ≥ 2c/(εn) (average scale of KST's Δ = 2λ/ε).
     * ``"cms"`` (CMS11 Alg. 2, pure ε): ε' = ε − ln(1 + 2c/(nμ) + c²/(n²μ²)); if ε' ≤ 0 then
       Δ = c/(n(e^{ε/4} − 1)) − μ and ε' = ε/2; density ∝ exp(−(ε'/(2L))‖b‖).
@@ -181,14 +181,14 @@ def objective_perturbation(
             (checked on concrete labels; under ``jax.jit`` a label 0 silently drops its row).
         loss: a twice-differentiable linear-model loss with a bound c on φ'' (logistic,
             linear; huber_svm(h) with ``variant="cms"``/``"lecture"`` only, its φ'' jumps);
-            others are refused with the reason (the median example of the lecture on objective
-            perturbation).
+            others are refused with the reason (median regression, the absolute
+            loss, is the classic failure case).
         mu: μ > 0 (public).
         epsilon, delta: the budget. ``"kst"`` and ``"lecture"`` need δ ∈ (0, 1);
             ``variant="cms"`` is pure ε: δ may be omitted (``None``) or 0 (a δ > 0 is
             accepted and not used: the event records δ = 0).
         relation: only ``REPLACE_ONE`` (the relation CMS11 and KST12 prove).
-        variant: ``"kst"`` (default, KST12 Gaussian), ``"lecture"`` (the lecture as taught) or
+        variant: ``"kst"`` (default, KST12 Gaussian), ``"lecture"`` (the textbook argument) or
             ``"cms"`` (CMS11 Algorithm 2, pure ε). See :func:`calibrate`.
         calibration: for ``"lecture"`` only: ``"classic"`` (σ² = 8L² ln(1.25/δ)/ε², ε < 1)
             or ``"analytic"``.
@@ -204,8 +204,8 @@ def objective_perturbation(
         rank-one Hessian) for the exact tilted minimiser w_p: ``"cms"`` ε-DP (CMS11 Theorem 9);
         ``"kst"``
         (ε, δ)-DP (KST12 Theorem 2, Gaussian case); ``"lecture"``: the Gaussian-mechanism
-        argument of the lecture on objective perturbation for n∇J (sensitivity 2L), recorded as
-        (ε + ln(1 + c/(nμ))², δ) to account for the Jacobian term the lecture omits — prefer
+        argument of Chaudhuri, Monteleoni, Sarwate 2011 for n∇J (sensitivity 2L), recorded as
+        (ε + ln(1 + c/(nμ))², δ) to account for the Jacobian term that argument omits — prefer
         ``"kst"`` for a published guarantee. The released ŵ is a deterministic function of
         (D, b) within τ of w_p on every D (no data-dependent failure); that τ-residual is not
         covered by CMS11/KST12 (who assume the exact minimiser): the step count K(‖b‖) jumps
@@ -213,8 +213,8 @@ def objective_perturbation(
         D′, and δ = 0 does NOT hold for ŵ itself. ``event`` is the guarantee of w_p.
         :func:`approximate_objective_perturbation` covers the released iterate with a small
         output noise (pure ε with ``variant="cms"``).
-        Utility: E[J(w_priv)] − J(w*) ≤ E‖b‖²/(2n²(μ+Δ)) + ΔL²/(2μ²) (lecture on objective
-        perturbation, utility analysis; = dσ²/(2n²μ) when Δ = 0) —
+        Utility: E[J(w_priv)] − J(w*) ≤ E‖b‖²/(2n²(μ+Δ)) + ΔL²/(2μ²) (Chaudhuri, Monteleoni, Sarwate
+        2011, utility analysis; = dσ²/(2n²μ) when Δ = 0) —
         :func:`dpjax.erm.bounds.objective_perturbation_from_scale` — plus
         (L + μ(2L/μ' + E‖b‖/(nμ')))τ + (c+μ)τ²/2 for the inexact ŵ.
 
@@ -358,7 +358,7 @@ def approximate_objective_perturbation(
         floor ≈ 1e-16·√κ·‖w_p‖ is far below τ for ‖b‖/n ≲ 10⁴L); so for fixed w_p the map
         D ↦ ŵ has ℓ2 sensitivity 2γ/(μ+Δ) and step 3 is an (ε₂, δ₂) Gaussian mechanism (Balle
         & Wang 2018) or an ε₂-DP gamma-norm mechanism (CMS11 Theorem 6: the density ratio is
-        ≤ exp(ε₂‖a − a′‖/Δ_o)). Adaptive composition (lecture on the properties of DP) of the
+        ≤ exp(ε₂‖a − a′‖/Δ_o)). Adaptive composition (Dwork & Roth 2014) of the
         release (w_p, ŵ + z) gives (ε, δ), or ε for ``"cms"``; dropping w_p is post-processing.
         Utility: with J (c+μ)-smooth and ŵ + z − w_p independent of the sign of z,
         E[J(ŵ+z)] − J* ≤ B_obj + E‖∇J(w_p)‖·γ/μ' + ((c+μ)/2)(γ²/μ'² + E‖z‖²), μ' = μ+Δ,

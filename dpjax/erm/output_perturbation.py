@@ -1,4 +1,4 @@
-"""Output perturbation (lecture on output perturbation; CMS11 Algorithm 1): solve, add noise."""
+"""Output perturbation (Chaudhuri, Monteleoni, Sarwate 2011, Algorithm 1): solve, add noise."""
 
 from __future__ import annotations
 
@@ -123,7 +123,7 @@ def output_perturbation(
         variant: ``"gaussian"`` (b ~ N(0, σ²I)) or ``"cms"`` (CMS11 Alg. 1: density
             ∝ exp(−β‖b‖), β = ε/Δ₂, i.e. ‖b‖ ~ Gamma(d, β) with a uniform direction).
         calibration: ``"analytic"`` (Balle–Wang, every ε; default) or ``"classic"``
-            (σ = Δ₂√(2 ln(1.25/δ))/ε of the lecture on the Gaussian mechanism, ε < 1 only).
+            (σ = Δ₂√(2 ln(1.25/δ))/ε of Dwork & Roth 2014, Theorem A.1, ε < 1 only).
         normalizer: the PUBLIC N of J (default n = len(X) under replace-one; REQUIRED under
             ``ADD_OR_REMOVE_ONE``, where len(X) differs between neighbours: dividing by it
             would double the sensitivity and make σ depend on the private size). With a public
@@ -144,7 +144,7 @@ def output_perturbation(
     Formal guarantees:
         Privacy: (ε, δ)-DP (Gaussian) or ε-DP (cms) under ``relation``, for L-Lipschitz convex ℓ
         (or its Moreau envelope) with ‖x‖ ≤ 1 and μ > 0. Argmin sensitivity 2L/(μN)
-        (replace-one) or L/(μN) (add/remove with public N): lecture on output perturbation,
+        (replace-one) or L/(μN) (add/remove with public N): Chaudhuri, Monteleoni, Sarwate 2011,
         sensitivity lemma (CMS11 Corollary 8). The released ŵ is within τ of the exact argmin
         on every data set (Bubeck 2015 Thm 3.18 with the public step count, see
         :mod:`dpjax.erm.accelerated`), so ‖ŵ(D) − ŵ(D′)‖ ≤ Δ₂ with the 2τ included; then the
@@ -153,7 +153,7 @@ def output_perturbation(
         sensitivity holds for every input. (Exact-arithmetic theorem; the float64 rounding floor
         of the iteration is orders of magnitude below the default τ.)
         Utility: E[J(w_priv)] − J(w*) ≤ L·E‖b‖ + (μ/2)E‖b‖², or ((c+μ)/2)E‖b‖² for a c-smooth
-        loss (lecture on output perturbation, utility; literature §1.1; see
+        loss (Chaudhuri, Monteleoni, Sarwate 2011, utility; see
         :func:`dpjax.erm.bounds.output_perturbation_from_scale`), plus L²h/2 for the smoothing
         and (2L + μE‖b‖)τ + μτ²/2 for the inexact minimiser (stated for N = n).
 

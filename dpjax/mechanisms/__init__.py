@@ -1,4 +1,4 @@
-"""Noise mechanisms of the lectures: each ``name(key, value, *, ...)`` plus its calibration.
+"""Noise mechanisms of differential privacy: each ``name(key, value, *, ...)`` plus its calibration.
 
 Every release is guarded against ``jax.vmap`` key sharing: a vmap that batches the values
 (``value``, ``scores``, ``counts``, ``data``, ``values``) needs one distinct key per row, else

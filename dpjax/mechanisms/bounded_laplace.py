@@ -1,11 +1,11 @@
-"""The bounded Laplace mechanism on [l, u] (lecture on advances in DP, Definition 24, Theorem 26).
+"""The bounded Laplace mechanism on [l, u] (Holohan et al. 2018).
 
 The output has density ∝ exp(−|v − q|/b) on [l, u], q = f(D) ∈ [l, u]: the Laplace density
 *restricted* to the domain (not clamped), with the data-dependent normaliser
 
     C_q = 1 − ½(exp(−(q − l)/b) + exp(−(u − q)/b)).
 
-Because C_q depends on the data, b = Δ/ε is not enough; the lecture's Theorem 26 (Holohan,
+Because C_q depends on the data, b = Δ/ε is not enough; the published analysis (Holohan,
 Antonatos, Braghin & Mac Aonghusa 2018, "The Bounded Laplace Mechanism in Differential
 Privacy", Journal of Privacy and Confidentiality; the ΔC condition) gives the condition solved
 here on the host.
@@ -22,9 +22,10 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from dpjax import _random, _validate
-from dpjax._noise import float_dtype_of
+from dpjax._noise import exact_in, float_dtype_of, host_dtype
 from dpjax.mechanisms._nonfinite import refuse_nonfinite
 from dpjax.mechanisms._vmap_guard import guarded_release
 from dpjax.mechanisms.sensitivity import clip_into_range
@@ -53,7 +54,7 @@ def _check_sensitivity(sensitivity: float, width: float) -> float:
 
 
 def bounded_laplace_delta_c(*, b: float, sensitivity: float, lower: float, upper: float) -> float:
-    r"""ΔC = C_{l+Δ}/C_l of Theorem 26: the largest ratio of normalisers of neighbours.
+    r"""ΔC = C_{l+Δ}/C_l (Holohan et al. 2018): the largest ratio of normalisers of neighbours.
 
     .. math:: \Delta C(b) = \frac{2 - e^{-\Delta/b} - e^{-(u-l-\Delta)/b}}{1 - e^{-(u-l)/b}}
 
@@ -104,8 +105,8 @@ def bounded_laplace_scale(
 
     Formal guarantees:
         With this b the mechanism is ε'-DP for ε' = Δ/b + ln ΔC(b) ≤ ε − ln(1 − δ), hence
-        (ε, 1 − e^{ε−ε'}) ⊆ (ε, δ)-DP (lecture on advances in DP, Theorem 26 (bounded Laplace);
-        Holohan et al. 2018, the ΔC condition). b ≥ Δ/(ε − ln(1 − δ)) always, since ΔC ≥ 1.
+        (ε, 1 − e^{ε−ε'}) ⊆ (ε, δ)-DP (Holohan et al.
+        2018, the ΔC condition). b ≥ Δ/(ε − ln(1 − δ)) always, since ΔC ≥ 1.
 
     Example:
         >>> b = bounded_laplace_scale(sensitivity=1.0, epsilon=1.0, lower=0.0, upper=10.0)
@@ -139,7 +140,13 @@ def _working_dtype() -> Any:
 
 
 def _inverse_cdf_from_ends(
-    q: jax.Array, w: jax.Array, from_top: jax.Array, b: float, lo: float, hi: float
+    q: jax.Array,
+    w: jax.Array,
+    from_top: jax.Array,
+    b: float,
+    lo: float,
+    hi: float,
+    xp: Any = jnp,
 ) -> jax.Array:
     """The point of Lap(q, b) restricted to [lo, hi] with CDF mass w/2 below it (or above it if
     ``from_top``), for w ∈ (0, 1]: the quantile function measured from the nearer end.
@@ -148,25 +155,26 @@ def _inverse_cdf_from_ends(
     m_lo = ½(1 − e^{−(q−lo)/b}), m_hi = ½(1 − e^{−(hi−q)/b})): a mass a ≤ m_lo from ``lo``
     gives v = lo + b·softplus(ln 2a + (q − lo)/b) (accurate as a → 0, where v → lo); a mass
     a > m_lo gives v = q − b·log1p(−2(a − m_lo)); symmetrically from ``hi``. q must be in
-    [lo, hi] (finite); all arithmetic is in q's dtype.
+    [lo, hi] (finite); all arithmetic is in q's dtype. ``xp``: ``jax.numpy``, or ``numpy``
+    for the same formulas on the host in float64 (:func:`_sample_on_host`).
     """
     dtype = q.dtype
     w = w.astype(dtype)
-    m_lo = -0.5 * jnp.expm1(-(q - lo) / b)
-    m_hi = -0.5 * jnp.expm1(-(hi - q) / b)
+    m_lo = -0.5 * xp.expm1(-(q - lo) / b)
+    m_hi = -0.5 * xp.expm1(-(hi - q) / b)
     mass = 0.5 * w * (m_lo + m_hi)  # mass between the chosen end and v
-    near = jnp.where(from_top, m_hi, m_lo)  # mass between that end and q
-    end = jnp.where(from_top, jnp.asarray(hi, dtype), jnp.asarray(lo, dtype))
-    gap = jnp.where(from_top, hi - q, q - lo)
-    inward = jnp.where(from_top, -1.0, 1.0).astype(dtype)
-    tiny = jnp.asarray(jnp.finfo(dtype).tiny, dtype)
+    near = xp.where(from_top, m_hi, m_lo)  # mass between that end and q
+    end = xp.where(from_top, xp.asarray(hi, dtype), xp.asarray(lo, dtype))
+    gap = xp.where(from_top, hi - q, q - lo)
+    inward = xp.where(from_top, -1.0, 1.0).astype(dtype)
+    tiny = xp.asarray(xp.finfo(dtype).tiny, dtype)
     # Between the end and q: distance from the end = b·softplus(ln 2a + gap/b).
-    log_2a = jnp.log(jnp.maximum(2.0 * mass, tiny))
-    from_end = end + inward * b * jax.nn.softplus(log_2a + gap / b)
+    log_2a = xp.log(xp.maximum(2.0 * mass, tiny))
+    from_end = end + inward * b * xp.logaddexp(log_2a + gap / b, 0.0)  # softplus
     # Past q: the mass beyond q is r = a − near; distance from q = −b·log1p(−2r).
-    r = jnp.clip(mass - near, 0.0, 0.5)
-    past_q = q + inward * (-b) * jnp.log1p(-2.0 * r)
-    return jnp.clip(jnp.where(mass <= near, from_end, past_q), lo, hi)
+    r = xp.clip(mass - near, 0.0, 0.5)
+    past_q = q + inward * (-b) * xp.log1p(-2.0 * r)
+    return xp.clip(xp.where(mass <= near, from_end, past_q), lo, hi)
 
 
 def _truncated_laplace(q: jax.Array, u01: jax.Array, b: float, lo: float, hi: float) -> jax.Array:
@@ -189,14 +197,84 @@ def _sample(key: jax.Array, q: Any, b: float, lo: float, hi: float) -> jax.Array
     (smallest 2⁻⁶⁴) and an independent fair sign; v = F_q⁻¹(w/2) or F_q⁻¹(1 − w/2). So the
     CDF position V is uniform on (0, 1) up to cells of 2⁻⁶⁴, and both ends of [lo, hi] are
     approached to CDF mass 2⁻⁶⁵ instead of 2⁻²⁴ (float32 uniform).
+
+    q is never rounded before the sample is drawn around it (:func:`_rounding_free_centre`):
+    a host value the working dtype cannot hold exactly is sampled on the host in float64
+    (eager calls) or refused (inside a trace).
     """
-    q = jnp.asarray(q)
     out_dtype = float_dtype_of(q)
     dtype = _working_dtype()
+    host_values = _host_values_wider_than(q, dtype)
+    if host_values is not None:
+        words_concrete = _validate.is_concrete(jax.random.bits(key, (), jnp.uint32))
+        if words_concrete:
+            return _sample_on_host(key, host_values, b, lo, hi, out_dtype)
+        _refuse_inexact_constant(host_values, dtype)
+    q = _exact_integer_centre(jnp.asarray(q), dtype)
     w, from_top = _random._unit_and_sign(key, jnp.shape(q), dtype)
     q_wide = clip_into_range(q, lower=lo, upper=hi).astype(dtype)
     v = _inverse_cdf_from_ends(q_wide, w, from_top, b, lo, hi)
     return jnp.clip(v.astype(out_dtype), lo, hi)
+
+
+def _host_values_wider_than(q: Any, dtype: Any) -> np.ndarray | None:
+    """q as a numpy array if it is a concrete value whose dtype ``dtype`` cannot hold exactly
+    (a numpy/Python float64 or a wide integer with x64 off; an int64 with x64 on), else None."""
+    host = host_dtype(q)
+    if host is None and _validate.is_concrete(q) and hasattr(q, "dtype"):
+        host = np.dtype(q.dtype)
+    if host is None or exact_in(host, dtype):
+        return None
+    return np.asarray(q)
+
+
+def _float64_centre(values: np.ndarray) -> np.ndarray:
+    """``values`` in float64, refusing integers float64 cannot hold (|v| > 2⁵³)."""
+    if (np.issubdtype(values.dtype, np.integer) or values.dtype == np.object_) and values.size:
+        if np.max(np.abs(values.astype(np.float64))) > 2.0**53:
+            _validate.fail(
+                "value",
+                "an integer beyond 2**53 in magnitude",
+                "integers that float64 holds exactly (|v| <= 2**53); rescale the statistic",
+            )
+    return values.astype(np.float64)
+
+
+def _sample_on_host(
+    key: jax.Array, values: np.ndarray, b: float, lo: float, hi: float, out_dtype: Any
+) -> jax.Array:
+    """:func:`_sample` in float64 on the host (numpy) for an eager call: the same key words and
+    formulas, the centre q = clip(f(D)) in float64, one rounding to ``out_dtype`` after."""
+    w, negative = _random.unit_and_sign_on_host(key, values.shape)
+    q = np.clip(_float64_centre(values), lo, hi)  # non-finite values were refused eagerly
+    v = _inverse_cdf_from_ends(q, w, negative, b, lo, hi, xp=np)
+    return jnp.clip(jnp.asarray(v.astype(np.dtype(out_dtype))), lo, hi)
+
+
+def _refuse_inexact_constant(values: np.ndarray, dtype: Any) -> None:
+    """Inside a trace (the noise is traced): refuse a host constant ``dtype`` cannot hold."""
+    name = np.dtype(dtype).name
+    if np.array_equal(_float64_centre(values).astype(dtype).astype(np.float64), values):
+        return
+    _validate.fail(
+        "value",
+        f"a {values.dtype.name} constant inside a traced function that {name} cannot hold exactly",
+        f"a value that {name} holds exactly: here the sample would be drawn around the value "
+        f"rounded to {name}, which can widen the sensitivity (float64 16777217 and 16777218 "
+        "are 2 apart in float32); pass the value as an argument of the jitted function (it "
+        "then arrives in its JAX dtype and that rounding is part of your query), call the "
+        "mechanism outside jit, or enable jax_enable_x64",
+    )
+
+
+def _exact_integer_centre(q: jax.Array, dtype: Any) -> jax.Array:
+    """A traced integer q clamped to ±2^p (p = ``dtype``'s significand bits) so that its cast
+    is exact (int32 under float32); the clamp is 1-Lipschitz, the sensitivity is unchanged."""
+    if not jnp.issubdtype(q.dtype, jnp.integer) or exact_in(q.dtype, dtype):
+        return q
+    limit = 2 ** (int(jnp.finfo(dtype).nmant) + 1)
+    info = jnp.iinfo(q.dtype)
+    return jnp.clip(q, max(int(info.min), -limit), min(int(info.max), limit))
 
 
 @guarded_release("value")
@@ -221,7 +299,14 @@ def bounded_laplace(
             into it (a fixed 1-Lipschitz map, so the sensitivity stays ≤ Δ). Non-finite values:
             an eager call with a concrete NaN or ±inf raises ``ValueError``; under ``jit`` a
             NaN coordinate is replaced by (lower + upper)/2 and ±inf by upper / lower (see
-            ``dpjax.mechanisms.sensitivity.clip_into_range``).
+            ``dpjax.mechanisms.sensitivity.clip_into_range``). The value is never rounded
+            before the sample is drawn around it: a float64 or wide-integer value that the
+            working dtype (float32 with x64 off) cannot hold exactly is sampled on the host in
+            float64 and rounded once, afterwards (eager calls); such a constant closed over
+            inside ``jit``/``vmap`` raises ``ValueError`` naming ``value`` (pass it as an
+            argument: it then arrives in its JAX dtype, and that rounding is part of the
+            caller's query); a traced integer beyond the working dtype's exact range is
+            clamped to ±2^p first (1-Lipschitz: the sensitivity is unchanged).
         sensitivity: Δ of each coordinate under the caller's neighbouring relation, in
             (0, u − l]. For k coordinates released together, compose (k releases).
         epsilon: ε > 0 (per coordinate).
@@ -234,8 +319,8 @@ def bounded_laplace(
 
     Formal guarantees:
         Each coordinate is (ε, δ)-DP under the relation Δ holds for, with b from
-        ``bounded_laplace_scale`` (lecture on advances in DP, Definition 24 and Theorem 26
-        (bounded Laplace); Holohan et al. 2018). Unlike the Laplace mechanism, the guarantee is
+        ``bounded_laplace_scale`` (Holohan et al.
+        2018). Unlike the Laplace mechanism, the guarantee is
         per coordinate: a vector release composes over its coordinates. Δ is a bound on
         |g(D) − g(D′)| for the mapped statistic g = clip_into_range ∘ f; for a finite f this is
         implied by f's sensitivity. If f itself can be NaN on D and finite on a neighbour D′,

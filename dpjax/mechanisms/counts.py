@@ -1,7 +1,7 @@
 r"""Noisy histograms as a census publishes them: non-negative integer counts.
 
 The discrete Gaussian mechanism (:func:`dpjax.mechanisms.discrete_gaussian`) releases integer
-counts, but some are negative ("unrealistic output", lecture on advances in DP: the 2020 US
+counts, but some are negative ("unrealistic output": the 2020 US
 Census released its tables under zCDP with discrete Gaussian noise and then post-processed them
 to non-negative integers consistent with invariant totals). Both steps here are post-processing
 of the noisy counts (and of a PUBLIC total), so they cost no privacy, but they bias small counts

@@ -2,7 +2,7 @@ r"""A non-porous Laplace mechanism: exact discrete Laplace noise on a power-of-t
 
 The textbook float Laplace sampler f(D) + b·sign·ln(U) is *porous* (Mironov, CCS 2012): the
 set of floats it can output depends on f(D), so an output that is impossible under D′ reveals
-D (about 90% of float32 outputs, literature.md §4.3; measured by
+D (about 90% of float32 outputs; measured by
 :mod:`dpjax.auditing.porosity`). This mechanism outputs only points of the grid gℤ ∩ [−B, B]
 (g a power of two, so every grid point is an exact float), and every grid point is reachable
 from every input, so the output *support* does not depend on the data:
@@ -20,7 +20,7 @@ output is post-processing. Non-finite input: ``ValueError`` when concrete; under
 The integer noise K is sampled EXACTLY from random 32-bit words with unsigned integer
 arithmetic (Canonne, Kamath, Steinke 2020, Algorithms 1–2; :mod:`dpjax.mechanisms._integer_noise`):
 no float decides any outcome, so the realised law is the analysed law and JAX's 64-bit mode is
-not needed. (Before issue 26 the noise came from float64 uniforms and logarithms, whose
+not needed. (Formerly the noise came from float64 uniforms and logarithms, whose
 realised ε exceeded the claim; it required x64 and refused rates the floats could not resolve.)
 """
 
@@ -82,7 +82,7 @@ def grid_sensitivity(
         ‖k − k′‖₁ ≤ Δ₁/g + d, and as ‖k − k′‖₁ is an integer, ‖k − k′‖₁ ≤ ⌊Δ₁/g⌋ + d = Δ_g/g.
         The bound is attained: g = 1, Δ₁ = 0.4, f(D) = (0.4, 0.4), f(D′) = (0.6, 0.6) round to
         (0, 0) and (1, 1), ‖k − k′‖₁ = 2 = ⌊0.4⌋ + 2. (Rounding a d-vector and charging only
-        one extra step, Δ_g = g(⌊Δ₁/g⌋ + 1), was issue 13 finding 4: true ε up to 2× the claim
+        one extra step, Δ_g = g(⌊Δ₁/g⌋ + 1), was a real bug: true ε up to 2× the claim
         there.) To keep the inflation small choose g ≤ Δ₁/d: then Δ_g ≤ 2Δ₁.
 
     Example:

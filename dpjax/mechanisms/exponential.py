@@ -2,8 +2,8 @@
 
 Both select an index from a vector of scores u(D, q) whose sensitivity
 Δ = max_q max_{D~D'} |u(D, q) − u(D', q)| is taken under the caller's neighbouring relation
-(lecture on advances in DP, "the exponential mechanism" and "report noisy-max"; lecture on ML
-under DP, "the exponential mechanism for ML").
+(Dwork & Roth 2014, "the exponential mechanism" and "report noisy-max"; Bassily, Smith, Thakurta
+2014, "the exponential mechanism for ML").
 The exponential mechanism is sampled with the Gumbel-max trick:
 argmax_q (εu_q/(2Δ) + G_q), G_q iid standard Gumbel, has law softmax(εu/(2Δ)).
 
@@ -154,10 +154,10 @@ def exponential_mechanism(
         Integer index array of shape ``scores.shape[:-1]``.
 
     Formal guarantees:
-        ε-DP under the relation Δ holds for (lecture on advances in DP, Theorem 27
+        ε-DP under the relation Δ holds for (Dwork & Roth 2014, Theorem 3.10
         (exponential mechanism); McSherry & Talwar 2007, Thm 6), for every input: the
-        non-finite rule is applied before the scores are used. Utility: Lemma 28 of the same
-        lecture, see ``exponential_mechanism_utility_bound``. The Gumbel-max identity
+        non-finite rule is applied before the scores are used. Utility: Dwork & Roth 2014,
+        Theorem 3.11, see ``exponential_mechanism_utility_bound``. The Gumbel-max identity
         P[argmax_q(u_q/T + G_q) = q] = softmax(u/T)_q is exact (Gumbel 1954; Yellott 1977) in
         real arithmetic. As the code runs: the Gumbel noise is drawn from 64 random bits in
         at least float32 (16-bit scores included, :func:`dpjax._random.gumbel`) and added and
@@ -219,7 +219,7 @@ def exponential_mechanism_utility_bound(
         The utility gap ψ_t = 2Δ(ln d + t)/ε.
 
     Formal guarantees:
-        Lecture on advances in DP, Lemma 28 (finite candidate set of size d); McSherry &
+        Dwork & Roth 2014, Theorem 3.11 (finite candidate set of size d); McSherry &
         Talwar 2007; Dwork & Roth 2014, Thm 3.11.
     """
     _validate.positive("sensitivity", sensitivity)
@@ -239,7 +239,7 @@ def exponential_mechanism_expected_gap_bound(
     variational principle), so (ε/(2Δ))(u* − E_p[u]) ≤ H(p) − H(δ_{q*}) ≤ ln d.
 
     Formal guarantees:
-        Lecture on advances in DP, Lemma 28; Gibbs variational principle (e.g. Dwork & Roth
+        Dwork & Roth 2014, Theorem 3.11; Gibbs variational principle (e.g. Dwork & Roth
         2014, Thm 3.11 gives the tail form).
     """
     _validate.positive("sensitivity", sensitivity)
@@ -277,7 +277,7 @@ def report_noisy_max(
         Integer index array of shape ``scores.shape[:-1]``.
 
     Formal guarantees:
-        ε-DP for every input, the non-finite rule applied first (lecture on advances in DP,
+        ε-DP for every input, the non-finite rule applied first (Dwork & Roth 2014,
         "report noisy-max"; Ding, Kifer, Wang et al. 2021, "The permute-and-flip mechanism is
         identical to report-noisy-max with exponential noise", which also shows it is never
         worse in expected utility than the exponential mechanism). Its law is that of

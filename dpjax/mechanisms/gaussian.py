@@ -1,4 +1,4 @@
-"""The Gaussian mechanism: classical (lectures on properties of DP and on ML under DP; Dwork &
+"""The Gaussian mechanism: classical (Dwork & Roth 2014; Abadi et al. 2016; Dwork &
 Roth 2014) and analytic (Balle & Wang 2018) calibration.
 
 Every calibration here is scale-free: the privacy of N(0, σ²) noise on a statistic of ℓ2
@@ -98,7 +98,7 @@ def _sigma_for_ratio(ratio: float, sensitivity: float, epsilon: float, delta: fl
 
 
 def classic_gaussian_ratio(*, epsilon: float, delta: float) -> float:
-    r"""The lectures' formula :math:`\sigma/\Delta_2 = \sqrt{2\ln(1.25/\delta)}/\varepsilon`, as
+    r"""The classical formula :math:`\sigma/\Delta_2 = \sqrt{2\ln(1.25/\delta)}/\varepsilon`, as
     a formula: the one home of it, without the theorem's range check.
 
     For excess-risk bounds and recipes that quote the formula; to calibrate noise use
@@ -122,13 +122,13 @@ def classic_gaussian_ratio(*, epsilon: float, delta: float) -> float:
 
 
 def classic_gaussian_sigma(*, sensitivity: float, epsilon: float, delta: float) -> float:
-    r"""The lectures' calibration :math:`\sigma = \Delta_2\sqrt{2\ln(1.25/\delta)}/\varepsilon`.
+    r"""The classical calibration :math:`\sigma = \Delta_2\sqrt{2\ln(1.25/\delta)}/\varepsilon`.
 
     Formal guarantees:
         (ε, δ)-DP for ε ∈ (0, 1), for ℓ2 sensitivity Δ₂ under the caller's neighbouring
-        relation (Dwork & Roth 2014, Theorem A.1; lecture on properties of DP, the Gaussian
+        relation (Dwork & Roth 2014, Theorem A.1; Dwork & Roth 2014, the Gaussian
         mechanism). The theorem does not cover ε ≥ 1 and the formula really fails beyond
-        ε ≈ 8.4 at δ = 1e-5 (literature §4.2), so ε ≥ 1 is refused: use
+        ε ≈ 8.4 at δ = 1e-5 , so ε ≥ 1 is refused: use
         ``analytic_gaussian_sigma``.
 
     Raises:
@@ -260,7 +260,7 @@ def gaussian(
             dtype to ±inf (the message gives the largest admissible sensitivity).
 
     Formal guarantees:
-        (ε, δ)-DP under the relation Δ₂ holds for (lecture on properties of DP, the Gaussian
+        (ε, δ)-DP under the relation Δ₂ holds for (Dwork & Roth 2014, the Gaussian
         mechanism; Balle & Wang 2018, Theorem 8 for the analytic calibration). The non-finite
         rule makes every released coordinate finite-plus-noise: never inf/NaN without noise.
         Input dtype: ``value`` is never rounded before the noise. A concrete value that the
@@ -280,7 +280,7 @@ def gaussian(
 
     Security:
         JAX's threefry PRNG and float noise are fine for research and audits; releases of real
-        data need OS-seeded keys and non-porous noise (literature §4.3).
+        data need OS-seeded keys and non-porous noise .
 
     Example:
         >>> import jax, jax.numpy as jnp

@@ -1,4 +1,4 @@
-"""The Laplace mechanism (lecture on privacy background, "the Laplace mechanism") and its
+"""The Laplace mechanism (Dwork & Roth 2014, "the Laplace mechanism") and its
 utility statements."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def laplace_scale(*, sensitivity: float, epsilon: float) -> float:
 
     Formal guarantees:
         Adding Lap(b) noise with b = Δ₁/ε to each coordinate of f(D) is (ε, 0)-DP under the
-        relation Δ₁ was computed for (lecture on privacy background, the Laplace mechanism;
+        relation Δ₁ was computed for (Dwork & Roth 2014, the Laplace mechanism;
         Dwork & Roth 2014, Thm 3.6).
 
     Example:
@@ -68,11 +68,11 @@ def laplace(key: jax.Array, value: Any, *, sensitivity: float, epsilon: float) -
             ±inf (the message gives the largest admissible sensitivity).
 
     Formal guarantees:
-        (ε, 0)-DP under the relation for which Δ₁ holds (lecture on privacy background, the
+        (ε, 0)-DP under the relation for which Δ₁ holds (Dwork & Roth 2014, the
         Laplace mechanism; Dwork & Roth 2014, Thm 3.6). The non-finite rule makes every
         released coordinate finite-plus-noise: never inf/NaN without noise. Utility:
         E‖M(D) − f(D)‖₁ = kΔ₁/ε and P[‖M(D) − f(D)‖_∞ ≥ (Δ₁/ε) ln(k/β)] ≤ β for k
-        coordinates (same lecture).
+        coordinates (same reference).
         Input dtype: ``value`` is never rounded before the noise. A concrete value that the
         noise dtype cannot hold exactly (float64 or a wide integer while JAX computes in
         float32) is added to the noise in float64 on the host and rounded once after;
@@ -119,8 +119,8 @@ def laplace_expected_l1_error(*, k: int, sensitivity: float, epsilon: float) -> 
 def laplace_linf_tail_bound(*, k: int, sensitivity: float, epsilon: float, beta: float) -> float:
     r"""ℓ∞ error exceeded with probability at most β: :math:`(\Delta_1/\varepsilon)\ln(k/\beta)`.
 
-    From the union bound over k coordinates, P[|Lap(b)| ≥ t] = e^{−t/b} (lecture on privacy
-    background, utility of the Laplace mechanism).
+    From the union bound over k coordinates, P[|Lap(b)| ≥ t] = e^{−t/b} (Dwork & Roth
+    2014, utility of the Laplace mechanism).
     """
     k = _validate.positive_int("k", k)
     _validate.in_range("beta", beta, 0.0, 1.0, low_inclusive=False)

@@ -1,16 +1,16 @@
-"""The mixed-noise mechanism (lecture on advances in DP, Definition 9 and Theorem 10).
+"""The mixed-noise mechanism (Gaussian noise for small Δ, Laplace noise otherwise).
 
-Definition 9 adds Gaussian noise when the sensitivity Δ is at most a threshold t₀ and Laplace
-noise Lap(Δ/ε) otherwise; Theorem 10 takes t₀ = √π δε/2 and σ²_MNM = 2(Δ/ε)².
+The mechanism adds Gaussian noise when the sensitivity Δ is at most a threshold t₀ and Laplace
+noise Lap(Δ/ε) otherwise; its usual statement takes t₀ = √π δε/2 and σ²_MNM = 2(Δ/ε)².
 
-**Theorem 10 is not correct as stated, and dpjax does not use its σ.** (ε, δ)-DP of additive
+**That statement is not correct, and dpjax does not use its σ.** (ε, δ)-DP of additive
 noise is scale invariant: N(0, σ²) with σ = √2Δ/ε has the exact privacy profile
 δ*(ε) = Φ(ε/(2√2) − √2) − e^ε Φ(−ε/(2√2) − √2) (Balle & Wang 2018, Thm 8) whatever Δ is, so a
 threshold on Δ cannot make it (ε, δ)-DP for δ < δ*(ε) (δ*(1) ≈ 0.040; see
 ``mixed_noise_lecture_delta``). Because Δ is public, choosing the branch from Δ costs no
 privacy; dpjax keeps Definition 9's branch rule and threshold and calibrates the Gaussian
 branch exactly (analytic Gaussian, the smallest σ that is (ε, δ)-DP). When δ ≥ δ*(ε) that σ is
-at most the lecture's √2Δ/ε.
+at most the stated √2Δ/ε.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class MixedNoiseScale(NamedTuple):
 
 
 def mixed_noise_threshold(*, epsilon: float, delta: float) -> float:
-    """The threshold t₀ = √π δε/2 of the lecture's Theorem 10 (Gaussian branch when Δ ≤ t₀).
+    """The threshold t₀ = √π δε/2 of the usual statement (Gaussian branch when Δ ≤ t₀).
 
     Example:
         >>> round(mixed_noise_threshold(epsilon=1.0, delta=0.1), 6)
@@ -55,9 +55,9 @@ def mixed_noise_threshold(*, epsilon: float, delta: float) -> float:
 
 
 def mixed_noise_lecture_delta(*, epsilon: float) -> float:
-    """Exact δ at ε of the Gaussian branch with Theorem 10's σ = √2Δ/ε (independent of Δ).
+    """Exact δ at ε of the Gaussian branch with the usual statement's σ = √2Δ/ε (independent of Δ).
 
-    The lecture on advances in DP (Theorem 10, mixed-noise mechanism) claims (ε, δ)-DP for
+    The mechanism as usually stated claims (ε, δ)-DP for
     every δ once Δ ≤ √π δε/2; this exact profile shows the branch is (ε, δ)-DP only for
     δ ≥ this value (e.g. ≈ 0.0396 at ε = 1).
 
@@ -78,17 +78,17 @@ def mixed_noise_scale(
             they coincide for a scalar query) under the caller's neighbouring relation.
         epsilon: ε > 0.
         delta: δ in (0, 1).
-        threshold: t₀; default ``mixed_noise_threshold(epsilon, delta)`` (the lecture's
-            Theorem 10). Must not depend on the data (it is compared with the public Δ).
+        threshold: t₀; default ``mixed_noise_threshold(epsilon, delta)`` (the stated Theorem
+            10). Must not depend on the data (it is compared with the public Δ).
 
     Returns:
         ``MixedNoiseScale("gaussian", σ)`` with σ = ``analytic_gaussian_sigma(Δ, ε, δ)`` if
         Δ ≤ t₀, else ``MixedNoiseScale("laplace", Δ/ε)``.
 
     Formal guarantees:
-        Each branch is (ε, δ)-DP on its own (Laplace: ε-DP, lecture on privacy background;
+        Each branch is (ε, δ)-DP on its own (Laplace: ε-DP, Dwork & Roth 2014;
         Gaussian: Balle & Wang 2018, Thm 8) and the branch is a function of public Δ only, so
-        the mechanism is (ε, δ)-DP. This deviates from the lecture's Theorem 10 σ², which is
+        the mechanism is (ε, δ)-DP. This deviates from the usual statement's σ², which is
         not DP (module docstring).
     """
     _validate.positive("sensitivity", sensitivity)
@@ -111,7 +111,7 @@ def mixed_noise(
     delta: float,
     threshold: float | None = None,
 ) -> Any:
-    """Mixed-noise mechanism: Gaussian noise if Δ ≤ t₀, else Laplace noise (lecture Def. 9).
+    """Mixed-noise mechanism: Gaussian noise if Δ ≤ t₀, else Laplace noise .
 
     Args:
         key: a JAX PRNG key, used once.
@@ -120,14 +120,14 @@ def mixed_noise(
             branch, ℓ2 for the Gaussian branch; pass the larger if they differ).
         epsilon: ε > 0.
         delta: δ in (0, 1).
-        threshold: t₀ (default √π δε/2, the lecture's Theorem 10).
+        threshold: t₀ (default √π δε/2, the usual statement's).
 
     Returns:
         The noisy answer, with the structure of ``value``.
 
     Formal guarantees:
         (ε, δ)-DP under the relation Δ holds for; see ``mixed_noise_scale`` and the module
-        docstring for why the Gaussian branch uses the analytic σ instead of Theorem 10's.
+        docstring for why the Gaussian branch uses the analytic σ instead of the usual statement's.
         Under ``jax.vmap``: each row of a vmap that batches ``key`` with distinct keys is its own
         release with this guarantee (account for every row); a vmap of ``value`` with one key for
         all rows raises ``ValueError``, and repeated keys in the batch raise eagerly and void the

@@ -2,8 +2,8 @@
 
 Each respondent randomizes their own answer before it leaves their hands (local DP), so the
 vector of reports is ε-DP under ``REPLACE_ONE`` (changing one person's answer changes only
-their own report) and the frequency estimates are post-processing of it (lecture on privacy
-background, "Example: Randomized Response").
+their own report) and the frequency estimates are post-processing of it (Dwork & Roth
+2014, "Example: Randomized Response").
 
 Sampling is integer-exact: each report is decided by one uniform 32-bit word compared with an
 integer threshold, so its law is a known rational law whose ε is at most the claimed ε (float
@@ -67,7 +67,7 @@ def randomized_response_keep_probability(*, epsilon: float, num_categories: int 
 
     Formal guarantees:
         p/q = e^ε, so each report is ε-locally-DP (Warner 1965; Kairouz, Oh & Viswanath 2014
-        "k-RR"; lecture on privacy background, randomized response, for k = 2). The sampler
+        "k-RR"; Dwork & Roth 2014, randomized response, for k = 2). The sampler
         realises this law to within 2⁻³² per category (``randomized_response_other_weight``).
 
     Example:
@@ -209,7 +209,7 @@ def coin_randomized_response(key: jax.Array, value: Any) -> Any:
     Formal guarantees:
         The two coins are two bits of one uniform 32-bit word, so each report equals the truth
         with probability exactly 1/2 + 1/4 = 3/4: ε = ln 3 ≈ 1.0986 locally DP
-        (``COIN_EPSILON``; lecture on privacy background, "Example: Randomized Response"); the
+        (``COIN_EPSILON``; Dwork & Roth 2014, "Example: Randomized Response"); the
         report vector is ln 3-DP under ``REPLACE_ONE``, for every input. Its reports have the
         law of ``randomized_response(epsilon=COIN_EPSILON)``.
         Under ``jax.vmap``: each row of a vmap that batches ``key`` with distinct keys is its own
@@ -258,7 +258,7 @@ def randomized_response(
         truth + 1 + (w mod (k − 1)) (mod k). So P[report = j] = m/2³² for every j ≠ truth and
         P[report = truth] = 1 − (k − 1)m/2³², whose ratio is ≤ e^ε: each report is
         ε-locally-DP (exactly, not only in real arithmetic) and the report vector is ε-DP under
-        ``REPLACE_ONE``, for every input (Warner 1965; lecture on privacy background for
+        ``REPLACE_ONE``, for every input (Warner 1965; Dwork & Roth 2014 for
         k = 2; Kairouz, Oh & Viswanath 2014 for k-RR). The realised law differs from the
         ideal p = e^ε/(e^ε + k − 1) by less than 2⁻³² per category.
         Under ``jax.vmap``: each row of a vmap that batches ``key`` with distinct keys is its own

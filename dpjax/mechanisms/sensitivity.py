@@ -7,7 +7,7 @@ Data are scalars in [lower, upper]; w = upper − lower. ``n`` is public:
   every neighbouring pair the guarantee covers (the larger one then has ≥ n + 1 records).
 
 Every bound below is tight (attained by a pair of neighbours, shown in each docstring).
-The lecture on advances in DP (Example 8, sensitivities of mean, variance and median) quotes Λ/m
+A common textbook statement of the sensitivities of mean, variance and median quotes Λ/m
 for the mean, Λ²/m for the variance and Λ for the median under replace-one: the mean and median
 agree; Λ²/m for the variance is a valid but loose bound (the exact value is (m − 1)Λ²/m²).
 
@@ -107,8 +107,8 @@ def mean_sensitivity(
         Δ (ℓ1 = ℓ2 for a scalar query).
 
     Formal guarantees:
-        The lecture on properties of DP and output perturbation (mean estimation, replace-one:
-        2c/n for ‖x‖ ≤ c, i.e. w/n for w = 2c) and the lecture on advances in DP, Example 8
+        The Dwork & Roth 2014 and output perturbation (mean estimation, replace-one:
+        2c/n for ‖x‖ ≤ c, i.e. w/n for w = 2c) and the textbook sensitivity of the mean
         (Λ/m); add/remove derived above.
 
     Example:
@@ -150,7 +150,7 @@ def variance_sensitivity(
         Δ of the population variance.
 
     Formal guarantees:
-        Derived in this docstring; the lecture on advances in DP (Example 8) states the looser
+        Derived in this docstring; textbooks often state the looser
         Λ²/m.
 
     Example:
@@ -174,14 +174,14 @@ def median_sensitivity(
 
     An upper bound for any definition of the median; attained for the lower median
     x_(⌈n/2⌉) (the one ``smooth_median`` releases) by x_1 = … = x_m = lower,
-    x_{m+1} = … = x_n = upper and its neighbour with one more ``lower`` (replace-one; lecture
-    on advances in DP, Example 12), or by m − 1 copies of ``lower`` and m of ``upper`` plus one
+    x_{m+1} = … = x_n = upper and its neighbour with one more ``lower`` (replace-one;
+    the median example), or by m − 1 copies of ``lower`` and m of ``upper`` plus one
     added ``lower`` (add/remove): the median jumps from one end of the range to the other. This
     global bound destroys utility; see ``dpjax.mechanisms.smooth_median`` for the
     smooth-sensitivity alternative.
 
     Formal guarantees:
-        Lecture on advances in DP, Examples 8, 12 and 20 (local vs smooth sensitivity of the
+        Nissim, Raskhodnikova & Smith 2007 (local vs smooth sensitivity of the
         median; Δf = Λ for data in [0, Λ]).
     """
     as_relation(relation)

@@ -1,18 +1,18 @@
-"""Smooth sensitivity of the median and its noise recipes (lecture on advances in DP: local vs
-smooth sensitivity, Definitions 13–18, Proposition 16, Corollary 17, Example 20).
+"""Smooth sensitivity of the median and its noise recipes (Nissim, Raskhodnikova & Smith
+2007, "Smooth sensitivity and sampling in private data analysis", STOC; local vs smooth).
 
 Data: n scalars in [0, Λ]; neighbours differ in one record (Hamming distance 1, fixed n):
 the relation is ``REPLACE_ONE``. The released statistic is the median x_(m), m = ⌈n/2⌉ (for
 odd n the usual median; for even n the lower median).
 
-* Local sensitivity (lecture Example 12) LS(x) = max(x_(m+1) − x_(m), x_(m) − x_(m−1)) with
-  x_(i) = 0 for i ≤ 0 and Λ for i > n. Noise scaled to it is **not** DP (Example 12).
-* β-smooth sensitivity (lecture Definitions 13–14, equation (4); Nissim, Raskhodnikova & Smith
+* Local sensitivity (NRS 2007, the median) LS(x) = max(x_(m+1) − x_(m), x_(m) − x_(m−1)) with
+  x_(i) = 0 for i ≤ 0 and Λ for i > n. Noise scaled to it is **not** DP (the median example).
+* β-smooth sensitivity (Nissim, Raskhodnikova & Smith
   2007, Proposition 3.4):
   S*(x) = max_{k=0..n} e^{−kβ} max_{t=0..k+1} (x_(m+t) − x_(m+t−k−1)).
-* Noise recipes: Laplace Lap(2S/ε) (lecture Proposition 16 / Corollary 17), the heavy-tailed
+* Noise recipes: Laplace Lap(2S/ε) (NRS 2007), the heavy-tailed
   density ∝ 1/(1 + |z|^γ) (pure ε; by default with the tight calibration proved in
-  ``heavy_tailed_privacy_loss``, or the lecture's 2(γ+1)S/ε), Gaussian
+  ``heavy_tailed_privacy_loss``, or the textbook 2(γ+1)S/ε), Gaussian
   5√(2 ln(2/δ))S/ε · N(0, 1).
 
 Non-finite records follow the rule of ``dpjax.mechanisms.sensitivity.clip_into_range``: an eager
@@ -66,7 +66,7 @@ class SmoothNoise(NamedTuple):
 
 
 def smooth_laplace_delta(*, epsilon: float, delta_prime: float) -> float:
-    """δ of the lecture's Proposition 16 / Corollary 17: δ = (δ'/2)(e^{ε/2} + 1).
+    """δ of the Laplace recipe: δ = (δ'/2)(e^{ε/2} + 1).
 
     Laplace noise Lap(2S/ε) with S β-smooth, β ≤ ε/(2 ln(2/δ')), is (ε, δ)-DP for this δ.
     """
@@ -210,15 +210,15 @@ def smooth_noise_parameters(
         proven privacy-loss bound of ``heavy_tailed_privacy_loss`` (homogeneous of degree 1,
         so ε(α, α) = ε exactly); if that α exceeds 2, β = 2 and α is the largest with
         ε(α, 2) ≤ ε. ε(1, 1) = √2 ≈ 1.414 for γ = 2 and ≈ 4.681 for γ = 4.
-      - ``recipe="lecture"``: β = ε/(2(γ+1)), multiplier 2(γ+1)/ε (the lecture's recipe; at
+      - ``recipe="lecture"``: β = ε/(2(γ+1)), multiplier 2(γ+1)/ε (the textbook recipe; at
         γ = 2 NRS's 6S/ε Cauchy recipe). Its worst-case log-ratio is only ≈ 0.25ε (γ = 2) and
         ≈ 0.48ε (γ = 4): 2–4× more noise than ε needs.
 
-      The tight recipe has the same β/α = 1 as the lecture's but both larger (by
+      The tight recipe has the same β/α = 1 as the textbook but both larger (by
       2(γ+1)/ε(1, 1): 4.24× at γ = 2, 2.14× at γ = 4), so its noise multiplier is smaller and
       S_β (non-increasing in β) no larger on every data set.
     * ``"laplace"`` (δ > 0): δ' = 2δ/(e^{ε/2}+1) (Corollary 17 solved for δ'),
-      β = ε/(2 ln(2/δ')), multiplier 2/ε (Proposition 16).
+      β = ε/(2 ln(2/δ')), multiplier 2/ε (NRS 2007's Laplace recipe).
     * ``"gaussian"`` (δ > 0): β = ε/(2 ln(2/δ)), multiplier 5√(2 ln(2/δ))/ε.
 
     Args:
@@ -227,7 +227,7 @@ def smooth_noise_parameters(
         noise: one of ``"heavy_tailed"``, ``"laplace"``, ``"gaussian"``.
         gamma: tail exponent γ > 1 of the heavy-tailed density (γ = 2 is Cauchy).
         recipe: ``"tight"`` or ``"lecture"``; only the heavy-tailed noise has a tight variant
-            (for ``"laplace"`` and ``"gaussian"`` both names give the lecture's calibration).
+            (for ``"laplace"`` and ``"gaussian"`` both names give the textbook calibration).
 
     Returns:
         ``SmoothNoise(beta, multiplier, noise)``.
@@ -235,11 +235,11 @@ def smooth_noise_parameters(
     Formal guarantees:
         Under ``REPLACE_ONE``. Heavy-tailed, tight: ε-DP by ``heavy_tailed_privacy_loss``
         (proof there; ε(α, β) ≤ ε by construction, with the rounding margin). Heavy-tailed,
-        lecture: ε-DP (lecture on advances in DP, the recipes after Corollary 17; Nissim,
+        ``recipe="lecture"``: ε-DP (the textbook recipes after the Laplace one; Nissim,
         Raskhodnikova & Smith 2007, Lemmas 2.5–2.9: the log-density has slope ≤ γ and dilation
         by e^λ changes it by ≤ (γ+1)|λ|, so h is (ε/(2γ), ε/(2(γ+1)))-admissible and
         2(γ+1)/ε ≥ 2γ/ε is valid; it also satisfies ε(α, β) ≤ ε). Laplace: (ε, δ)-DP,
-        Proposition 16 and Corollary 17. Gaussian: (ε, δ)-DP, NRS 2007 Lemma 2.9 (the Gaussian
+        NRS 2007's Laplace recipe. Gaussian: (ε, δ)-DP, NRS 2007 Lemma 2.9 (the Gaussian
         is (ε/(5√(2 ln(2/δ))), ε/(2 ln(2/δ)))-admissible).
 
     Example:
@@ -340,10 +340,10 @@ def _median_index(n: int) -> int:
 
 
 def local_sensitivity_median(data: jax.Array, *, upper: float) -> jax.Array:
-    """Local sensitivity of the median of data in [0, Λ] (lecture Example 12): A⁽⁰⁾(x).
+    """Local sensitivity of the median of data in [0, Λ] (NRS 2007, the median): A⁽⁰⁾(x).
 
-    Using it to scale noise is not differentially private (lecture on advances in DP, Example
-    12): it can be 0 on one data set and Λ on a neighbour.
+    Using it to scale noise is not differentially private (Nissim,
+    Raskhodnikova & Smith 2007): it can be 0 on one data set and Λ on a neighbour.
     """
     x = _sorted_data(data, upper)
     n = x.shape[0]
@@ -353,7 +353,7 @@ def local_sensitivity_median(data: jax.Array, *, upper: float) -> jax.Array:
 
 
 def smooth_sensitivity_median(data: jax.Array, *, upper: float, beta: float) -> jax.Array:
-    r"""β-smooth sensitivity S*_β(x) of the median of data in [0, Λ] (lecture equation (4)).
+    r"""β-smooth sensitivity S*_β(x) of the median of data in [0, Λ] (NRS 2007).
 
     .. math:: S^*_\beta(x) = \max\Bigl(c,\ \max_{k=0,\dots,n} e^{-k\beta}
         \max_{t=0,\dots,k+1}\bigl(x_{(m+t)} - x_{(m+t-k-1)}\bigr)\Bigr)
@@ -378,8 +378,8 @@ def smooth_sensitivity_median(data: jax.Array, *, upper: float, beta: float) -> 
     Formal guarantees:
         The unfloored value is exactly the β-smooth sensitivity of Definition 14 (the smallest
         β-smooth upper bound on the local sensitivity, Lemma 15) under ``REPLACE_ONE``:
-        lecture on advances in DP, Example 20 (smooth sensitivity of the median), equation
-        (4); Nissim, Raskhodnikova & Smith 2007, Proposition 3.4. The floor keeps both
+        the smooth sensitivity of the median,
+        Nissim, Raskhodnikova & Smith 2007, Proposition 3.4. The floor keeps both
         properties, for any constant c ≥ 0 that does not depend on the data: (i)
         LS(x) ≤ S(x) ≤ max(S(x), c); (ii) for neighbours x, y,
         max(S(x), c) ≤ max(e^β S(y), c) ≤ e^β max(S(y), c) (as e^β ≥ 1). So max(S, c) is a
@@ -393,7 +393,7 @@ def smooth_sensitivity_median(data: jax.Array, *, upper: float, beta: float) -> 
 
     Example:
         >>> import jax.numpy as jnp
-        >>> x = jnp.array([0.0, 0.0, 0.0, 1.0, 1.0])  # lecture Example 12, data set 1 (n = 5)
+        >>> x = jnp.array([0.0, 0.0, 0.0, 1.0, 1.0])  # n = 5, the median at 0
         >>> float(smooth_sensitivity_median(x, upper=1.0, beta=0.1))
         1.0
     """
@@ -503,8 +503,8 @@ def smooth_median(
         Under ``REPLACE_ONE`` (fixed n), for every input (a NaN or ±inf record is mapped to a
         record in [0, Λ] before the median and S_β are computed): ε-DP for ``"heavy_tailed"``
         (``heavy_tailed_privacy_loss`` for the tight recipe) and (ε, δ)-DP for ``"laplace"``
-        (lecture on advances in DP, Proposition 16, Corollary 17) and ``"gaussian"`` (the
-        lecture's Gaussian recipe; Nissim, Raskhodnikova & Smith 2007, Lemma 2.9 and
+        (NRS 2007's Laplace recipe) and ``"gaussian"`` (the
+        textbook Gaussian recipe; Nissim, Raskhodnikova & Smith 2007, Lemma 2.9 and
         Theorem 2.6). S_β is computed in float64 (x64 on; float32 otherwise) and floored at
         the public constant c = max(2Λ·tiny_w, 2³²·tiny_z/multiplier) (tiny_w, tiny_z: the
         smallest normal numbers of the working and noise dtypes; ``smooth_sensitivity_median``

@@ -1,4 +1,4 @@
-"""Subsample-and-aggregate (lecture on ML under DP, theory: subsample-and-aggregate; Nissim,
+"""Subsample-and-aggregate ( Nissim,
 Raskhodnikova & Smith 2007).
 
 Split the n records into k disjoint blocks, run any (non-private) estimator on each block,
@@ -93,7 +93,7 @@ def clipped_mean(
         number of rows (public under ``REPLACE_ONE``), never by a data-dependent count.
 
     Formal guarantees:
-        ε-DP (Laplace; lecture on privacy background, the Laplace mechanism) or (ε, δ)-DP
+        ε-DP (Laplace; Dwork & Roth 2014, the Laplace mechanism) or (ε, δ)-DP
         (Gaussian, Balle & Wang 2018) under ``REPLACE_ONE`` of one row, with the sensitivity of
         ``clipped_mean_sensitivity``, for every input: the non-finite rule maps every row into
         the box before the mean, so a NaN or ±inf row is just another row in the box.
@@ -237,8 +237,8 @@ def subsample_and_aggregate(
         estimate changes; the mapped estimates lie in [l, u] whatever the records and the
         estimator return (NaN and ±inf included), so their mean has sensitivity (u − l)/k per
         coordinate (plus the float summation bound, see ``clipped_mean``) and the release is
-        ε-DP (Laplace) or (ε, δ)-DP (Gaussian) (lecture on ML
-        under DP, theory, subsample-and-aggregate; Nissim, Raskhodnikova & Smith 2007,
+        ε-DP (Laplace) or (ε, δ)-DP (Gaussian) (Nissim, Raskhodnikova & Smith
+        2007, theory, subsample-and-aggregate; Nissim, Raskhodnikova & Smith 2007,
         Section 4). The divisor is the public k, and n // k is the static block size. Not
         stated for ``ADD_OR_REMOVE_ONE``: a changed n moves the block boundaries.
         Under ``jax.vmap``: each row of a vmap that batches ``key`` with distinct keys is its own

@@ -1,4 +1,4 @@
-"""Reproduce the excess-risk rates of the lectures (literature §1.9 and the protocol of §2).
+"""Reproduce the excess-risk rates of private convex optimisation (theory vs measurement).
 
 Each *row* is one claim "the mean excess risk of method M on instance I decays like x^s" for
 x ∈ {n, d, ε}. A row is a grid of *cells*; in each cell K independently generated data sets are
@@ -21,7 +21,7 @@ Example:
     True
 
 Float64: ``run`` enables ``jax_enable_x64`` before anything is computed, because the excess risks
-at large n (1e-6…1e-9) are below float32 resolution of the objective (literature §2.3).
+at large n (1e-6…1e-9) are below float32 resolution of the objective.
 
 Hyperparameters (μ for the convex rows, T and step sizes for DP-GD) come from the theory's
 formulas only, never from the private data.

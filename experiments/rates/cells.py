@@ -130,7 +130,7 @@ def output_convex_tuned(radius: float) -> Measure:
     μ* = √(2B)/R from ``dpjax.erm.tuned_mu_output_perturbation`` (a theory formula, no tuning on
     data). The regularisation bias vanishes (w0 stays the exact optimum, certified), so the excess
     of F is the noise term ∝ σ ∝ 1/(μ*n) ∝ n^{-1/2}: the bound's rate is attained at a constant
-    fraction of it. The bound on F adds μR²/2 to the solver's bound on J (lit. §1.1, convex).
+    fraction of it. The bound on F adds μR²/2 to the solver's bound on J (convex).
     """
 
     def measure(s: Setting, rng: np.random.Generator, keys: jax.Array) -> Cell:
@@ -160,7 +160,7 @@ def objective_sc_logistic(mu: float) -> Measure:
 
 
 def bst_imbalance(n: int, d: int, epsilon: float, delta: float, fraction: float) -> int:
-    """Column imbalance k of instance E so that ‖z̄‖ = k/n ≈ fraction·√d·σ_lecture/n.
+    """Column imbalance k of instance E so that ‖z̄‖ = k/n ≈ fraction·√d·σ_classic/n.
 
     This is g_n ≍ √d/(εn), BST14's lower-bound scaling, placed at ``fraction`` of the
     objective-perturbation tuning scale μ*R (so the tuned solution stays inside the ball).
@@ -176,7 +176,7 @@ def objective_convex_linear(radius: float, fraction: float = 0.5) -> Measure:
 
     F(w) = −<w, z̄>; the tilted argmin is w_p = (z̄ − b/n)/μ*, so E[F(w_p)] − F* =
     ‖z̄‖(R − ‖z̄‖/μ*) ∝ 1/n. The stated bound on F adds μ*R²/2 to the solver's bound on J
-    (lit. §1.1, convex case). F* is the minimum over the ball ‖w‖ ≤ R (the comparator class).
+    (convex case). F* is the minimum over the ball ‖w‖ ≤ R (the comparator class).
     """
 
     def measure(s: Setting, rng: np.random.Generator, keys: jax.Array) -> Cell:
@@ -335,7 +335,7 @@ def _laplace_last_iterate(rho: float, kappa: float, epsilon: float, mu: float, s
 
 
 def laplace_dpsgd_last(rho: float, kappa: float, mu: float = 1.0) -> Measure:
-    """Laplace batch-1 DP-SGD (lecture on advances in DP, Theorem 36 noise θ_h, a_h = h^κ).
+    """Laplace batch-1 DP-SGD (noise θ_h, a_h = h^κ).
 
     N = n steps, last iterate.
 
@@ -347,7 +347,7 @@ def laplace_dpsgd_last(rho: float, kappa: float, mu: float = 1.0) -> Measure:
     exponent). No explicit-constant bound is stated (Theorem 37's constant is not explicit),
     so every cell is flagged vacuous. The γ-weighted average that ``dpjax.erm.laplace_dp_sgd``
     returns decays faster than this (the averaging cancels part of the noise), so the exponent
-    is measured on the last iterate, where the lecture's recursion is sharp.
+    is measured on the last iterate, where the stated recursion is sharp.
     """
 
     def measure(s: Setting, rng: np.random.Generator, keys: jax.Array) -> Cell:

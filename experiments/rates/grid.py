@@ -83,7 +83,7 @@ SCALES: dict[str, Scale] = {
     ),
 }
 
-DELTA = 1e-6  # fixed for slope fits (literature §2.4: δ = 1/n² would bias slopes)
+DELTA = 1e-6  # fixed for slope fits (δ = 1/n² would bias slopes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +100,7 @@ class Setting:
 class Cell:
     """What one cell measured: excess risks (K, S), the stated bound, the trivial levels.
 
-    ``vacuity_level`` is L·D (literature §2.7: a bound ≥ L·D says nothing; D the diameter of the
+    ``vacuity_level`` is L·D (a bound ≥ L·D says nothing; D the diameter of the
     ball the comparator lives in); ``zero_excess`` the excess of the trivial output w = 0.
     """
 
@@ -133,7 +133,7 @@ class Row:
         note: one sentence the report prints under the table.
         data: rows with the same label see the same data sets (paired comparisons).
         normaliser: a known factor f(cell) divided out of excess, bound and prediction before
-            fitting (e.g. the √ln(1.25/δ) of δ = n^-2, literature §2.4); ``None``: none.
+            fitting (e.g. the √ln(1.25/δ) of δ = n^-2); ``None``: none.
     """
 
     name: str

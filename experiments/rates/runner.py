@@ -162,7 +162,7 @@ def summarise_row(row: Row, settings, cells: list[Cell], scale: Scale, seed: int
 
 
 def _ratio_range(ratios: list[float]) -> list[float] | None:
-    """[min, max] of mean/bound over the non-vacuous cells (the constant check of lit. §2.6)."""
+    """[min, max] of mean/bound over the non-vacuous cells (the constant check)."""
     return [float(min(ratios)), float(max(ratios))] if ratios else None
 
 
@@ -187,7 +187,7 @@ def run(
 
     Args:
         out_dir: output folder (created).
-        full: the full grid of literature §2.4 (overrides ``size``).
+        full: the full grid (overrides ``size``).
         seed: root seed; the same seed reproduces every number.
         size: ``"tiny"`` (tests), ``"quick"`` (default) or ``"full"``.
         only: restrict to these row names.
@@ -195,7 +195,7 @@ def run(
     Returns:
         dict with ``report_md``, ``records`` (the rates.json list) and ``rows`` (everything).
     """
-    jax.config.update("jax_enable_x64", True)  # float64 for every measured number (lit. §2.3)
+    jax.config.update("jax_enable_x64", True)  # float64 for every measured number
     size = "full" if full else (size or "quick")
     scale = SCALES[size]
     out_dir = pathlib.Path(out_dir)
@@ -291,5 +291,5 @@ def _comparison(results) -> str:
         "\n\n### Output vs objective perturbation at the same (ε, δ) = (1, 1e-6)\n\n"
         "Mean excess risk E[J(w_priv)] − J* on the same logistic data sets (d = 5, μ = 0.05); "
         "ratio = output / objective. Both decay like n^-2 on this smooth instance; the ratio is "
-        "the constant-factor gap the lectures compare.\n\n" + table
+        "the constant-factor gap between the two methods.\n\n" + table
     )

@@ -63,7 +63,7 @@ def _laplace_rows() -> list[Row]:
             title=f"Laplace-noise SGD, last iterate (ρ = {rho:g}, κ = {kappa:g})",
             note=_laplace_note(rho, kappa),
             plot_note=(
-                "No explicit-constant bound (Theorem 37's constant is not explicit). The private "
+                "No explicit-constant bound (the theorem's constant is not explicit). The private "
                 "iterate sits far above the trivial w = 0 (0-DP): at base ε = 1 the Laplace "
                 "noise θ_h·Z_h dominates every unit-norm gradient, and the last iterate's total "
                 "ε = Σε_h grows with N. The row measures the noise term's exponent 2 − ρ − 2κ."
@@ -77,8 +77,8 @@ def _laplace_note(rho: float, kappa: float) -> str:
     """What a Laplace DP-SGD row shows; the privacy caveat is ``LAPLACE_PARAGRAPH``'s."""
     trend = "vanishes" if 2 * kappa + rho > 2 else "does not vanish"
     return (
-        f"2κ+ρ = {2 * kappa + rho:g}: the noise term {trend} as N grows (Theorem 37 of the "
-        "lecture on advances in DP: iff 2κ+ρ > 2) at a fixed *base* ε = 1, while the released "
+        f"2κ+ρ = {2 * kappa + rho:g}: the noise term {trend} as N grows (the utility "
+        "theorem of this DP-SGD: iff 2κ+ρ > 2) at a fixed *base* ε = 1, while the released "
         "iterate's ε = Σ_h ε_h grows with N (privacy column; see the paragraph on these rows)."
     )
 
@@ -91,8 +91,8 @@ LAPLACE_PARAGRAPH = (
     "below 0 says the noise term shrinks along a path of *weaker* privacy, not at a fixed ε. "
     "The trivial output w = 0 (0-DP) has an excess ≥ 10³ times smaller than the private "
     "iterate: with unit-norm gradients and θ_h ≥ Δ₁/ε_h the Laplace noise dominates every step, "
-    "so these rows measure the exponent 2 − ρ − 2κ of the noise term (literature §1.8), not a "
-    "useful accuracy. No explicit-constant bound is stated (Theorem 37's constant is not "
+    "so these rows measure the exponent 2 − ρ − 2κ of the noise term, not a "
+    "useful accuracy. No explicit-constant bound is stated (the utility theorem's constant is not "
     "explicit), so every cell counts as vacuous."
 )
 
@@ -102,7 +102,7 @@ def _over_n_delta_n2(d: int, epsilon: float = 1.0) -> Callable[[Scale], list[Set
 
 
 def _log_factor(s: Setting) -> float:
-    """√(ln(1.25/δ)/ln(1.25/δ₀)), δ₀ = 1e-6: the δ-dependence of the lectures' σ."""
+    """√(ln(1.25/δ)/ln(1.25/δ₀)), δ₀ = 1e-6: the δ-dependence of the classical σ."""
     return math.sqrt(math.log(1.25 / s.delta) / math.log(1.25 / DELTA))
 
 
@@ -151,7 +151,7 @@ def rows() -> list[Row]:
             note=(
                 "smooth loss: the linear term has mean 0, excess ≈ (β+μ)dσ²/2 ∝ n^-2; the "
                 "solver states min(Lσ√d + μdσ²/2, (c+μ)dσ²/2), whose Lipschitz part decays "
-                "like n^-1 (the lectures' bound)."
+                "like n^-1 (the textbook bound)."
             ),
         ),
         Row(
@@ -231,7 +231,7 @@ def rows() -> list[Row]:
             title="output perturbation, sharp absolute loss, over ε",
             main=False,
             note=(
-                "the lectures' σ ∝ 1/ε gives −1; the analytic Gaussian σ(ε) that the solver uses "
+                "the classical σ ∝ 1/ε gives −1; the analytic Gaussian σ(ε) that the solver uses "
                 "is slightly flatter (log-slope −0.93 over ε ∈ [0.25, 1] at δ = 1e-6)."
             ),
         ),
@@ -249,7 +249,7 @@ def rows() -> list[Row]:
             data="sharp_d5",
             normaliser=_log_factor,
             note=(
-                "δ = 1/n² (secondary condition of lit. §2.4): the σ ∝ √ln(1.25/δ) factor is "
+                "δ = 1/n² (a secondary condition): the σ ∝ √ln(1.25/δ) factor is "
                 "divided out before fitting."
             ),
         ),

@@ -28,9 +28,15 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 import dpjax
 from dpjax._warnings import PrivacyLeakWarning
 from dpjax.accounting import PrivacyAccountant, calibrate_noise_multiplier, dp_sgd_epsilon, tight
+from dpjax.accounting.renyi import rdp_to_epsilon
 from dpjax.dp_sgd import PoissonSampler, event_for, make_private
 from dpjax.dp_sgd.samplers import _binomial_cap
-from dpjax.events import PoissonSampledGaussianEvent, event_from_dict, event_to_dict
+from dpjax.events import (
+    GaussianEvent,
+    PoissonSampledGaussianEvent,
+    event_from_dict,
+    event_to_dict,
+)
 
 
 def _loss(w, example):
@@ -89,6 +95,37 @@ def test_a_private_sigma_is_not_flagged():
     assert math.isfinite(private.epsilon(private.steps))
 
 
+@pytest.mark.parametrize(
+    ("q", "accounting"), [(0.01, "rdp"), (0.5, "rdp"), (1.0, "rdp"), (1.0, "pld")]
+)
+def test_a_vanishing_noise_multiplier_gives_infinite_epsilon_never_zero(q, accounting):
+    # σ² underflows at σ = 1e-160: dp-accounting's RDP sum met inf − inf (NaN), which its
+    # conversion read as ε = 0; the exact Gaussian profile (q = 1, PLD) bisected NaN δ to 1.0.
+    eps = dp_sgd_epsilon(
+        noise_multiplier=1e-160, sampling_rate=q, steps=100, delta=1e-5, accounting=accounting
+    )
+    assert eps == math.inf
+
+
+@pytest.mark.parametrize(
+    "event",
+    [GaussianEvent(noise_multiplier=1e-160), PoissonSampledGaussianEvent(1e-160, 0.01)],
+    ids=["gaussian", "poisson"],
+)
+def test_the_accountant_reads_a_vanishing_noise_multiplier_as_infinite_epsilon(event):
+    # Before: the Poisson event reported ε = 0.0 (RDP), the Gaussian one raised about "rho".
+    assert PrivacyAccountant([event]).epsilon(1e-5) == math.inf
+
+
+def test_an_rdp_order_that_failed_to_evaluate_is_skipped_not_read_as_zero():
+    orders, delta = [2.0, 8.0, 32.0], 1e-5
+    # Canonne, Kamath, Steinke 2020, Proposition 12 at the two valid orders, by hand.
+    at_8 = 0.5 + math.log1p(-1 / 8) - math.log(delta * 8) / 7
+    at_32 = 2.0 + math.log1p(-1 / 32) - math.log(delta * 32) / 31
+    assert rdp_to_epsilon(orders, [math.nan, 0.5, 2.0], delta) == pytest.approx(min(at_8, at_32))
+    assert rdp_to_epsilon(orders, [math.nan] * 3, delta) == math.inf
+
+
 # ----------------------------------------------------------------------------- calibration
 
 
@@ -103,6 +140,22 @@ def test_calibrated_sigma_holds_at_full_precision_and_is_tight(target, q, steps)
     # within rtol of the smallest (the bracket's low end is above target on the 1e-3 grid,
     # whose ε is within ~1e-4 relative of the default grid's): a σ 2·rtol lower is over.
     assert dp_sgd_epsilon(noise_multiplier=sigma / (1 + 2 * rtol), **kw) > target
+
+
+def test_calibrated_sigma_meets_the_target_by_dp_accountings_own_accountant():
+    """The returned σ, checked outside dpjax: dp-accounting's PLDAccountant at the full
+    (default 1e-4) grid composes the same T releases to at most the target."""
+    target, delta, q, steps = 1.0, 1e-5, 0.1, 10
+    sigma = calibrate_noise_multiplier(
+        target_epsilon=target, delta=delta, sampling_rate=q, steps=steps
+    )
+    event = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps
+    )
+    relation = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+    direct = dp_accounting.pld.PLDAccountant(relation, 1e-4).compose(event).get_epsilon(delta)
+    assert direct <= target
+    assert direct > target * (1 - 0.01)  # and tight: not a σ far above the smallest
 
 
 def test_calibration_is_cached_and_rdp_still_calibrates():
@@ -217,7 +270,9 @@ def test_truncated_events_serialise_and_convert():
     old = {
         k: v for k, v in event_to_dict(event).items() if k not in ("dataset_size", "max_batch_size")
     }
-    assert event_from_dict(old) == event.untruncated()  # records written before the cap
+    assert event_from_dict(old) == event.untruncated(
+        slack_paid_separately=True
+    )  # records written before the cap
     dp_event, _ = tight.to_dp_event(event, method="pld")
     inner = dp_event.event
     assert isinstance(inner, dp_accounting.TruncatedSubsampledGaussianDpEvent)

@@ -155,6 +155,60 @@ def test_script_help_runs_from_an_empty_directory(script, helps):
     assert list(cwd.iterdir()) == []  # --help writes nothing
 
 
+@pytest.mark.parametrize("script", sorted(PARSERS))
+def test_script_help_is_answered_before_jax_is_imported(script, editable_site, tmp_path):
+    """``--help`` parses before the program's heavy imports (JAX, flax, dp-accounting), so it
+    answers at once; an exit hook reports what the process had loaded."""
+    module, func = SCRIPTS[script].split(":")
+    heavy = ("jax", "flax", "dp_accounting", "scipy", "sklearn")
+    code = (
+        "import atexit, sys\n"
+        f"atexit.register(lambda: print('LOADED', [m for m in {heavy!r} if m in sys.modules]))\n"
+        f"sys.argv[0] = {script!r}\nfrom {module} import {func}\nsys.exit({func}())"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env |= {"PYTHONPATH": str(editable_site), "JAX_PLATFORMS": "cpu"}
+    run = subprocess.run(
+        [sys.executable, "-c", code, "--help"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.rstrip().splitlines()[-1] == "LOADED []"
+
+
+@pytest.mark.parametrize(
+    ("script", "args", "message"),
+    [
+        ("dpjax-experiments", ("bogus",), "argument NAME: invalid choice: 'bogus'"),
+        ("dpjax-experiments", ("all", "--jobs", "0"), "argument --jobs: must be >= 1; got 0"),
+        ("dpjax-bench", ("--repeats", "0"), "argument --repeats: must be >= 1; got 0"),
+        ("dpjax-example-digits", ("--epochs", "x"), "argument --epochs: invalid float value"),
+        ("dpjax-example-distributed", ("--bogus",), "unrecognized arguments: --bogus"),
+    ],
+)
+def test_a_wrong_argument_is_a_usage_error_not_a_traceback(
+    script, args, message, editable_site, tmp_path
+):
+    """argparse's answer (usage, the error, exit code 2) before anything runs or is written."""
+    run = _launch(editable_site, tmp_path, script, *args)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.startswith(f"usage: {script} ") and message in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("script", sorted(PARSERS))
+def test_script_help_is_written_for_users(script, editable_site, tmp_path):
+    """No internal notes in ``--help``: issue numbers, review rounds, lecture references."""
+    text = _launch(editable_site, tmp_path, script, "--help").stdout
+    for word in ("issue", "review", "lecture", "literature.md", ":data:", ":func:", "``"):
+        assert word not in text.lower(), (script, word)
+
+
 def test_scripts_run_from_a_wheel_layout(wheel_site, tmp_path):
     run = _launch(wheel_site, tmp_path, "dpjax-experiments", "--help")
     assert run.returncode == 0, run.stderr

@@ -21,7 +21,7 @@ KW = dict(mu=0.1, epsilon=0.5, delta=1e-5)
     "loss, reason",
     [
         (losses.hinge, "twice differentiable"),
-        (losses.absolute, "median example"),
+        (losses.absolute, "median counterexample"),
         (losses.squared, "Lipschitz on all of"),
     ],
 )

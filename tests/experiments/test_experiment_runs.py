@@ -268,9 +268,13 @@ def test_all_rewrites_the_report_with_every_section(tmp_path, fake_experiments):
     assert list(sections) == ["alpha", "beta"]
 
 
-def test_an_unknown_experiment_fails_before_writing(tmp_path, fake_experiments):
-    with pytest.raises(ValueError, match="experiment must be one of"):
+def test_an_unknown_experiment_fails_before_writing(tmp_path, fake_experiments, capsys):
+    """An unknown name is an argparse error (exit 2, the valid names), not a traceback."""
+    with pytest.raises(SystemExit) as exit_:
         cli.main(["gamma", "--out", str(tmp_path / "out")])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'gamma'" in err and "'alpha'" in err and "'beta'" in err
     assert not (tmp_path / "out").exists()
 
 
@@ -320,6 +324,9 @@ def test_jobs_runs_all_in_worker_processes_and_keeps_the_report_order(tmp_path):
     ]
 
 
-def test_jobs_must_be_positive(tmp_path):
-    with pytest.raises(ValueError, match="--jobs"):
-        cli.main(["all", "--jobs", "0", "--out", str(tmp_path)])
+def test_jobs_must_be_positive(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["all", "--jobs", "0", "--out", str(tmp_path / "out")])
+    assert exit_.value.code == 2
+    assert "argument --jobs: must be >= 1; got 0" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

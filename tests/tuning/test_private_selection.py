@@ -11,6 +11,7 @@ from dp_accounting import dp_event as dp_events
 from scipy import special
 
 from dpjax import events as ev
+from dpjax import tuning
 from dpjax.accounting import PrivacyAccountant
 from dpjax.accounting.selection import repeat_and_select_rdp
 from dpjax.accounting.tight import DEFAULT_RDP_ORDERS
@@ -112,42 +113,55 @@ def test_number_of_trials_has_the_accounted_mean(shape):
         assert draws.min() >= 1
 
 
-def test_selection_picks_the_best_trial_with_fresh_keys():
-    seen = []
+def _num_trials(key, *, mean, shape):
+    """K as private_selection draws it from ``key`` (its first split, on the host)."""
+    return draw_num_trials(tuning._host_rng(jax.random.split(key, 3)[0]), mean=mean, shape=shape)
+
+
+def test_selection_picks_the_best_of_the_first_k_trials_with_fresh_keys():
+    seen, scores = [], []
 
     def train_and_score(key, candidate):
         seen.append(np.asarray(jax.random.key_data(key)).tobytes())
-        return float(candidate), BASE, f"model-{candidate}"
+        scores.append(float(candidate) + 0.01 * len(scores))  # later trials a bit better
+        return scores[-1], BASE, f"model-{candidate}"
 
+    key = jax.random.key(1)
     res = private_selection(
-        jax.random.key(1), [3, 1, 4, 1, 5], train_and_score, mean=20.0, distribution="geometric"
+        key, [3, 1, 4, 1, 5], train_and_score, mean=4.0, base_event=BASE, max_trials=40
     )
-    assert len(seen) == len(set(seen)) >= 1
-    assert res.output == f"model-{res.candidate}" and res.score == float(res.candidate)
-    assert res.event == ev.RepeatAndSelectEvent(BASE, mean=20.0, shape=1.0)
-    assert not hasattr(res, "num_trials")  # K stays secret
+    k = _num_trials(key, mean=4.0, shape=1.0)
+    assert 1 <= k < 40 and len(seen) == len(set(seen)) == 40
+    assert res.score == max(scores[:k]) and res.output == f"model-{res.candidate}"
+    assert res.score != max(scores)  # the trials after the K-th are not candidates
+    assert res.event == ev.RepeatAndSelectEvent(BASE, mean=4.0, shape=1.0, max_trials=40)
+    assert not hasattr(res, "num_trials") and not res.failed  # K stays secret
 
 
 def test_selection_refuses_trials_without_or_with_differing_events():
-    with pytest.raises(ValueError, match="PrivacyEvent of the trial"):
-        private_selection(jax.random.key(0), [1], lambda k, c: (1.0, None), mean=3.0)
-    events = iter([ev.GaussianEvent(2.0), ev.GaussianEvent(3.0)] * 50)
-    with pytest.raises(ValueError, match="same event in every trial"):
-        private_selection(jax.random.key(0), [1], lambda k, c: (1.0, next(events)), mean=50.0)
-    with pytest.raises(ValueError, match="base_event"):
+    with pytest.raises(ValueError, match="same event|base_event"):
         private_selection(
-            jax.random.key(0), [1], lambda k, c: (1.0, BASE), mean=3.0, distribution="poisson"
+            jax.random.key(0), [1], lambda k, c: (1.0, None), mean=3.0, base_event=BASE
         )
+    events = iter([ev.GaussianEvent(2.0), ev.GaussianEvent(3.0)] * 50)
+    with pytest.raises(ValueError, match=r"train_and_score\(...\)\[1\]"):
+        private_selection(
+            jax.random.key(0), [1], lambda k, c: (1.0, next(events)), mean=3.0,
+            base_event=ev.GaussianEvent(2.0), max_trials=20,
+        )  # fmt: skip
     with pytest.raises(ValueError, match="shape"):
         private_selection(
             jax.random.key(0),
             [1],
             lambda k, c: (1.0, BASE),
             mean=3.0,
+            base_event=BASE,
             distribution="truncated_negative_binomial",
         )
     with pytest.raises(ValueError, match="mean"):
-        private_selection(jax.random.key(0), [1], lambda k, c: (1.0, BASE), mean=0.5)
+        private_selection(
+            jax.random.key(0), [1], lambda k, c: (1.0, BASE), mean=0.5, base_event=BASE
+        )
 
 
 def test_poisson_selection_with_no_trial_is_still_charged():
@@ -160,7 +174,9 @@ def test_poisson_selection_with_no_trial_is_still_charged():
             distribution="poisson",
             base_event=BASE,
         )
-        assert res.event == ev.RepeatAndSelectEvent(BASE, mean=1.0, shape=math.inf)
+        assert res.event == ev.RepeatAndSelectEvent(
+            BASE, mean=1.0, shape=math.inf, max_trials=res.event.max_trials
+        )
         if res.candidate is None:
             assert res.score is None
             return
@@ -177,6 +193,13 @@ def test_a_trial_may_be_a_composition_of_events():
     np.testing.assert_allclose(repeat_and_select_rdp(sel)[1], closed, rtol=1e-6)
     assert ev.event_from_dict(ev.event_to_dict(sel)) == sel
     res = private_selection(
-        jax.random.key(2), [1, 2], lambda k, c: (c, [BASE, score_event]), mean=3.0
+        jax.random.key(2),
+        [1, 2],
+        lambda k, c: (c, [BASE, score_event]),
+        mean=3.0,
+        base_event=[BASE, score_event],
+        max_trials=30,
     )
-    assert res.event == ev.RepeatAndSelectEvent((BASE, score_event), mean=3.0, shape=1.0)
+    assert res.event == ev.RepeatAndSelectEvent(
+        (BASE, score_event), mean=3.0, shape=1.0, max_trials=30
+    )

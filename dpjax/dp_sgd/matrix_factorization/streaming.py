@@ -38,6 +38,7 @@ import scipy.linalg
 
 from dpjax import _noise, _validate
 from dpjax.dp_sgd import transforms as _tx
+from dpjax.dp_sgd._finite_sums import refuse_concrete_nonfinite_sums
 
 __all__ = [
     "CorrelatedNoiseState",
@@ -268,7 +269,8 @@ def correlated_noise(
         TypeError: no key. ValueError: a bad strategy, σ < 0, clip ≤ 0; at ``update``
             (when the count is concrete) a step past n, updates not shaped like params, or
             updates batched by a ``jax.vmap`` that the state is not batched by (one noise
-            draw for every row; see :func:`dpjax.dp_sgd.add_gaussian_noise`).
+            draw for every row; see :func:`dpjax.dp_sgd.add_gaussian_noise`), or (eagerly)
+            updates with a NaN/inf entry (as for ``add_gaussian_noise``).
             Under ``jax.jit`` a step past n cannot raise: it returns NaN updates and state
             (nothing computed from it can be released).
 
@@ -311,6 +313,7 @@ def correlated_noise(
 
     def update_fn(updates: Any, state: CorrelatedNoiseState, params: Any = None):
         shapes.check(updates, params)
+        refuse_concrete_nonfinite_sums(updates)
         if _validate.is_concrete(state.count) and int(state.count) >= n:
             _validate.fail(
                 "state.count",

@@ -12,6 +12,8 @@ Modules, from the bottom up (each imports only modules listed before it):
 - ``resume``: ``continue_from`` (``Resuming``, a mixin of the training object): another plan's
   state as a new phase, or the state re-keyed (``key=``) for a re-run from a checkpoint; it
   reads the key check of ``factory`` at call time.
+- ``hooks``: the callbacks of ``fit`` (evaluate on public data, checkpoint, log, stop
+  early) and its lazily accounted history.
 - ``loop``: :class:`PrivateTraining`: the run's keys and states, ``public_state`` and the
   training loop ``fit``.
 - ``inputs``: the checks of ``make_private``'s arguments that need more than a range (σ the
@@ -26,15 +28,31 @@ one that imports it back.
 """
 
 from dpjax.dp_sgd.training.factory import make_private, poisson_schedule
+from dpjax.dp_sgd.training.hooks import (
+    Callback,
+    Checkpoint,
+    CSVLogger,
+    EarlyStopping,
+    Evaluate,
+    FitRun,
+    restore_checkpoint,
+)
 from dpjax.dp_sgd.training.loop import PrivateTraining
 from dpjax.dp_sgd.training.models import nnx_loss
 from dpjax.dp_sgd.training.state import PrivateState, PublicState
 
 __all__ = [
+    "CSVLogger",
+    "Callback",
+    "Checkpoint",
+    "EarlyStopping",
+    "Evaluate",
+    "FitRun",
     "PrivateState",
     "PrivateTraining",
     "PublicState",
     "make_private",
     "nnx_loss",
     "poisson_schedule",
+    "restore_checkpoint",
 ]

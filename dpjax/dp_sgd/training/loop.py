@@ -11,6 +11,7 @@ key for a re-run) :class:`~.resume.Resuming` (its three mixins).
 from __future__ import annotations
 
 import inspect
+import os
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +26,7 @@ from dpjax.dp_sgd._frozen import ReadOnlyAfterInit
 from dpjax.dp_sgd.clipping import clipped_grad
 from dpjax.dp_sgd.matrix_factorization import row_order as _row_order
 from dpjax.dp_sgd.samplers import PoissonSampler
+from dpjax.dp_sgd.training import hooks as _hooks
 from dpjax.dp_sgd.training import ledger as _plan
 from dpjax.dp_sgd.training.accounting import PhaseAccounting
 from dpjax.dp_sgd.training.resume import Resuming
@@ -269,12 +271,19 @@ class PrivateTraining(PhaseAccounting, Stepping, Resuming, ReadOnlyAfterInit):
         steps: int | None = None,
         progress: bool = True,
         log_every: int | None = None,
+        callbacks: list[_hooks.Callback] | None = None,
+        checkpoint_every: int | None = None,
+        checkpoint_dir: str | os.PathLike | None = None,
+        log_to: str | os.PathLike | Callable | None = None,
     ) -> tuple[Any, PrivateState, dict]:
-        """Run the remaining planned steps (or ``steps`` more), with a progress bar.
+        """Run the remaining planned steps (or ``steps`` more), with hooks and a progress bar.
 
-        The bar (tqdm, if installed; otherwise none, silently) shows the mean batch loss and
-        the ε spent, refreshed every ``log_every`` steps (default: 20 refreshes per run; each
-        refresh is one cached accounting call).
+        The bar (tqdm; a warning once per process when it is not installed) shows the mean
+        batch loss, refreshed every ``log_every`` steps (default: 20 refreshes per run), and
+        ε at the end. Hooks (:mod:`dpjax.dp_sgd.training.hooks`): ``callbacks`` run after
+        every step (public evaluations first); ``checkpoint_every``/``checkpoint_dir`` and
+        ``log_to`` add a :class:`~dpjax.dp_sgd.Checkpoint` and a
+        :class:`~dpjax.dp_sgd.CSVLogger`.
 
         Args:
             params: initial parameters.
@@ -285,20 +294,38 @@ class PrivateTraining(PhaseAccounting, Stepping, Resuming, ReadOnlyAfterInit):
             steps: number of steps to run (default: this plan's ``steps`` minus the steps
                 the state already ran under this plan).
             progress: show the bar.
-            log_every: refresh period in steps.
+            log_every: the period in steps of the history, the bar and ``log_to``.
+            callbacks: :class:`~dpjax.dp_sgd.Callback` s, e.g. :class:`~dpjax.dp_sgd.Evaluate`
+                (public data only: ``eval_data_is_public=True`` is required, an evaluation
+                on private data is an unaccounted release) and
+                :class:`~dpjax.dp_sgd.EarlyStopping` (on a public evaluation metric only).
+            checkpoint_every: save every k steps and after the last (with
+                ``checkpoint_dir``): a SECRET state file (key data, mode 0600) and the
+                publishable parameters and :meth:`public_state` beside it.
+            checkpoint_dir: the folder of the checkpoints.
+            log_to: a CSV path, or a callable ``log_to(step, values)`` (your TensorBoard or
+                wandb writer): step, training loss (NOT private), ε and the public
+                evaluation metrics, every ``log_every`` steps.
 
         Returns:
-            ``(params, state, history)``; ``history`` has lists ``step``, ``loss``, ``epsilon``
-            recorded at every refresh (loss is NOT private).
+            ``(params, state, history)``; ``history`` (a dict) has lists ``step`` and
+            ``loss`` recorded every ``log_every`` steps (the loss is NOT private),
+            ``epsilon`` (ε after each recorded step, computed when first read), the public
+            evaluations' lists (``eval_step`` and one per metric), and, when a callback
+            stopped the run early, ``stopped_early`` (the reason) and ``epsilon_guarantee``
+            (the ε of the planned steps: a stopping time chosen from the parameters is
+            post-processing of the full plan, which is the guarantee to report; see
+            :class:`~dpjax.dp_sgd.EarlyStopping`).
 
         Raises:
             ValueError: before any step runs: ``state`` omitted on an object that already
                 ran, a state of another plan (see :meth:`continue_from`), bad ``data``
                 (with ``noise=BandMF``: other rows, or another order, than the run's first
-                step saw; see :meth:`step`), or a run whose final step count would leave no
-                room in δ for the truncation slack. Running past the planned ``steps`` warns
-                once (with ``noise=BandMF``: refused, the factorization has n = ``steps``
-                rows).
+                step saw; see :meth:`step`), a run whose final step count would leave no
+                room in δ for the truncation slack, or a bad hook argument (an evaluation
+                not declared public, an early stop on a private metric, ``checkpoint_every``
+                without ``checkpoint_dir``). Running past the planned ``steps`` warns once
+                (with ``noise=BandMF``: refused, the factorization has n = ``steps`` rows).
         """
         if state is None:
             if self._host["started"]:
@@ -339,28 +366,54 @@ class PrivateTraining(PhaseAccounting, Stepping, Resuming, ReadOnlyAfterInit):
                     f"steps={self.steps}: ε counts all of them",
                     stacklevel=2,
                 )
-        state = self.init(params) if state is None else state
-        data = jax.tree.map(jnp.asarray, data)  # on the device once, not at every step
         every = (
             max(1, todo // 20)
             if log_every is None
             else _validate.positive_int("log_every", log_every)
         )
+        hooks = _hooks.fit_callbacks(
+            callbacks,
+            checkpoint_every=checkpoint_every,
+            checkpoint_dir=checkpoint_dir,
+            log_to=log_to,
+            log_every=every,
+        )
+        hooks.sort(key=lambda hook: not isinstance(hook, _hooks.Evaluate))  # evaluations first
+        state = self.init(params) if state is None else state
+        data = jax.tree.map(jnp.asarray, data)  # on the device once, not at every step
+        history = _hooks.TrainingHistory(
+            {"step": [], "loss": []},
+            lambda t: self._epsilon_of_phases(after(t - done), self.delta),
+        )
+        run = _hooks.FitRun(self, params, state, history, done)
+        run.last_step = done + todo
+        for hook in hooks:
+            hook.on_fit_start(run)
         bar = _progress_bar(todo, progress)
-        history: dict[str, list] = {"step": [], "loss": [], "epsilon": []}
         for i in range(todo):
             params, state, metrics = self.step(params, state, data)
-            if (i + 1) % every == 0 or i + 1 == todo:
+            run.params, run.state, run.metrics, run.step = params, state, metrics, done + i + 1
+            run.public_metrics = {}
+            for hook in hooks:
+                hook.on_step_end(run)
+            if (i + 1) % every == 0 or run.is_last:
                 loss = float(metrics["loss"])
-                eps = self._epsilon_of_phases(after(i + 1), self.delta)
-                history["step"].append(done + i + 1)
+                history["step"].append(run.step)
                 history["loss"].append(loss)
-                history["epsilon"].append(eps)
                 if bar is not None:
-                    bar.set_postfix(loss=f"{loss:.4f}", epsilon=f"{eps:.3f}")
+                    bar.set_postfix(loss=f"{loss:.4f}")
             if bar is not None:
                 bar.update(1)
+            if run.stop_reason is not None:
+                break
+        for hook in hooks:
+            hook.on_fit_end(run)
+        if run.stop_reason is not None and run.step < run.last_step:
+            history["stopped_early"] = run.stop_reason
+            history["epsilon_guarantee"] = self._epsilon_of_phases(after(todo), self.delta)
         if bar is not None:
+            if todo:
+                bar.set_postfix(loss=f"{history['loss'][-1]:.4f}", epsilon=f"{run.epsilon:.3f}")
             bar.close()
         return params, state, history
 
@@ -382,11 +435,17 @@ def _wants_rng(loss_fn: Callable) -> bool:
 
 
 def _progress_bar(total: int, enabled: bool) -> Any:
-    """A tqdm bar, or None when disabled or tqdm is not installed (optional dependency)."""
+    """A tqdm bar, or None when disabled or when tqdm is not installed (then a warning, once:
+    tqdm is an optional dependency, installed by the ``experiments`` extra)."""
     if not enabled:
         return None
     try:
-        from tqdm import tqdm
+        from tqdm import tqdm  # noqa: PLC0415 (optional dependency)
     except ImportError:
+        warnings.warn(
+            "fit(progress=True) shows a progress bar only with tqdm installed "
+            "(pip install tqdm, or the experiments extra); pass progress=False to silence this",
+            stacklevel=3,
+        )
         return None
     return tqdm(total=total, desc="DP-SGD", unit="step")

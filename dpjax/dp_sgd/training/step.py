@@ -12,7 +12,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from dpjax import _validate
 from dpjax.dp_sgd import adaptive_clip
@@ -192,7 +191,7 @@ class Stepping:
             updates, opt_state = self._tx.update(clipped_sum, opt, params, centred_count=centred)
         else:
             updates, opt_state = self._tx.update(clipped_sum, opt, params)
-        params = optax.apply_updates(params, updates)
+        params = _apply_updates(params, updates)
         if digest is not None:  # banded MF: another row order voids the step (NaN)
             record = _row_order.record_of(opt)
             opt_state, ok = _row_order.checked_in_graph(count, opt_state, record, digest)
@@ -270,3 +269,33 @@ class Stepping:
         if rho < 1.0:
             clipped_sum = jax.tree.map(lambda x: x * jnp.asarray(rho, x.dtype), clipped_sum)
         return clipped_sum, stats
+
+
+def _apply_updates(params: Any, updates: Any) -> Any:
+    """``params + updates`` added in the wider of the two dtypes and cast ONCE to the params'.
+
+    The noisy update of float16/bfloat16 parameters arrives in float32 (clipped sum, noise and
+    normaliser are float32); adding it to the parameters promoted to float32 and rounding the
+    result once keeps it finite wherever the new parameters are, also under
+    ``jax_numpy_dtype_promotion="strict"`` (where ``optax.apply_updates`` refuses the mix).
+    """
+
+    def add(p: Any, u: Any) -> Any:
+        if p is None:
+            return None
+        p_dtype = jnp.result_type(p)
+        wide = _wider_float(p_dtype, jnp.result_type(u))
+        return (jnp.asarray(p, wide) + jnp.asarray(u, wide)).astype(p_dtype)
+
+    return jax.tree.map(add, params, updates, is_leaf=lambda x: x is None)
+
+
+def _wider_float(a: Any, b: Any) -> Any:
+    """The float dtype of more bits of ``a`` and ``b`` (float32 for float16 with bfloat16)."""
+    a, b = jnp.dtype(a), jnp.dtype(b)
+    if a == b:
+        return a
+    bits_a, bits_b = jnp.finfo(a).bits, jnp.finfo(b).bits
+    if bits_a == bits_b:
+        return jnp.dtype(jnp.float32)
+    return a if bits_a > bits_b else b
