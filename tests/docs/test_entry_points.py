@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import pathlib
 import shutil
@@ -51,71 +50,6 @@ def _launch(site: pathlib.Path, cwd: pathlib.Path, script: str, *args: str):
     )
 
 
-# Every script's ``--help`` from ONE interpreter: it imports dpjax once (jax, numpy, scipy,
-# optax: ~3 s of CPU, what every launcher imports first; no JAX backend starts on import), then
-# forks one child per script. Each child enters its own empty directory and runs the launcher's
-# import-and-call, so the script's own imports (dpjax._cli, the program) happen fresh in each
-# child. Four scripts, one interpreter start: ~8 s of CPU less than four fresh interpreters.
-_FORKED_HELPS = r"""
-import json, os, sys
-import dpjax  # noqa: F401
-for script, module, func, cwd, out, err, status in json.loads(sys.argv[1]):
-    pid = os.fork()
-    if pid == 0:
-        os.chdir(cwd)
-        os.dup2(os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 1)
-        os.dup2(os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
-        sys.argv = [script, "--help"]
-        try:
-            code = getattr(__import__(module, fromlist=[func]), func)()
-        except SystemExit as exit_:
-            code = exit_.code
-        except BaseException:
-            import traceback
-            traceback.print_exc()
-            code = 1
-        if code is not None and not isinstance(code, int):
-            print(code, file=sys.stderr)
-            code = 1
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code or 0)
-    with open(status, "w") as f:
-        f.write(str(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])))
-"""
-
-
-def _helps_in_one_interpreter(site: pathlib.Path, root: pathlib.Path, scripts) -> dict:
-    """``script --help`` for every script, as pip's launcher runs it (see _FORKED_HELPS)."""
-    jobs, runs = [], {}
-    for script in scripts:
-        module, func = SCRIPTS[script].split(":")
-        cwd = root / script
-        cwd.mkdir()
-        files = [str(root / f"{script}.{kind}") for kind in ("out", "err", "status")]
-        jobs.append([script, module, func, str(cwd), *files])
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env |= {"PYTHONPATH": str(site), "JAX_PLATFORMS": "cpu"}
-    parent_cwd = root / "parent"
-    parent_cwd.mkdir()
-    launcher = subprocess.run(
-        [sys.executable, "-c", _FORKED_HELPS, json.dumps(jobs)],
-        cwd=parent_cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert launcher.returncode == 0, launcher.stderr
-    for script, _, _, cwd, out, err, status in jobs:
-        text = {p: pathlib.Path(p).read_text() for p in (out, err, status)}
-        runs[script] = (
-            subprocess.CompletedProcess(script, int(text[status]), text[out], text[err]),
-            pathlib.Path(cwd),
-        )
-    return runs
-
-
 @pytest.fixture(scope="module")
 def editable_site(tmp_path_factory) -> pathlib.Path:
     """A site folder holding only a link to this checkout's dpjax (like `pip install -e .`)."""
@@ -142,9 +76,13 @@ def test_every_program_has_a_console_script():
 
 @pytest.fixture(scope="module")
 def helps(editable_site, tmp_path_factory) -> dict:
-    """Every script's ``--help`` (editable layout), each from its own empty directory."""
-    root = tmp_path_factory.mktemp("helps")
-    return _helps_in_one_interpreter(editable_site, root, sorted(PARSERS))
+    """Every script's ``--help`` (editable layout), each from its own empty directory: one
+    launch per script, read by the tests of what --help prints."""
+    runs = {}
+    for script in sorted(PARSERS):
+        cwd = tmp_path_factory.mktemp(f"help_{script}")
+        runs[script] = (_launch(editable_site, cwd, script, "--help"), cwd)
+    return runs
 
 
 @pytest.mark.parametrize("script", sorted(PARSERS))
@@ -202,9 +140,9 @@ def test_a_wrong_argument_is_a_usage_error_not_a_traceback(
 
 
 @pytest.mark.parametrize("script", sorted(PARSERS))
-def test_script_help_is_written_for_users(script, editable_site, tmp_path):
+def test_script_help_is_written_for_users(script, helps):
     """No internal notes in ``--help``: issue numbers, review rounds, lecture references."""
-    text = _launch(editable_site, tmp_path, script, "--help").stdout
+    text = helps[script][0].stdout
     for word in ("issue", "review", "lecture", "literature.md", ":data:", ":func:", "``"):
         assert word not in text.lower(), (script, word)
 
