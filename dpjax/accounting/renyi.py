@@ -109,8 +109,8 @@ def rdp_to_epsilon(orders: Sequence[float], curve: Sequence[float], delta: float
 def _rdp_relation(events: Sequence[ev.PrivacyEvent]) -> dp_accounting.NeighboringRelation:
     """The dp-accounting relation to compose ``events`` in (validating each for RDP)."""
     # dp-accounting's RDP treats Gaussian/Laplace events as a unit shift under every relation
-    # (tested in tests/test_accounting_tight.py), so the unit-shift events compose correctly in
-    # the replace-one accountant that independently sampled fixed-batch events need.
+    # (tested in tests/accounting/test_tight_dp_sgd.py), so the unit-shift events compose
+    # correctly in the replace-one accountant that independently sampled fixed-batch events need.
     rels = {to_dp_event(e, method="rdp")[1] for e in events}
     if dp_accounting.NeighboringRelation.REPLACE_ONE in rels:
         return dp_accounting.NeighboringRelation.REPLACE_ONE

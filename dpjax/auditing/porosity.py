@@ -208,7 +208,7 @@ def discrete_laplace_support(
     realised law is the discrete Laplace law, under which every magnitude has positive
     probability; the support is the set of grid points where the exact law
     (:func:`dpjax.auditing.exact.discrete_laplace_law`, in log space) is > 0 — the whole grid
-    gℤ ∩ [−B, B] for every f (tests/exact/test_exact_integer_noise.py ties the law to the
+    gℤ ∩ [−B, B] for every f (tests/mechanisms/test_exact_integer_samplers.py ties the law to the
     code).
     """
     r = discrete.discrete_laplace_ratio(

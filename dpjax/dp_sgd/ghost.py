@@ -33,10 +33,10 @@ non-private gradient for the MLP 784-512-512-10, the CNN and logistic regression
 against 7–80× for the vmap path; memory stays near the non-private step.
 
 This module is the ``backend="ghost"`` path of :func:`dpjax.clipped_grad`; the result equals the
-vmap path up to float rounding (tested in ``tests/test_ghost.py``). Under overflow the two can
-differ: an example whose float32 per-example gradient overflows is dropped by vmap (non-finite),
-while ghost computes its norm from a and g in the wide dtype and keeps it, clipped; either way
-its contribution is at most C.
+vmap path up to float rounding (tested in ``tests/dp_sgd/test_ghost.py``). Under overflow the
+two can differ: an example whose float32 per-example gradient overflows is dropped by vmap
+(non-finite), while ghost computes its norm from a and g in the wide dtype and keeps it,
+clipped; either way its contribution is at most C.
 
 Certified norms. The clip factor is ``min(1, C/(U·(1+η)))`` with U an upper bound of the norm
 of what the sum receives, computed in the wide dtype (float64 under x64, else float32; integer

@@ -341,7 +341,7 @@ def _fusion_barrier(updates: Any) -> Any:
     (measured for the MLP 784-512-512-10 at batch 1024 with ``jax.random.normal``,
     18.5 ms per jitted DP step without it and 11.3 ms with it; ``python -m benchmarks``
     times the step with and without it as ``dpjax`` / ``dpjax_nobarrier``). It changes no
-    value: the same key gives bit-identical noisy sums (tests/test_transforms.py).
+    value: the same key gives bit-identical noisy sums (tests/dp_sgd/test_noise_transforms.py).
     """
     return jax.lax.optimization_barrier(updates)
 

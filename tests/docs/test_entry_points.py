@@ -74,12 +74,23 @@ def test_every_program_has_a_console_script():
     assert all(target.startswith("dpjax._cli:") for target in SCRIPTS.values())
 
 
+@pytest.fixture(scope="module")
+def helps(editable_site, tmp_path_factory) -> dict:
+    """Every script's ``--help`` (editable layout), each from its own empty directory: one
+    launch per script, read by the tests of what --help prints."""
+    runs = {}
+    for script in sorted(PARSERS):
+        cwd = tmp_path_factory.mktemp(f"help_{script}")
+        runs[script] = (_launch(editable_site, cwd, script, "--help"), cwd)
+    return runs
+
+
 @pytest.mark.parametrize("script", sorted(PARSERS))
-def test_script_help_runs_from_an_empty_directory(script, editable_site, tmp_path):
-    run = _launch(editable_site, tmp_path, script, "--help")
+def test_script_help_runs_from_an_empty_directory(script, helps):
+    run, cwd = helps[script]
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith(f"usage: {script} "), run.stdout[:200]
-    assert list(tmp_path.iterdir()) == []  # --help writes nothing
+    assert list(cwd.iterdir()) == []  # --help writes nothing
 
 
 @pytest.mark.parametrize("script", sorted(PARSERS))
@@ -129,9 +140,9 @@ def test_a_wrong_argument_is_a_usage_error_not_a_traceback(
 
 
 @pytest.mark.parametrize("script", sorted(PARSERS))
-def test_script_help_is_written_for_users(script, editable_site, tmp_path):
+def test_script_help_is_written_for_users(script, helps):
     """No internal notes in ``--help``: issue numbers, review rounds, lecture references."""
-    text = _launch(editable_site, tmp_path, script, "--help").stdout
+    text = helps[script][0].stdout
     for word in ("issue", "review", "lecture", "literature.md", ":data:", ":func:", "``"):
         assert word not in text.lower(), (script, word)
 
