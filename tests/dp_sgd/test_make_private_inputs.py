@@ -141,7 +141,9 @@ def test_fit_refuses_non_positive_steps_by_name():
     assert np.isfinite(p.epsilon(3))
 
 
-@pytest.mark.parametrize("wrapper", ["multi_transform", "masked"])
+@pytest.mark.parametrize(
+    "wrapper", ["masked", pytest.param("multi_transform", marks=pytest.mark.slow)]
+)
 def test_continue_from_keeps_masked_optimizers(wrapper):
     """``optax.multi_transform`` / ``optax.masked`` inside make_private (the advertised way to
     freeze parameters) hold ``MaskedNode`` placeholders in parameter-shaped trees: they are not

@@ -182,7 +182,8 @@ def boundary_words(threshold, k):
     return np.array(sorted(w for w in ws if 0 <= w < WORDS), dtype=np.uint32)
 
 
-@pytest.mark.parametrize("k", [2, 3, 4, 5])
+# the smallest and the largest k by default; k = 3, 4 (the same code path) in the slow run.
+@pytest.mark.parametrize("k", [2, 5] + [pytest.param(k, marks=pytest.mark.slow) for k in (3, 4)])
 def test_randomized_response_law_rederived_from_the_code_path(k):
     """Catches randomized response's realised law drifting from independently derived weights."""
     for eps in EPSILONS:
