@@ -44,6 +44,7 @@ import optax
 from dpjax import _noise, _random, _validate
 from dpjax.dp_sgd import _vmap_guard
 from dpjax.dp_sgd._finite_sums import refuse_concrete_nonfinite_sums
+from dpjax.mechanisms._scale import GAUSSIAN_SUPPORT
 
 __all__ = [
     "NoiseState",
@@ -402,8 +403,9 @@ def add_gaussian_noise(stddev: float, *, key: jax.Array) -> optax.GradientTransf
 
     Raises:
         TypeError: no key / not a key. ValueError: negative or non-finite stddev; at
-            ``update``: a leaf whose dtype cannot hold the noise (9.155·stddev ≥ its largest
-            value: float16 with stddev ≥ 7155; pass float32 sums), updates not shaped like
+            ``update``: a leaf whose dtype cannot hold the noise (9.2·stddev, an upper bound of
+            the sampler's support, ≥ its largest value: float16 with stddev ≥ 7120; pass
+            float32 sums), updates not shaped like
             ``params`` (with ``params`` omitted: like the
             params given to ``init`` in this process; omitted with no ``init``: refused), or
             updates batched by a ``jax.vmap`` that the state is not batched by (per-example
@@ -453,12 +455,8 @@ def add_gaussian_noise(stddev: float, *, key: jax.Array) -> optax.GradientTransf
     return optax.GradientTransformation(init_fn, update_fn)
 
 
-#: The largest |Z| the N(0, 1) sampler returns (Φ̄⁻¹(2⁻⁶⁵), see :mod:`dpjax._random`).
-NORMAL_SUPPORT = 9.155
-
-
 def _refuse_noise_beyond_dtype(updates: Any, stddev: float) -> None:
-    """Refuse updates whose dtype cannot hold the noise (e.g. float16 with σ·C ≥ 7155).
+    """Refuse updates whose dtype cannot hold the noise (e.g. float16 with σ·C ≥ 7120).
 
     The noise is drawn and added in float32 and the noisy sum cast back to each leaf's dtype;
     a leaf of float16 (largest value 65504) would turn every draw beyond its range into ±inf
@@ -467,12 +465,12 @@ def _refuse_noise_beyond_dtype(updates: Any, stddev: float) -> None:
     for leaf in jax.tree.leaves(updates):
         dtype = _noise.float_dtype_of(leaf)
         top = float(jnp.finfo(dtype).max)
-        if NORMAL_SUPPORT * stddev >= top:
+        if GAUSSIAN_SUPPORT * stddev >= top:
             _validate.fail(
                 "stddev",
                 stddev,
-                f"below {top / NORMAL_SUPPORT:.6g} for {jnp.dtype(dtype).name} updates "
-                f"(noise up to {NORMAL_SUPPORT}·stddev is added in float32 and cast back to the "
+                f"below {top / GAUSSIAN_SUPPORT:.6g} for {jnp.dtype(dtype).name} updates "
+                f"(noise up to {GAUSSIAN_SUPPORT}·stddev is added in float32 and cast back to the "
                 f"update's dtype, whose largest value is {top:.6g}: it would become inf); pass "
                 "the clipped sum in float32 (clipped_grad returns float32 sums for "
                 "float16/bfloat16 parameters) and let optax.apply_updates cast the update once",

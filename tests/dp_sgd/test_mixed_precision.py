@@ -35,7 +35,7 @@ def test_noise_a_float16_update_cannot_hold_is_refused():
         tx.update(u, tx.init(u), u)
     with pytest.raises(ValueError, match="stddev"):
         jax.jit(tx.update)(u, tx.init(u), u)
-    assert 9.155 * 7000.0 < FP16_MAX  # just below the bound: accepted and finite
+    assert 9.2 * 7000.0 < FP16_MAX  # just below the bound: accepted and finite
     tx = add_gaussian_noise(7000.0, key=jax.random.key(0))
     noisy, _ = tx.update(u, tx.init(u), u)
     assert noisy.dtype == jnp.float16 and bool(jnp.all(jnp.isfinite(noisy)))
