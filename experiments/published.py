@@ -308,13 +308,82 @@ def _time_section(measured: list[dict]) -> list[str]:
     ]
 
 
+PLOT_FILE = "published.png"
+
+
+def plot_points(measured: list[dict]) -> list[dict]:
+    """The points of the accuracy-against-ε plot: every paper's (ε, accuracy) with a finite ε,
+    and dpjax's measured rows at dpjax's ε (full protocol: mean and 95% CI; reduced scale:
+    the one run, marked reduced)."""
+    from experiments.erm_adult import mean_ci
+
+    by_key = {row["key"]: row for row in measured}
+    points = []
+    for row in ROWS:
+        if row["epsilon"] is None:
+            continue
+        name = f"{row['model']} ({row['paper']})"
+        points.append(dict(dataset=row["dataset"], source="paper", label=name,
+                           epsilon=row["epsilon"], accuracy=row["published"]))  # fmt: skip
+        got = by_key.get(row["key"])
+        if got is not None:
+            mean, low, high = mean_ci(got["accuracies"])
+            points.append(dict(dataset=row["dataset"], source="dpjax", label=name,
+                               epsilon=got["epsilon"], accuracy=mean, low=low,
+                               high=high))  # fmt: skip
+        timed = by_key.get(row.get("time_key"))
+        if got is None and timed is not None:
+            mine = timed["frameworks"]["dpjax"]
+            points.append(dict(dataset=row["dataset"], source="dpjax, reduced", label=name,
+                               epsilon=mine["epsilon"], accuracy=mine["accuracy"]))  # fmt: skip
+    return points
+
+
+def plot(path: pathlib.Path, measured: list[dict]) -> str | None:
+    """Accuracy against ε, one panel per data set: the papers' points (open) and dpjax's
+    (filled, 95% CI bars; crosses for reduced-scale runs). None without matplotlib."""
+    from experiments.report import _plt
+
+    plt = _plt()
+    if plt is None:
+        return None
+    points = plot_points(measured)
+    datasets = list(dict.fromkeys(p["dataset"] for p in points))
+    labels = list(dict.fromkeys(p["label"] for p in points))
+    fig, axes = plt.subplots(1, len(datasets), figsize=(5.2 * len(datasets), 4), squeeze=False)
+    for ax, dataset in zip(axes[0], datasets, strict=True):
+        for p in (p for p in points if p["dataset"] == dataset):
+            color = f"C{labels.index(p['label'])}"
+            if p["source"] == "paper":
+                ax.plot(p["epsilon"], p["accuracy"], "o", mfc="none", color=color, ms=8,
+                        label=f"{p['label']}: paper")  # fmt: skip
+            elif p["source"] == "dpjax":
+                ax.errorbar(p["epsilon"], p["accuracy"], capsize=3, fmt="o", color=color,
+                            yerr=[[p["accuracy"] - p["low"]], [p["high"] - p["accuracy"]]],
+                            label=f"{p['label']}: dpjax (95% CI)")  # fmt: skip
+            else:
+                ax.plot(p["epsilon"], p["accuracy"], "x", color=color, ms=8,
+                        label=f"{p['label']}: dpjax, reduced scale")  # fmt: skip
+        ax.set_xscale("log")
+        ax.set_xlabel("ε at δ = 1e-5 (paper: its accountant; dpjax: PLD)")
+        ax.set_title(dataset)
+        ax.legend(fontsize=6, loc="lower right")
+    axes[0][0].set_ylabel("test accuracy %")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return pathlib.Path(path).name
+
+
 def run(out_dir: pathlib.Path, *, full: bool = False, seed: int = 0):
     """Render the table from :data:`RESULTS_FILE` (nothing is trained; ``full`` and ``seed`` are
     accepted for the common interface)."""
     del full, seed
     measured = load_results()
     pathlib.Path(out_dir).mkdir(parents=True, exist_ok=True)
-    return dict(report_md=markdown(measured),
+    name = plot(pathlib.Path(out_dir) / PLOT_FILE, measured)
+    figure = f"\n![accuracy against ε: the papers' points and dpjax's]({name})\n" if name else ""
+    return dict(report_md=markdown(measured) + figure,
                 verdict=f"{len(measured)} measured rows, {len(ROWS)} rows in all")  # fmt: skip
 
 

@@ -56,8 +56,10 @@ def test_the_section_reads_the_committed_file(tmp_path, monkeypatch):
     results = tmp_path / "published_results.json"
     published.record(_scatternet_json(tmp_path / "scatternet.json"), results_file=results)
     monkeypatch.setattr(published, "RESULTS_FILE", results)
+    monkeypatch.setattr(published, "plot", lambda path, measured: path.name)  # tested below
     summary = published.run(tmp_path / "out")
     assert summary["report_md"].startswith(published.TITLE)
+    assert f"]({published.PLOT_FILE})" in summary["report_md"]
     assert "98.68 ± 0.04" in summary["report_md"]
     assert summary["verdict"].startswith("1 measured rows")
     assert "published" in registry.ORDER
@@ -136,3 +138,22 @@ def test_record_refuses_an_unknown_results_file(tmp_path):
     other.write_text("{}")
     with pytest.raises(ValueError, match="opacus_mnist.json"):
         published.record(other, results_file=tmp_path / "r.json")
+
+
+def test_the_plot_has_every_papers_point_and_dpjaxs_at_its_own_epsilon(tmp_path):
+    """One point per paper row with a finite ε (the non-private baseline has none), dpjax's
+    full rows at their mean and CI, the reduced-scale run marked as such; the PNG is written."""
+    results = tmp_path / "published_results.json"
+    published.record(_scatternet_json(tmp_path / "scatternet.json"), results_file=results)
+    published.record(_opacus_mnist_json(tmp_path / "opacus_mnist.json"), results_file=results)
+    points = published.plot_points(published.load_results(results))
+    papers = [p for p in points if p["source"] == "paper"]
+    assert len(papers) == sum(row["epsilon"] is not None for row in published.ROWS) == 9
+    (full,) = [p for p in points if p["source"] == "dpjax"]
+    assert full["epsilon"] == 2.41 and full["low"] < full["accuracy"] == 98.68 < full["high"]
+    (reduced,) = [p for p in points if p["source"] == "dpjax, reduced"]
+    assert (reduced["epsilon"], reduced["accuracy"]) == (0.41, 90.12)
+    assert "end-to-end tanh CNN" in reduced["label"]
+    pytest.importorskip("matplotlib")
+    assert published.plot(tmp_path / "p.png", published.load_results(results)) == "p.png"
+    assert (tmp_path / "p.png").stat().st_size > 1000
