@@ -131,6 +131,10 @@ def test_time_to_accuracy_rows_fill_the_cnn_row_and_the_side_by_side_table(tmp_p
     assert "| opacus | 88.76 | 0.400 (Opacus prv) |" in timing[3] and "| 210 s |" in timing[3]
     assert "### Time to accuracy" in published.markdown(measured)
     assert "### Time to accuracy" not in published.markdown(measured[:1])
+    # the measured reason for not running the paper's protocol: 150 CPU-s for 1.007 epoch,
+    # scaled to 40 epochs × 3 seeds = 150·120/1.007 s = 4.97 h of CPU; wall 90 s → 2.98 h
+    (reason,) = [ln for ln in published.projections(measured) if ln]
+    assert "≈ 5.0 h of CPU, ≈ 3.0 h wall" in reason and reason.startswith("- tb_cnn")
 
 
 def test_record_refuses_an_unknown_results_file(tmp_path):
