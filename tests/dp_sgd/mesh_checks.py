@@ -110,12 +110,13 @@ def make_private_step(shape):
     from dpjax.dp_sgd import sharded
 
     params, x, y = problem()
+    x, y = jax.numpy.tile(x, (8, 1)), jax.numpy.tile(y, 8)  # 128 records
     layout = sharded.mesh_layout(make_mesh(shape), specs())
     private = dpjax.make_private(
         lambda p, ex: loss(p, ex["x"], ex["y"]),
         optimizer=optax.sgd(0.5),
         l2_clip_norm=CLIP,
-        dataset_size=BATCH,
+        dataset_size=8 * BATCH,
         batch_size=8,
         steps=2,
         noise_multiplier=1.0,
