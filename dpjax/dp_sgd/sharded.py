@@ -21,7 +21,7 @@ then the devices' rounded sums added in device order by a double-float tree), ex
 the global padded batch with ``stages=2`` and depth ⌈log2 B⌉ + 1 + ⌈log2 B⌉ + 1 + 2 — the depth
 bound of ANY split of the B rows over the data axis, so f depends on B and the dtype only, not
 on the mesh shape (:meth:`ShardedClippedGrad.summation_shrink`; float32, B = 256:
-f = 0.99995). The model axis does not enter f: every coordinate of the sum lives on one model
+f = 0.99994). The model axis does not enter f: every coordinate of the sum lives on one model
 shard and is summed over examples only. It enters the norm bound instead: the squared norm of
 an example is a sum over its shards' partial sums, bounded with γ_n for the n = (leaves ×
 model shards) partial sums whatever the order (Higham, Lemma 3.1); the order is fixed anyway
@@ -226,7 +226,7 @@ class ShardedClippedGrad(ReadOnlyAfterInit):
             >>> grad_fn = sharded.sharded_clipped_grad(
             ...     dpjax.clipped_grad(lambda p, x: (p["w"] * x) ** 2, l2_clip_norm=1.0), layout)
             >>> round(grad_fn.summation_shrink(256), 5)
-            0.99995
+            0.99994
         """
         rows = _validate.positive_int("batch_rows", batch_rows)
         dt = jnp.dtype(dtype)

@@ -224,3 +224,17 @@ def test_make_private_refuses_micro_batches_on_a_mesh():
             physical_batch_size=2,
             layout=layout,
         )
+
+
+def test_the_shrink_factor_is_the_same_on_every_mesh_shape_and_covers_two_roundings():
+    """f is certified for the depth of any split of the rows: one value for every mesh."""
+    base = dpjax.clipped_grad(lambda p, x: jnp.sum(p["w"] * x), l2_clip_norm=1.0)
+    shrinks = {
+        shape: sharded.sharded_clipped_grad(
+            base, sharded.mesh_layout(_mesh(shape), {"w": P("model")})
+        ).summation_shrink(256)
+        for shape in [(1, 1), (4, 1), (2, 2), (1, 4)]
+    }
+    assert len(set(shrinks.values())) == 1
+    two_roundings = _certified.summation_shrink(256, stages=2, depth=2 * (8 + 1) + 2)
+    assert shrinks[(1, 1)] == two_roundings < base.summation_shrink(256) < 1.0
