@@ -16,11 +16,12 @@ The full run (no --quick) adds the vmap paths and a peak-memory process per meth
 with the throughput of the exact integer samplers and of the sound Gaussian sampler against
 `jax.random.normal` (target <= 1.3 x).
 
-Three other sections run instead of the table: --startup (time to first result: `import dpjax`,
+Four other sections run instead of the table: --startup (time to first result: `import dpjax`,
 each console script's --help, the README's make_private block; startup.{json,md}),
 --construction (CPU time of building make_private; construction.{json,md}), and --accounting
 (CPU time of the accountant, 1000 recorded steps -> epsilon, and of make_private at a target
-epsilon; accounting.{json,md}).
+epsilon; accounting.{json,md}), and --mechanisms (scalar Gaussian and Laplace releases per
+second, jit(vmap) over distinct keys and batched; mechanisms.{json,md}).
 """
 
 from __future__ import annotations
@@ -278,6 +279,14 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         "README's make_private block, in fresh processes: startup.json and startup.md",
     )
     parser.add_argument(
+        "--mechanisms",
+        action="store_true",
+        help="only time scalar releases per second of the Gaussian and Laplace mechanisms "
+        "(jit(vmap) over distinct keys, with and without the key guard, and one batched call; "
+        "100 000 rows, median of --repeats rounds, default 7): mechanisms.json and "
+        "mechanisms.md",
+    )
+    parser.add_argument(
         "--accounting",
         action="store_true",
         help="only time the accountant (1000 recorded DP-SGD steps -> epsilon) and make_private "
@@ -298,6 +307,11 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         from benchmarks.startup import run
 
         return run(args.out, repeats=args.repeats or 5)
+    if args.mechanisms:
+        from benchmarks import mechanisms
+
+        mechanisms.run(args.out, args.repeats or 7)
+        return 0
     if args.accounting:
         from benchmarks import accounting
 
