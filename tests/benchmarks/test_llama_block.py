@@ -71,3 +71,12 @@ def test_torch_twin_computes_the_same_per_sequence_losses(tiny):
         got = torch_side.SequenceMSE("none")(out, torch.tensor(np.asarray(ys))).numpy()
     want = jax.vmap(model.loss, in_axes=(None, 0, 0))(params, xs, ys)
     np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+@pytest.mark.slow  # compiles; the non-private step's batched loss is the per-example mean
+def test_batched_loss_is_the_mean_of_the_per_example_losses(tiny):
+    model, params, xs, ys = tiny
+    per_example = jax.jit(jax.vmap(model.loss, in_axes=(None, 0, 0)))(params, xs, ys)
+    np.testing.assert_allclose(
+        jax.jit(model.batch_loss)(params, xs, ys), per_example.mean(), rtol=1e-5
+    )
