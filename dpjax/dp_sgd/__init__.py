@@ -40,6 +40,7 @@ from dpjax.dp_sgd.adaptive_clip import (
     accounted_noise_multiplier,
     effective_noise_multiplier,
 )
+from dpjax.dp_sgd.balls_in_bins import BallsInBinsSampler
 from dpjax.dp_sgd.clipping import ClippedGrad, ClippingInfo, clip_pytree, clipped_grad
 from dpjax.dp_sgd.distributed import DataParallelClippedGrad, data_parallel, replicate
 from dpjax.dp_sgd.matrix_factorization.config import BandMF, CyclicPoissonSampler
@@ -55,7 +56,6 @@ from dpjax.dp_sgd.optimizers import (
     laplace_dp_sgd_optimizer,
     noise_releases,
 )
-from dpjax.dp_sgd.balls_in_bins import BallsInBinsSampler
 from dpjax.dp_sgd.samplers import (
     PaddedBatch,
     PoissonSampler,
