@@ -8,7 +8,8 @@ Method (the Monte Carlo accountants of Wang, Mahloujifar, Wu, Jia, Mittal 2023, 
 approach to tight privacy accounting", https://arxiv.org/abs/2304.07927, and Chua et al. 2024,
 "Balls-and-bins sampling for DP-SGD", https://arxiv.org/abs/2412.16802): for a pair (P, Q)
 with privacy loss L = ln(dP/dQ), δ(ε) = E_{X∼P}[(1 − e^{ε − L(X)})₊] (hockey-stick
-divergence), a mean of variables in [0, 1]; both directions (P‖Q and Q‖P) are estimated and the larger is used.
+divergence), a mean of variables in [0, 1]; both directions (P‖Q and Q‖P) are estimated
+and the larger is used.
 """
 
 from __future__ import annotations
