@@ -185,12 +185,12 @@ class BallsInBinsSampler(ReadOnlyAfterInit):
         bins = jax.random.randint(bin_key, (n,), 0, t, dtype=jnp.int32)
         perm = jax.random.permutation(order_key, n).astype(jnp.int32)
         order = jnp.argsort(bins[perm], stable=True)  # by bin; random order inside a bin
-        by_bin = perm[order]
-        counts = jnp.bincount(bins, length=t)
-        starts = jnp.cumsum(counts) - counts
+        by_bin = perm[order].astype(jnp.int32)
+        counts = jnp.bincount(bins, length=t).astype(jnp.int32)
+        starts = jnp.cumsum(counts, dtype=jnp.int32) - counts
         slot = jnp.arange(m, dtype=jnp.int32)
         mask = slot[None, :] < counts[:, None]  # the first m of a bin in random order are kept
-        position = jnp.minimum(starts[:, None] + slot[None, :], n - 1)
+        position = jnp.minimum(starts[:, None] + slot[None, :], jnp.int32(n - 1))
         indices = jnp.where(mask, by_bin[position], 0).astype(jnp.int32)
         return PaddedBatch(indices, mask)
 

@@ -78,6 +78,17 @@ def test_conservative_bound_holds_for_the_exact_epoch_curve(t, sigma):
     assert any(too_optimistic)
 
 
+def test_poisson_at_rate_one_over_t_understates_the_epoch():
+    """The shortcut 'account balls-in-bins as Poisson sampling at q = 1/t' is not an upper
+    bound: at t = 2, σ = 0.8 the exact epoch curve has ε₀ = 0.25 at δ ≈ 0.30, Poisson claims
+    less."""
+    d = _exact_delta(0.8, 2, 0.25)
+    poisson = ev.PoissonSampledGaussianEvent(noise_multiplier=0.8, sampling_rate=0.5, count=2)
+    assert PrivacyAccountant([poisson]).epsilon(d) < 0.2
+    event = ev.BallsInBinsGaussianEvent(noise_multiplier=0.8, steps_per_epoch=2, count=2)
+    assert PrivacyAccountant([event]).epsilon(d) >= 0.25
+
+
 def test_epochs_compose_as_gaussian_releases():
     e = ev.BallsInBinsGaussianEvent(noise_multiplier=2.0, steps_per_epoch=10, count=25)
     assert e.epochs == 3 and not ev.count_is_additive(e)
