@@ -62,9 +62,11 @@ class BallsInBinsSampler(ReadOnlyAfterInit):
         mechanism; Dong, Roth & Su 2022, "Gaussian differential privacy", Theorem 2.7 with
         adaptive composition Corollary 3.3, https://arxiv.org/abs/1905.02383). The
         unconditional epoch is a mixture over b of such pairs, and the hockey-stick divergence
-        is jointly convex, so δ_epoch(ε) ≤ δ_Gauss(1/σ)(ε) for every ε, i.e. the epoch is
-        1/σ-GDP; composing E epochs adaptively gives √E/σ (same Corollary 3.3). This holds for
-        any data-independent bin distribution, so the small bias of ``randint`` does not enter.
+        is jointly convex (an f-divergence; the mixing weights are the same on D and D′), so
+        δ_epoch(ε) ≤ δ_Gauss(1/σ)(ε) for every ε, i.e. the epoch is 1/σ-GDP (same paper,
+        Corollary 2.13); composing E epochs adaptively gives √E/σ (Corollary 3.3). This holds
+        for any data-independent bin distribution, so the small bias of ``randint`` does not
+        enter.
         It is conservative: balls-in-bins amplifies privacy (Chua et al. 2024,
         https://arxiv.org/abs/2412.16802; Feldman & Shenfeld 2025, "Privacy amplification by
         random allocation", https://arxiv.org/abs/2502.08202, bound it by Poisson subsampling
