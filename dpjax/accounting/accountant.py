@@ -117,7 +117,9 @@ def _why_not(events: Sequence[ev.PrivacyEvent], method: str) -> str | None:
             if isinstance(e, _EXTENSION_EVENTS):
                 continue
             try:
-                to_dp_event(_untruncated_one(e) if selecting else e, method=method)
+                # balls-in-bins: the slack is paid on δ by every evaluator (no DpEvent has it)
+                plain = selecting or isinstance(e, ev.BallsInBinsGaussianEvent)
+                to_dp_event(_untruncated_one(e) if plain else e, method=method)
             except ValueError as err:
                 return str(err)
         return None

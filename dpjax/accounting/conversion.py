@@ -129,6 +129,13 @@ def to_dp_event(
         inner = dp_accounting.GaussianDpEvent(event.noise_multiplier / _REPLACE_FACTOR)
         return dp_accounting.SelfComposedDpEvent(inner, fixed_batch_uses(event)), unit
     elif isinstance(event, ev.BallsInBinsGaussianEvent):
+        if event.truncated:  # no DpEvent carries the cap: its slack would be dropped
+            raise ValueError(
+                "event must be an untruncated BallsInBinsGaussianEvent for dp-accounting: the "
+                "padded sampler's truncation slack (1 + e^ε)·count·p̄ is paid on δ by dpjax's "
+                "accountants (PrivacyAccountant), or use event.untruncated("
+                "slack_paid_separately=True) and add dpjax.accounting.truncation_slack yourself"
+            )
         return balls_in_bins_dp_event(event), unit
     else:
         raise _unsupported(

@@ -11,6 +11,7 @@ from scipy import optimize, stats
 
 from dpjax import events as ev
 from dpjax.accounting import PrivacyAccountant, monte_carlo_epsilon
+from dpjax.accounting.conversion import to_dp_event
 
 _NODES = {1: 2401, 2: 2401, 3: 801}  # outer quadrature nodes per dimension
 
@@ -113,6 +114,9 @@ def test_padded_event_pays_the_truncation_slack():
         PrivacyAccountant([small]).epsilon(1e-5)
     with pytest.raises(ValueError, match="slack_paid_separately"):
         padded.untruncated()
+    with pytest.raises(ValueError, match="untruncated"):  # no DpEvent holds the cap's slack
+        to_dp_event(padded, method="rdp")
+    assert "rdp" in PrivacyAccountant([padded]).applicable_methods()
 
 
 def test_monte_carlo_interval_covers_the_exact_balls_in_bins_epsilon():
