@@ -149,11 +149,17 @@ def monte_carlo_epsilon(
       Q = N(0, σ²) (the tight pair of the Poisson subsampled Gaussian), composed ``steps``
       times — there to check the estimator against dp-accounting's PLD.
 
-    Confidence: for each direction and each ε, the sample mean of (1 − e^{ε − L})₊ is
-    bounded above and below by the Chernoff–Hoeffding (KL) bound at level α/4 (two sides,
-    two directions; Hoeffding 1963, Theorem 1). The interval of ε is read on a grid of step
-    2·10⁻³ from monotone envelopes of these bounds, rounded outwards; it covers the pair's
-    true ε(δ) with probability ≥ 1 − α. A fixed ``key`` gives the same answer every time.
+    Formal guarantees:
+        Not a privacy guarantee: the interval is a statement about the Monte Carlo draws. For
+        each direction and each ε, the mean of the n samples of (1 − e^{ε − L})₊ ∈ [0, 1] is
+        bounded above and below by the Chernoff–Hoeffding (KL) bound at level α/4 (two sides,
+        two directions): P[mean̂ ≥ μ + s] ≤ e^{−n·kl(μ + s‖μ)} and likewise below (Hoeffding
+        1963, "Probability inequalities for sums of bounded random variables", Theorem 1,
+        https://doi.org/10.1080/01621459.1963.10500830). The interval of ε is read on a grid
+        of step 2·10⁻³ from monotone envelopes of these bounds, rounded outwards; at one
+        deterministic grid point next to the true ε(δ) the envelope's failure implies a bound's
+        failure, so [``epsilon_low``, ``epsilon_high``] covers the pair's true ε(δ) with
+        probability ≥ 1 − α over the draws. A fixed ``key`` gives the same answer every time.
 
     Args:
         noise_multiplier: σ > 0.
