@@ -33,9 +33,9 @@ def test_same_key_same_epoch_fresh_key_fresh_epoch():
 
 
 def test_a_record_lands_in_each_step_uniformly_and_independently():
-    """Over 900 epochs, the step of record 0 is uniform on 3 steps (chi-square, 3 d.o.f. is
-    2; critical value at 1e-4) and independent of record 1's (joint 9 cells). A sampler that
-    put the records in the same step, or record 0 always first, fails."""
+    """Over 900 epochs, the pair (step of record 0, step of record 1) is uniform on the 9
+    cells (chi-square with 8 d.o.f., critical value at 1e-4): each record's step is uniform and
+    independent of the other's. A round-robin assignment (record i to step i mod t) fails."""
     sampler = BallsInBinsSampler(dataset_size=6, steps_per_epoch=3)
     epochs = jax.jit(jax.vmap(sampler.epoch))(jax.random.split(jax.random.key(3), 900))
     idx, mask = np.asarray(epochs.indices), np.asarray(epochs.mask)
