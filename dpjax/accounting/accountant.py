@@ -557,7 +557,8 @@ class PrivacyAccountant:
     def _history_of(
         self, prefixes: list[list[ev.PrivacyEvent]], delta: float, method: str
     ) -> list[float]:
-        if any(isinstance(e, _EXTENSION_EVENTS) for e in prefixes[-1]):
+        if any(isinstance(e, _EXTENSION_EVENTS) or _padded_balls_in_bins(e) for e in prefixes[-1]):
+            # per prefix, through the evaluators that pay a padded sampler's slack on δ
             return [self._epsilon_of(p, delta, method) for p in prefixes]
         if method == "pld":
             blocks = _blocks(prefixes)
@@ -662,6 +663,11 @@ class PrivacyAccountant:
             value_discretization_interval=state["value_discretization_interval"],
             orders=state["orders"],
         )
+
+
+def _padded_balls_in_bins(event: ev.PrivacyEvent) -> bool:
+    """A balls-in-bins event with a cap: its slack is paid on δ, not by an RDP curve."""
+    return isinstance(event, ev.BallsInBinsGaussianEvent) and event.truncated
 
 
 def _blocks(prefixes: list[list[ev.PrivacyEvent]]) -> list[list[ev.PrivacyEvent]] | None:

@@ -119,6 +119,17 @@ def test_padded_event_pays_the_truncation_slack():
     assert "rdp" in PrivacyAccountant([padded]).applicable_methods()
 
 
+def test_history_of_a_padded_run_counts_started_epochs_and_pays_the_slack():
+    padded = ev.BallsInBinsGaussianEvent(2.0, 10, count=25, dataset_size=1000, max_batch_size=170)
+    acc = PrivacyAccountant([padded])
+    for method in ("pld", "rdp"):
+        history = dict(acc.epsilon_history(1e-5, every=5, accounting=method))
+        assert history[5] == history[10] < history[15] == history[20] < history[25]
+        assert history[25] == acc.epsilon(1e-5, method)
+        one_epoch = ev.BallsInBinsGaussianEvent(2.0, 10, count=5)  # uncapped: no slack
+        assert history[5] > PrivacyAccountant([one_epoch]).epsilon(1e-5, method)
+
+
 def test_monte_carlo_interval_covers_the_exact_balls_in_bins_epsilon():
     r = monte_carlo_epsilon(
         noise_multiplier=1.0, steps=2, steps_per_epoch=2, delta=1e-2,
