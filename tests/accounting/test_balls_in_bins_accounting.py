@@ -130,6 +130,18 @@ def test_history_of_a_padded_run_counts_started_epochs_and_pays_the_slack():
         assert history[5] > PrivacyAccountant([one_epoch]).epsilon(1e-5, method)
 
 
+def test_private_selection_over_padded_runs_pays_the_slack():
+    from dpjax.accounting.selection import repeat_and_select_rdp
+
+    padded = ev.BallsInBinsGaussianEvent(2.0, 10, count=25, dataset_size=1000, max_batch_size=170)
+    plain = padded.untruncated(slack_paid_separately=True)
+    with_cap = PrivacyAccountant([ev.RepeatAndSelectEvent(padded, mean=3.0, shape=1.0)])
+    without = PrivacyAccountant([ev.RepeatAndSelectEvent(plain, mean=3.0, shape=1.0)])
+    assert with_cap.epsilon(1e-5) > without.epsilon(1e-5)
+    with pytest.raises(ValueError, match="padded sampler"):  # no RDP curve holds the slack
+        repeat_and_select_rdp(ev.RepeatAndSelectEvent(padded, mean=3.0, shape=1.0))
+
+
 def test_monte_carlo_interval_covers_the_exact_balls_in_bins_epsilon():
     r = monte_carlo_epsilon(
         noise_multiplier=1.0, steps=2, steps_per_epoch=2, delta=1e-2,
