@@ -28,6 +28,8 @@ __all__ = ["MonteCarloEpsilon", "monte_carlo_epsilon"]
 SAMPLINGS = ("balls_in_bins", "poisson")
 _CHUNK_VALUES = 2**21  # normal draws per chunk (memory: ~100 MB of float64 temporaries)
 _GRID_STEP = 2e-3  # resolution of the ε grid on which the interval is read
+_MAX_GRID_POINTS = 50_000  # a coarser grid (top loss / 5e4) beyond losses of 100
+_MAX_SAMPLES = 10**8  # two float64 arrays of this length: 1.6 GB
 
 
 class MonteCarloEpsilon(NamedTuple):
@@ -156,7 +158,8 @@ def monte_carlo_epsilon(
         two directions): P[mean̂ ≥ μ + s] ≤ e^{−n·kl(μ + s‖μ)} and likewise below (Hoeffding
         1963, "Probability inequalities for sums of bounded random variables", Theorem 1,
         https://doi.org/10.1080/01621459.1963.10500830). The interval of ε is read on a grid
-        of step 2·10⁻³ from monotone envelopes of these bounds, rounded outwards; at one
+        of step 2·10⁻³ (or L_max/5·10⁴ if the sampled losses exceed 100) from monotone
+        envelopes of these bounds, rounded outwards; at one
         deterministic grid point next to the true ε(δ) the envelope's failure implies a bound's
         failure, so [``epsilon_low``, ``epsilon_high``] covers the pair's true ε(δ) with
         probability ≥ 1 − α over the draws. A fixed ``key`` gives the same answer every time.
@@ -169,7 +172,8 @@ def monte_carlo_epsilon(
         sampling: ``"balls_in_bins"`` or ``"poisson"``.
         steps_per_epoch: t ≥ 1 for ``"balls_in_bins"`` (else None).
         sampling_rate: q in (0, 1] for ``"poisson"`` (else None).
-        num_samples: privacy-loss samples per direction, ≥ 100 (certifying δ needs ≳ 4/δ).
+        num_samples: privacy-loss samples per direction, in [100, 10⁸] (certifying δ needs
+            ≳ 4/δ; about 10/δ for an interval of useful width).
         confidence: 1 − α in (0, 1).
 
     Returns:
@@ -192,8 +196,8 @@ def monte_carlo_epsilon(
     delta = _validate.in_range("delta", delta, 0.0, 1.0, low_inclusive=False, high_inclusive=False)
     _validate.one_of("sampling", sampling, SAMPLINGS)
     n = _validate.positive_int("num_samples", num_samples)
-    if n < 100:
-        _validate.fail("num_samples", num_samples, "an integer ≥ 100")
+    if not 100 <= n <= _MAX_SAMPLES:
+        _validate.fail("num_samples", num_samples, f"an integer in [100, {_MAX_SAMPLES:.0e}]")
     level = _validate.in_range(
         "confidence", confidence, 0.0, 1.0, low_inclusive=False, high_inclusive=False
     )
@@ -218,7 +222,8 @@ def monte_carlo_epsilon(
     remove = draw(_generator(key_p), True)  # L under P: the P‖Q direction
     add = -draw(_generator(key_q), False)  # ln(dQ/dP) under Q: the Q‖P direction
     top = max(float(remove.max()), float(add.max()), 0.0)
-    grid = np.arange(0.0, top + 2 * _GRID_STEP, _GRID_STEP)
+    step = max(_GRID_STEP, top / _MAX_GRID_POINTS)  # coarser only for losses above 100
+    grid = np.arange(0.0, top + 2 * step, step)
     log_inv = math.log(4.0 / (1.0 - level))
     means = [_hockey_stick_means(s, grid) for s in (remove, add)]
     estimate = np.maximum(*means)
@@ -228,7 +233,7 @@ def monte_carlo_epsilon(
     lower = np.minimum.accumulate(lower)  # nonincreasing envelope from below
     return MonteCarloEpsilon(
         epsilon=_first_at_most(grid, estimate, delta),
-        epsilon_low=max(0.0, _first_at_most(grid, lower, delta) - _GRID_STEP),
+        epsilon_low=max(0.0, _first_at_most(grid, lower, delta) - step),
         epsilon_high=_first_at_most(grid, upper, delta),
         delta=delta,
         confidence=level,
