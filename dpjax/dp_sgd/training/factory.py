@@ -405,6 +405,7 @@ def make_private(
     if physical_batch_size is not None:
         physical_batch_size = _validate.positive_int("physical_batch_size", physical_batch_size)
     _check_layout(layout, physical_batch_size, grouping, noise, l2_clip_norm)
+    _check_budget(budget, target_epsilon, noise_multiplier, noise)
     steps = _resolve_steps(n, batch_size, epochs, steps)
     q, records, rounds = batch_size / n, n, steps
     if noise is not None and (
@@ -448,8 +449,6 @@ def make_private(
             steps=rounds,
             epsilon=eps_bound,
             delta=delta,
-            noise=noise,
-            target_epsilon=target_epsilon,
         )
     cls, unit = PrivateTraining, {}
     if grouping is not None:
@@ -474,6 +473,21 @@ def make_private(
     )
 
 
+def _check_budget(budget: Any, target_epsilon: Any, noise_multiplier: Any, noise: Any) -> None:
+    """A budget charges each step of a given σ > 0 with independent noise."""
+    if budget is None:
+        return
+    if not isinstance(budget, PrivacyFilter):
+        _validate.fail("budget", budget, "None or a dpjax.accounting.PrivacyFilter")
+    if target_epsilon is not None or noise is not None or noise_multiplier == 0:
+        _validate.fail(
+            "budget",
+            budget,
+            "None with target_epsilon, noise=BandMF or noise_multiplier=0 (a budget charges "
+            "each step of a given σ > 0 with independent noise)",
+        )
+
+
 def _budget_sampler(
     budget: Any,
     sampler: PoissonSampler,
@@ -482,23 +496,12 @@ def _budget_sampler(
     steps: int,
     epsilon: float,
     delta: float,
-    noise: Any,
-    target_epsilon: Any,
 ) -> tuple[PoissonSampler, float]:
     """The sampler re-sized for the steps ``budget`` can allow, and its slack bound.
 
     The cap keeps the truncation slack (1 + e^ε_F)·N·p̄ ≤ SLACK_FRACTION·δ, with N the most
     steps the filter can ever allow this object (it only shrinks as more is charged) and ε_F
     the filter's ε; that bound is what the object reserves in the filter."""
-    if not isinstance(budget, PrivacyFilter):
-        _validate.fail("budget", budget, "None or a dpjax.accounting.PrivacyFilter")
-    if target_epsilon is not None or noise is not None or sigma == 0.0:
-        _validate.fail(
-            "budget",
-            budget,
-            "None with target_epsilon, noise=BandMF or noise_multiplier=0 (a budget charges "
-            "each step of a given σ > 0 with independent noise)",
-        )
     event = PoissonSampledGaussianEvent(
         noise_multiplier=sigma, sampling_rate=sampler.sampling_rate, count=1
     )
