@@ -125,6 +125,9 @@ class PrivacyFilter:
           Ullman, Vadhan 2016, https://arxiv.org/abs/1605.08294, their definition of a valid
           privacy filter in Section 3; basic composition is its simplest instance).
 
+        The guarantee is (:attr:`epsilon`, :attr:`delta_total`): δ plus any δ reserved by
+        releases whose costs leave an additive term out (:meth:`reserve_delta`; a padded
+        sampler's truncation slack, coupled to the untruncated run whose RDP was charged).
         What it covers: every release charged to this filter, before it happened. NOT covered:
         a release not charged (an evaluation on private data, a metric of a private batch),
         a release charged after it happened, a cost understated by the caller, the filter's
