@@ -151,9 +151,19 @@ class PrivacyFilter:
     def __init__(self, *, kind: str, budget: Sequence[float], delta: float, orders=()):
         """Use :meth:`renyi`, :meth:`renyi_for_epsilon`, :meth:`zcdp` or :meth:`basic`."""
         self.kind = _validate.one_of("kind", kind, FILTER_KINDS)
-        self.orders = tuple(orders)
+        self.orders = _check_orders(orders) if kind == "renyi" else ()
         self.budget = tuple(float(b) for b in budget)
-        self.delta = float(delta)
+        self.delta = (
+            _validate.delta("delta", delta) if kind == "basic" else _check_open_delta(delta)
+        )
+        sizes = {"renyi": len(self.orders), "zcdp": 1, "basic": 2}
+        positive = self.budget[:1] if kind == "basic" else self.budget
+        if (
+            len(self.budget) != sizes[kind]
+            or not all(0 < b < math.inf for b in positive)
+            or (kind == "basic" and self.budget[1] != self.delta)
+        ):
+            _validate.fail("budget", budget, f"{sizes[kind]} finite budget value(s) > 0")
         self._budget_exact = tuple(Fraction(b) for b in self.budget)
         self._spent = [Fraction(0)] * len(self.budget)
         self._releases = 0
@@ -268,7 +278,9 @@ class PrivacyFilter:
             return _cost_vector("cost", release, len(self.budget))
         if self.kind == "renyi":
             _, curve = rdp_curve([release], orders=self.orders)
-            return tuple(math.inf if math.isnan(v) else float(v) for v in curve)
+            # NaN: a failed evaluation, read as +inf (refused); a negative value (rounding of
+            # a divergence that is ≥ 0) as 0
+            return tuple(math.inf if math.isnan(v) else max(float(v), 0.0) for v in curve)
         if self.kind == "zcdp":
             rho = _zcdp_rho(release)
             if rho is None:

@@ -248,7 +248,9 @@ class PrivateTraining(PhaseAccounting, Stepping, Resuming, ReadOnlyAfterInit):
         """What may be published of ``state`` with the parameters: no key data.
 
         Keeps the step count, the optimizer's moments (noise states reduced to their counts),
-        the phase ledger and (ε, δ) of the whole run; drops the sampling/dropout key and the
+        the phase ledger and (ε, δ) of the whole run (with ``make_private(budget=filter)``:
+        the filter's ε and ``delta_total``, the guarantee of the adaptive interaction;
+        ``delta`` is then ignored); drops the sampling/dropout key and the
         noise key, from which every later batch and noise draw is derived.
 
         Args:
