@@ -93,6 +93,11 @@ def test_fit_stops_before_the_step_the_shared_filter_refuses():
     with pytest.raises(BudgetExhaustedError):
         private.step(w, state, data())
     assert f.releases == 2 + fit
+    # fit from the exhausted state: stops before its first step, returns the state unchanged
+    with pytest.warns(UserWarning, match="privacy budget exhausted before step"):
+        w3, state3, history3 = private.fit(w, data(), state=state, progress=False)
+    assert int(state3.step) == fit and history3["step"] == [] and f.releases == 2 + fit
+    np.testing.assert_array_equal(w3, w)
 
 
 def test_budget_arguments_are_checked():

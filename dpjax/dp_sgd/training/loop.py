@@ -447,7 +447,7 @@ class PrivateTraining(PhaseAccounting, Stepping, Resuming, ReadOnlyAfterInit):
         if self.budget is not None:  # the filter's ε holds for the whole adaptive interaction
             history["epsilon_guarantee"] = self.budget.epsilon
         if bar is not None:
-            if todo:
+            if history["loss"]:  # none when the budget refused the first step
                 bar.set_postfix(loss=f"{history['loss'][-1]:.4f}", epsilon=f"{run.epsilon:.3f}")
             bar.close()
         return params, state, history
