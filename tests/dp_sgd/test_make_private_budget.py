@@ -95,7 +95,7 @@ def test_fit_stops_before_the_step_the_shared_filter_refuses():
     assert f.releases == 2 + fit
     # fit from the exhausted state: stops before its first step, returns the state unchanged
     with pytest.warns(UserWarning, match="privacy budget exhausted before step"):
-        w3, state3, history3 = private.fit(w, data(), state=state, progress=False)
+        w3, state3, history3 = private.fit(w, data(), state=state, progress=True)
     assert int(state3.step) == fit and history3["step"] == [] and f.releases == 2 + fit
     np.testing.assert_array_equal(w3, w)
 
