@@ -139,13 +139,13 @@ class PrivacyFilter:
 
     Example:
         >>> from dpjax.accounting import PrivacyFilter, PoissonSampledGaussianEvent
-        >>> f = PrivacyFilter.renyi_for_epsilon(epsilon=2.0, delta=1e-5, order=20.0)
-        >>> step = PoissonSampledGaussianEvent(noise_multiplier=2.0, sampling_rate=0.01)
+        >>> f = PrivacyFilter.renyi_for_epsilon(epsilon=2.0, delta=1e-5, order=12.0)
+        >>> step = PoissonSampledGaussianEvent(noise_multiplier=2.0, sampling_rate=0.05)
         >>> taken = 0
         >>> while f.try_spend(step):  # charge BEFORE each release; False: do not release
         ...     taken += 1
         >>> taken, round(f.epsilon, 6), f.max_releases(step)
-        (5324, 2.0, 0)
+        (251, 2.0, 0)
     """
 
     def __init__(self, *, kind: str, budget: Sequence[float], delta: float, orders=()):
