@@ -25,6 +25,7 @@ import optax
 from dpjax import _validate
 from dpjax._warnings import PrivacyLeakWarning
 from dpjax.accounting.dp_sgd import calibrate_noise_multiplier, warn_if_delta_reveals_records
+from dpjax.accounting.filters import PrivacyFilter
 from dpjax.dp_sgd import adaptive_clip
 from dpjax.dp_sgd.clipping import BACKENDS as CLIPPING_BACKENDS
 from dpjax.dp_sgd.samplers import PoissonSampler, _binomial_cap, realised_sampling_rate
@@ -32,6 +33,7 @@ from dpjax.dp_sgd.training import inputs
 from dpjax.dp_sgd.training.accounting import NOT_PRIVATE_EPSILON, SLACK_FRACTION, _epsilon_bound
 from dpjax.dp_sgd.training.inputs import _check_key
 from dpjax.dp_sgd.training.loop import PrivateTraining
+from dpjax.events import PoissonSampledGaussianEvent
 
 __all__ = ["ACCOUNTING_METHODS", "make_private", "poisson_schedule"]
 
@@ -180,6 +182,7 @@ def make_private(
     user_ids: Any = None,
     noise: Any = None,
     layout: Any = None,
+    budget: PrivacyFilter | None = None,
 ) -> PrivateTraining:
     r"""DP-SGD in one call: Poisson sampling, per-example clipping, noise once, accounting.
 
@@ -260,6 +263,15 @@ def make_private(
             its devices (the same release on every mesh shape), and σ, q, C and ε are those of
             the one-device run. Example-level DP with a fixed C, no BandMF noise and no
             ``physical_batch_size`` (refused otherwise).
+        budget: None, or a :class:`~dpjax.accounting.PrivacyFilter` (RDP, or zCDP for q = 1)
+            shared by everything released from the data set: every step is charged to it
+            BEFORE it runs (the Poisson subsampled Gaussian's RDP at the filter's orders),
+            and ``fit`` stops cleanly before the first step the filter refuses (a warning,
+            ``history["stopped_early"]``, the state before that step); ``step`` raises
+            :class:`~dpjax.accounting.BudgetExhaustedError` and changes nothing.
+            :meth:`~PrivateTraining.public_state` then reports the filter's (ε, δ) (see
+            "Formal guarantees"). Needs ``noise_multiplier`` (not ``target_epsilon``), and
+            no ``noise=BandMF``.
 
     Returns:
         A :class:`PrivateTraining` with ``noise_multiplier``, ``sampling_rate``, ``steps``,
@@ -335,6 +347,19 @@ def make_private(
         sees the rows of its first step in the same order: the SECRET state records a digest
         of the rows keyed by the run's key (never the public ledger) and ``step``/``fit``
         refuse other data or another row order (NaN under ``jit``).
+        With ``budget=filter`` (adaptive runs: σ, q, C or the length chosen from earlier
+        releases of the same data — several ``make_private`` runs, a tuning loop, a stop on
+        a noisy private metric charged to the same filter): each step, a
+        ``PoissonSampledGaussianEvent(σ, q, count=1)``, is charged to the filter before it
+        runs (``step`` checks on the host; a state traced by your own ``jax.jit`` is refused),
+        so the whole interaction is (ε_F, δ_F)-DP by the filter's theorem
+        (:class:`~dpjax.accounting.PrivacyFilter`: Feldman & Zrnic 2021, Theorem 3.1,
+        https://arxiv.org/abs/2008.11193), for every release charged to it. The padded
+        sampler's truncation slack is bounded for the most steps the filter can ever allow
+        this object (its remaining budget at construction over one step's cost) at ε_F, kept
+        ≤ 10⁻³·δ by the cap, and reserved in the filter (``filter.delta_total``), which is the
+        δ that ``public_state`` reports with ε_F. ``epsilon(state)`` stays the ε of this
+        object's steps as a fixed plan: it is not the guarantee of an adaptive interaction.
 
     Example:
         >>> import jax, jax.numpy as jnp, optax, dpjax
@@ -380,6 +405,7 @@ def make_private(
     if physical_batch_size is not None:
         physical_batch_size = _validate.positive_int("physical_batch_size", physical_batch_size)
     _check_layout(layout, physical_batch_size, grouping, noise, l2_clip_norm)
+    _check_budget(budget, target_epsilon, noise_multiplier, noise)
     steps = _resolve_steps(n, batch_size, epochs, steps)
     q, records, rounds = batch_size / n, n, steps
     if noise is not None and (
@@ -414,6 +440,16 @@ def make_private(
     )
     if noise is not None:
         sampler = noise.sampler(sampler, n)
+    reserved = 0.0
+    if budget is not None:
+        sampler, reserved = _budget_sampler(
+            budget,
+            sampler,
+            sigma=sigma,
+            steps=rounds,
+            epsilon=eps_bound,
+            delta=delta,
+        )
     cls, unit = PrivateTraining, {}
     if grouping is not None:
         cls, unit = user_level.UserLevelTraining, {"grouping": grouping}
@@ -432,7 +468,61 @@ def make_private(
         accounting=accounting,
         noise=noise,
         layout=layout,
+        budget=budget,
+        budget_slack=reserved,
     )
+
+
+def _check_budget(budget: Any, target_epsilon: Any, noise_multiplier: Any, noise: Any) -> None:
+    """A budget charges each step of a given σ > 0 with independent noise."""
+    if budget is None:
+        return
+    if not isinstance(budget, PrivacyFilter):
+        _validate.fail("budget", budget, "None or a dpjax.accounting.PrivacyFilter")
+    if target_epsilon is not None or noise is not None or noise_multiplier == 0:
+        _validate.fail(
+            "budget",
+            budget,
+            "None with target_epsilon, noise=BandMF or noise_multiplier=0 (a budget charges "
+            "each step of a given σ > 0 with independent noise)",
+        )
+
+
+def _budget_sampler(
+    budget: Any,
+    sampler: PoissonSampler,
+    *,
+    sigma: float,
+    steps: int,
+    epsilon: float,
+    delta: float,
+) -> tuple[PoissonSampler, float]:
+    """The sampler re-sized for the steps ``budget`` can allow, and its slack bound.
+
+    The cap keeps the truncation slack (1 + e^ε_F)·N·p̄ ≤ SLACK_FRACTION·δ, with N the most
+    steps the filter can ever allow this object (it only shrinks as more is charged) and ε_F
+    the filter's ε; that bound is what the object reserves in the filter."""
+    event = PoissonSampledGaussianEvent(
+        noise_multiplier=sigma, sampling_rate=sampler.sampling_rate, count=1
+    )
+    try:
+        allowed = budget.max_releases(event)
+    except ValueError as err:
+        _validate.fail("budget", budget, f"a filter that can charge a DP-SGD step ({err})")
+    if allowed == 0:
+        _validate.fail("budget", budget, "a filter with room for at least one step")
+    if not math.isfinite(allowed):
+        _validate.fail("budget", budget, "a filter whose cost of one step is > 0")
+    cap_epsilon = max(budget.epsilon, epsilon if math.isfinite(epsilon) else 0.0)
+    resized = _sampler_for_slack(
+        sampler.dataset_size,
+        sampler.requested_sampling_rate,
+        steps=max(steps, allowed),
+        epsilon=cap_epsilon,
+        delta=delta,
+        calibrated=False,
+    )
+    return resized, resized.delta_slack(allowed, budget.epsilon)
 
 
 def _check_layout(layout: Any, physical_batch_size: Any, grouping: Any, noise: Any, clip: Any):
