@@ -110,6 +110,9 @@ from dpjax.relation import (
 __all__ = ["ClippingInfo", "ClippedGrad", "clipped_grad", "clip_pytree"]
 
 BACKENDS = ("auto", "vmap", "ghost")
+CLIP_RULES = ("flat", "automatic")
+#: γ of automatic clipping (AUTO-S) by default, Bu et al. 2023's choice.
+DEFAULT_GAMMA = 0.01
 
 
 class ClippingInfo(NamedTuple):
@@ -274,6 +277,7 @@ def _vmap_clipped_sum(
     nan_safe: bool,
     release: _certified.Release,
     per_layer: bool = False,
+    gamma: float | None = None,
 ) -> tuple[Any, jax.Array, jax.Array]:
     """Materialise per-example gradients with vmap, clip (certified), zero bad rows, sum.
 
@@ -303,11 +307,11 @@ def _vmap_clipped_sum(
     if per_layer:
         clip_norms = treedef.flatten_up_to(l2_clip_norm)
         scales = [
-            _certified.certified_scale(_certified.sqrt_up(p[1]), f * c, eta)
+            _certified.clip_factor(_certified.sqrt_up(p[1]), f * c, eta, gamma)
             for p, c in zip(parts, clip_norms, strict=True)
         ]
     else:
-        scales = [_certified.certified_scale(upper, f * l2_clip_norm, eta)] * len(leaves)
+        scales = [_certified.clip_factor(upper, f * l2_clip_norm, eta, gamma)] * len(leaves)
     weights = [jnp.where(keep, s, jnp.zeros((), s.dtype)) for s in scales]
     clipped_sum = _pairs_to_trees(treedef, _weighted_row_sum(leaves, weights, sum_dts))
     norms = jnp.where(mask, norms, jnp.zeros((), wide))
@@ -337,11 +341,19 @@ def _clipped_sum_dispatch(
     nan_safe: bool,
     per_layer: bool,
     release: _certified.Release,
+    gamma: float | None = None,
 ) -> tuple[Any, jax.Array, jax.Array]:
     """Choose the per-example core: "vmap", "ghost", or "auto" (ghost when it supports the loss)."""
-    kwargs = dict(l2_clip_norm=l2_clip_norm, mask=mask, nan_safe=nan_safe, release=release)
-    if per_layer or backend == "vmap":
-        return _vmap_clipped_sum(loss_fn, params, batch, per_layer=per_layer, **kwargs)
+    kwargs = dict(
+        l2_clip_norm=l2_clip_norm,
+        mask=mask,
+        nan_safe=nan_safe,
+        release=release,
+        per_layer=per_layer,
+        gamma=gamma,
+    )
+    if backend == "vmap":
+        return _vmap_clipped_sum(loss_fn, params, batch, **kwargs)
     ghost = _ghost_module()
     if backend == "ghost":
         if ghost is None:
@@ -351,7 +363,7 @@ def _clipped_sum_dispatch(
         return ghost.ghost_clipped_pairs(loss_fn, params, batch, **kwargs)
     if ghost is not None and ghost.supports(loss_fn, params, *batch):
         return ghost.ghost_clipped_pairs(loss_fn, params, batch, **kwargs)
-    return _vmap_clipped_sum(loss_fn, params, batch, per_layer=False, **kwargs)
+    return _vmap_clipped_sum(loss_fn, params, batch, **kwargs)
 
 
 # ----------------------------------------------------------------------------- microbatching
@@ -429,8 +441,12 @@ class ClippedGrad(ReadOnlyAfterInit):
         backend,
         nan_safe,
         rows_per_release=None,
+        clip_rule="flat",
+        gamma=None,
     ):
         self.loss_fn = loss_fn
+        self.clip_rule = clip_rule
+        self.gamma = gamma
         self.l2_clip_norm = l2_clip_norm
         self.per_layer = per_layer
         self.microbatch_size = microbatch_size
@@ -523,6 +539,7 @@ class ClippedGrad(ReadOnlyAfterInit):
                 nan_safe=self.nan_safe,
                 per_layer=self.per_layer,
                 release=release,
+                gamma=self.gamma,
             )
             self._shrinks[release] = f
             return tuple(out)
@@ -599,6 +616,8 @@ class ClippedGrad(ReadOnlyAfterInit):
         return clipped_sum, ClippingInfo(norms, bad, self._num_clipped(norms, mask))
 
     def _num_clipped(self, norms: jax.Array, mask: jax.Array) -> jax.Array:
+        if self.gamma is not None:  # automatic clipping rescales every real finite example
+            return jnp.sum(mask & jnp.isfinite(norms), dtype=jnp.int32)
         # per-layer: counts examples whose global norm exceeds the total bound (an indicator only)
         over = jnp.isfinite(norms) & (norms > jnp.asarray(self.l2_norm_bound, norms.dtype))
         return jnp.sum(mask & over, dtype=jnp.int32)
@@ -607,7 +626,8 @@ class ClippedGrad(ReadOnlyAfterInit):
         return (
             f"ClippedGrad(l2_clip_norm={self.l2_clip_norm!r}, per_layer={self.per_layer}, "
             f"microbatch_size={self.microbatch_size}, backend={self.backend!r}, "
-            f"rows_per_release={self.rows_per_release})"
+            f"rows_per_release={self.rows_per_release}, clip_rule={self.clip_rule!r}, "
+            f"gamma={self.gamma})"
         )
 
 
@@ -654,24 +674,38 @@ def _norm_bound(l2_clip_norm: Any, per_layer: bool) -> float:
 def clipped_grad(
     loss_fn: Callable[..., jax.Array],
     *,
-    l2_clip_norm: float | Any,
+    l2_clip_norm: float | Any = None,
     per_layer: bool = False,
     microbatch_size: int | None = None,
     backend: str = "auto",
     nan_safe: bool = True,
     rows_per_release: int | None = None,
+    clip_rule: str = "flat",
+    gamma: float = DEFAULT_GAMMA,
 ) -> ClippedGrad:
     r"""Per-example clipped gradient SUM of ``loss_fn`` (like ``jax.grad``, for DP-SGD).
 
     .. math::  S = \sum_i m_i \, g_i \min(1, C/\|g_i\|_2), \quad g_i = \nabla_\theta
        \ell(\theta; x_i), \ m_i \in \{0, 1\} \text{ the mask}.
 
+    With ``clip_rule="automatic"`` (automatic clipping, AUTO-S) every example is rescaled
+    instead: :math:`S = \sum_i m_i \, R \, g_i / (\|g_i\|_2 + γ)`, each term of norm < R
+    (R = ``l2_clip_norm``, default 1). This is also normalised DP-SGD (DP-NSGD: Yang et al.
+    2022, "Normalized/clipped SGD with perturbation for differentially private non-convex
+    optimization", https://arxiv.org/abs/2206.13033, per-example g/(‖g‖ + r) with r = γ):
+    the same map, R = 1. R multiplies the released sum and its noise σ·R alike, so for
+    plain SGD a change of R is a change of the learning rate by the same factor (Bu et al.
+    2023, Theorem 1), and adaptive optimizers such as Adam are unaffected by it (Theorem 2):
+    keep R = 1 and tune the learning rate. Small γ weights examples with small gradients
+    (near the optimum) like large ones; γ = 0.01 is the paper's default.
+
     Args:
         loss_fn: ``loss_fn(params, *example) -> scalar``, the loss of ONE example (no batch axis).
         l2_clip_norm: C ≥ 2⁻⁴⁰ (:data:`MIN_CLIP_NORM`). With ``per_layer=True``: a float C
             (each of the L leaves is clipped to C/sqrt(L), so one example's total norm is
             ≤ C) or a pytree like params of per-leaf norms c_l (total bound sqrt(Σ c_l²)).
-        per_layer: clip each leaf separately instead of the whole pytree (always uses vmap).
+        per_layer: clip each leaf separately instead of the whole pytree (He et al. 2022,
+            group-wise clipping; vmap, or ghost where it supports the loss).
         microbatch_size: process the batch in chunks of this many rows (``lax.scan``) to bound
             memory; the result is the same sum. ``None``: one chunk.
         backend: the per-example engine: "vmap" (materialise per-example grads), "ghost"
@@ -685,6 +719,11 @@ def clipped_grad(
             norm is then shrunk for that many rows and two roundings. ``None``: each call's
             result is released as it is (``make_private`` and ``data_parallel`` handle their
             own accumulation).
+        clip_rule: "flat" (clip to ≤ C, Abadi et al. 2016) or "automatic" (AUTO-S,
+            Bu et al. 2023: every example scaled by R/(‖g‖ + γ); not with ``per_layer``).
+            ``l2_clip_norm`` is then R (None: 1.0), the sensitivity of the sum.
+        gamma: γ > 0 (finite), the stability constant of automatic clipping (default 0.01;
+            ignored by flat clipping).
 
     Returns:
         A :class:`ClippedGrad` ``grad_fn`` returning ``(clipped_sum, ClippingInfo)``. With a
@@ -697,7 +736,9 @@ def clipped_grad(
         ``grad_fn`` itself to :func:`dpjax.dp_sgd_optimizer` so C is stated once.
 
     Raises:
-        ValueError: C (or a per-leaf norm) below 2⁻⁴⁰, unknown backend, batch arguments
+        ValueError: C (or a per-leaf norm) below 2⁻⁴⁰ or not finite, a missing C with flat
+            clipping, an unknown ``clip_rule``, ``gamma`` ≤ 0 or not finite (automatic),
+            ``per_layer`` with automatic clipping, unknown backend, batch arguments
             without a shared leading axis, a loss that is not a scalar for one example, a
             mask of the wrong shape, a loss Python cannot call as
             ``loss_fn(params, *example)`` (the message names :func:`dpjax.make_private`'s
@@ -711,6 +752,18 @@ def clipped_grad(
         (the rounding of the batch sum, other rows included; Casacuberta et al. 2022, CCS).
         Padding rows (mask False) contribute exactly 0. See the module docstring (per-example
         clipping: Abadi et al. 2016, §3.1).
+        Automatic clipping: example i contributes g_i·R·f/D_i with D_i ≥ U_i·(1+η) + γ
+        rounded upward (:func:`dpjax.dp_sgd._certified.automatic_scale`), U_i the certified
+        bound of ‖g_i‖, so its computed contribution has norm ≤ f·R (also for ‖g_i‖ = 0,
+        subnormal or overflowing norms; a non-finite U_i drops the example): the released
+        sum has ℓ2 sensitivity R under add/remove-one and 2R under replace-one, and the
+        accountant of DP-SGD applies unchanged with noise σ·R (Bu et al. 2023, "Automatic
+        clipping: differentially private deep learning made easier and stronger",
+        https://arxiv.org/abs/2206.07136, §4: AUTO-S is as private as clipping at R). Per-layer:
+        leaf l's part of each example is clipped to f·c_l from its own certified bound, so the
+        example's contribution has norm ≤ f·sqrt(Σ_l c_l²) and the sensitivity is
+        sqrt(Σ_l c_l²) (He et al. 2022, "Exploring the limits of differentially private deep
+        learning with group-wise clipping", https://arxiv.org/abs/2212.01539, §3).
 
     Example:
         >>> import jax.numpy as jnp
@@ -727,6 +780,15 @@ def clipped_grad(
         [-0.1, 0.0]
     """
     _validate.one_of("backend", backend, BACKENDS)
+    _validate.one_of("clip_rule", clip_rule, CLIP_RULES)
+    gamma_used = None
+    if clip_rule == "automatic":
+        gamma_used = _validate.positive("gamma", gamma)
+        if per_layer:
+            _validate.fail("per_layer", per_layer, "False with clip_rule='automatic'")
+        l2_clip_norm = 1.0 if l2_clip_norm is None else l2_clip_norm
+    elif l2_clip_norm is None:
+        _validate.fail("l2_clip_norm", l2_clip_norm, "a positive float C (flat clipping)")
     if microbatch_size is not None:
         microbatch_size = _validate.positive_int("microbatch_size", microbatch_size)
     if rows_per_release is not None:
@@ -741,4 +803,6 @@ def clipped_grad(
         backend=backend,
         nan_safe=bool(nan_safe),
         rows_per_release=rows_per_release,
+        clip_rule=clip_rule,
+        gamma=gamma_used,
     )
