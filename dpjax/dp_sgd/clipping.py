@@ -85,6 +85,18 @@ Formal guarantees:
     on its neighbours in the batch), and neighbours that differ in one row's mask or content.
     ``grad_fn.sensitivity(relation)`` returns C or 2C; the Gaussian noise of
     :func:`dpjax.add_gaussian_noise` must be calibrated to it.
+
+    Automatic clipping (``clip_rule="automatic"``, AUTO-S; Bu et al. 2023, "Automatic
+    clipping: differentially private deep learning made easier and stronger",
+    https://arxiv.org/abs/2206.07136, §4, and normalised DP-SGD, Yang et al. 2022,
+    https://arxiv.org/abs/2206.13033, the same map): example i is scaled by
+    f·R/D_i with D_i ≥ U_i·(1+η) + γ rounded upward, so every statement above holds with
+    C = R: the computed contribution has norm ≤ f·R for any gradient (‖g‖ = 0: contribution
+    0; U_i not finite: dropped), and the sensitivity is R (add/remove-one), 2R (replace-one).
+    Per-layer (group-wise) clipping (He et al. 2022, "Exploring the limits of differentially
+    private deep learning with group-wise clipping", https://arxiv.org/abs/2212.01539, §3):
+    leaf l is scaled from the certified bound of its own part with f·c_l, so leaf l
+    contributes ≤ f·c_l and the example ≤ f·sqrt(Σ_l c_l²): the sensitivity is sqrt(Σ_l c_l²).
 """
 
 from __future__ import annotations
@@ -100,6 +112,7 @@ import jax.numpy as jnp
 from dpjax import _validate
 from dpjax.dp_sgd import _certified, _rows
 from dpjax.dp_sgd._frozen import ReadOnlyAfterInit
+from dpjax.dp_sgd._microbatch import _microbatched, _pairs_to_trees
 from dpjax.dp_sgd.samplers import PaddedBatch
 from dpjax.relation import (
     ADD_OR_REMOVE_ONE,
@@ -259,14 +272,6 @@ def _weighted_row_sum(leaves: list, weights: list, sum_dts: list) -> list:
     return out
 
 
-def _pairs_to_trees(treedef: Any, pairs: list) -> tuple[Any, Any]:
-    """A list of ``(hi, lo)`` leaves as two pytrees ``(hi_tree, lo_tree)``."""
-    return (
-        jax.tree.unflatten(treedef, [p[0] for p in pairs]),
-        jax.tree.unflatten(treedef, [p[1] for p in pairs]),
-    )
-
-
 def _vmap_clipped_sum(
     loss_fn: Callable,
     params: Any,
@@ -364,53 +369,6 @@ def _clipped_sum_dispatch(
     if ghost is not None and ghost.supports(loss_fn, params, *batch):
         return ghost.ghost_clipped_pairs(loss_fn, params, batch, **kwargs)
     return _vmap_clipped_sum(loss_fn, params, batch, **kwargs)
-
-
-# ----------------------------------------------------------------------------- microbatching
-
-
-def _microbatched(core: Callable, params: Any, batch: tuple, mask: jax.Array, size: int):
-    """Run ``core`` on chunks of ``size`` rows with lax.scan, adding the double-float sums.
-
-    The chunks' ``(hi, lo)`` sums are added in double-float (no rounding per chunk), so the
-    call still rounds once; the scan adds ⌈B/size⌉ sequential levels to the summation depth.
-    """
-    n = mask.shape[0]
-    num_chunks = -(-n // size)
-    pad = num_chunks * size - n
-    if pad:
-        batch, mask = (
-            _rows.pad_rows(batch, pad),
-            _rows.pad_rows(mask, pad),
-        )  # padded rows have mask False
-    chunk = lambda x: x.reshape((num_chunks, size) + x.shape[1:])  # noqa: E731
-    batch_c, mask_c = jax.tree.map(chunk, batch), chunk(mask)
-
-    def body(acc, xs):
-        b, m = xs
-        s, norms, bad = core(params, b, m)
-        acc_sum, acc_bad = acc
-        return (_df_add_trees(acc_sum, s), acc_bad + bad), norms
-
-    s0, _, _ = jax.eval_shape(core, params, jax.tree.map(lambda x: x[0], batch_c), mask_c[0])
-    # the low parts take the high parts' shapes (a core may return a scalar 0 as a low part)
-    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), s0[0])
-    lows = jax.tree.map(lambda z, x: jnp.zeros(z.shape, x.dtype), zeros, s0[1])
-    init = ((zeros, lows), jnp.zeros((), jnp.int32))
-    (total, bad), norms = jax.lax.scan(body, init, (batch_c, mask_c))
-    return total, norms.reshape(-1)[:n], bad
-
-
-def _df_add_trees(x: tuple[Any, Any], y: tuple[Any, Any]) -> tuple[Any, Any]:
-    """Double-float sum of two ``(hi_tree, lo_tree)`` sums, leaf by leaf."""
-    xh, treedef = jax.tree.flatten(x[0])
-    pairs = [
-        _certified.df_add((a, b), (c, d))
-        for a, b, c, d in zip(
-            xh, jax.tree.leaves(x[1]), jax.tree.leaves(y[0]), jax.tree.leaves(y[1]), strict=True
-        )
-    ]
-    return _pairs_to_trees(treedef, pairs)
 
 
 # ----------------------------------------------------------------------------- public API

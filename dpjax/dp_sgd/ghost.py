@@ -101,7 +101,13 @@ Formal guarantees:
     bounds: Higham, "Accuracy and Stability of Numerical Algorithms", Lemma 3.1 and §4;
     rounding of the batch sum: Casacuberta et al. 2022, CCS). An example
     whose certified bound is NaN/inf (``nan_safe``) or with ``mask=False`` contributes exactly
-    zero.
+    zero. Per-layer clipping (``per_layer=True``): each parameter leaf's part (a dense,
+    convolution or embedding tap, or a vmap leaf) is scaled from the certified bound of that
+    part alone with f·c_l, so it contributes ≤ f·c_l and the example ≤ f·sqrt(Σ_l c_l²)
+    (He et al. 2022, https://arxiv.org/abs/2212.01539, §3). Automatic clipping (``gamma``):
+    the factor is f·R/D with D ≥ U·(1+η) + γ rounded upward
+    (:func:`dpjax.dp_sgd._certified.automatic_scale`), so the contribution is ≤ f·R (Bu et al.
+    2023, https://arxiv.org/abs/2206.07136).
 """
 
 from __future__ import annotations
