@@ -184,6 +184,7 @@ def make_private(
     per_layer: bool = False,
     clip_rule: str = "flat",
     gamma: float = DEFAULT_GAMMA,
+    layout: Any = None,
 ) -> PrivateTraining:
     r"""DP-SGD in one call: Poisson sampling, per-example clipping, noise once, accounting.
 
@@ -264,8 +265,17 @@ def make_private(
             (``clipping`` "auto" or "ghost"). Not with ``user_ids`` or an AdaptiveClip.
         clip_rule: "flat" (clip to ≤ C) or "automatic" (AUTO-S, Bu et al. 2023: every
             example's gradient scaled by R/(‖g‖ + γ); see :func:`~dpjax.dp_sgd.clipped_grad`).
-            Not with ``per_layer``, ``user_ids`` or an AdaptiveClip.
+            Not with ``per_layer``, ``user_ids``, ``layout`` or an AdaptiveClip.
         gamma: γ > 0 of automatic clipping (default 0.01; ignored by flat clipping).
+        layout: None (one device, or params replicated), or a
+            :class:`~dpjax.dp_sgd.MeshLayout` (:func:`~dpjax.dp_sgd.mesh_layout`): parameters
+            sharded over the mesh's model axis, each batch's rows over its data axis
+            (:mod:`dpjax.dp_sgd.sharded`); put ``params`` on the mesh with
+            ``jax.device_put(params, layout.param_shardings())``. The per-example norms are
+            summed over the shards once in a fixed order, the noise of each shard is drawn on
+            its devices (the same release on every mesh shape), and σ, q, C and ε are those of
+            the one-device run. Example-level DP with a fixed C, no BandMF noise and no
+            ``physical_batch_size`` (refused otherwise).
 
     Returns:
         A :class:`PrivateTraining` with ``noise_multiplier``, ``sampling_rate``, ``steps``,
@@ -378,7 +388,7 @@ def make_private(
         _validate.fail(
             "per_layer" if per_layer else "clip_rule",
             per_layer if per_layer else clip_rule,
-            "the default (flat clipping at one C) with user_ids or an AdaptiveClip",
+            "its default (flat clipping at one C) with user_ids or an AdaptiveClip",
         )
     if layered:  # validated as clipped_grad takes it (a ValueError naming the argument)
         probe = clipped_grad(
@@ -416,6 +426,10 @@ def make_private(
     _validate.one_of("accounting", accounting, ACCOUNTING_METHODS)
     if physical_batch_size is not None:
         physical_batch_size = _validate.positive_int("physical_batch_size", physical_batch_size)
+    _check_layout(layout, physical_batch_size, grouping, noise, l2_clip_norm)
+    if layout is not None and layered:  # the sharded path clips flat at one C
+        name = "per_layer" if per_layer else "clip_rule"
+        _validate.fail(name, per_layer if per_layer else clip_rule, "its default with layout=")
     steps = _resolve_steps(n, batch_size, epochs, steps)
     q, records, rounds = batch_size / n, n, steps
     if noise is not None and (
@@ -469,12 +483,32 @@ def make_private(
         noise=noise,
         layer_clip_norms=layer_clip_norms,
         gamma=gamma,
+        layout=layout,
     )
 
 
 def _no_loss(params: Any, *example: Any) -> jax.Array:
     """A placeholder loss: ``clipped_grad`` validates the clipping arguments without calling it."""
     return jnp.zeros(())
+
+
+def _check_layout(layout: Any, physical_batch_size: Any, grouping: Any, noise: Any, clip: Any):
+    """A sharded run is example-level DP-SGD with a fixed C in one call per batch."""
+    if layout is None:
+        return
+    from dpjax.dp_sgd.sharded import MeshLayout  # noqa: PLC0415
+
+    if not isinstance(layout, MeshLayout):
+        _validate.fail("layout", layout, "None or a MeshLayout from dpjax.dp_sgd.mesh_layout")
+    others = {
+        "physical_batch_size": physical_batch_size,
+        "user_ids": grouping,
+        "noise": noise,
+        "l2_clip_norm": clip if isinstance(clip, adaptive_clip.AdaptiveClip) else None,
+    }
+    for name, value in others.items():
+        if value is not None:
+            _validate.fail(name, value, f"its default with layout= (a sharded run); got {value!r}")
 
 
 def _resolve_mf_noise(noise: Any, **kwargs: Any) -> Any:
