@@ -383,7 +383,10 @@ class ClippedGrad(ReadOnlyAfterInit):
 
     Attributes:
         l2_clip_norm: C as given (a float, or a pytree of per-leaf norms for per-layer clipping).
-        l2_norm_bound: the bound on one example's contribution (C, or sqrt(Σ c_l²) per-layer).
+        l2_norm_bound: the bound on one example's contribution (C, or sqrt(Σ c_l²) per-layer;
+            R for automatic clipping).
+        clip_rule: "flat" or "automatic".
+        gamma: γ of automatic clipping, None for flat clipping.
     """
 
     _DERIVED = "noise and sensitivity were derived from it"

@@ -350,3 +350,11 @@ def test_automatic_scale_covers_its_own_rounding(x64):
     worst = max(_exact_norm(row) for row in out)
     assert worst <= 1, float(worst)
     assert worst > Fraction(1 - 1e-5)  # tight: the factor is not a gross shrink
+
+
+def test_sharded_refuses_automatic_clipping():
+    from dpjax.dp_sgd import sharded
+
+    fn = clipped_grad(_linear, clip_rule="automatic")
+    with pytest.raises(ValueError, match="grad_fn"):
+        sharded.sharded_clipped_grad(fn, None)
