@@ -64,8 +64,8 @@ def _linear(w, x):
 @pytest.mark.parametrize(
     "backend, x64",
     [
-        ("vmap", False),
-        ("ghost", True),
+        ("vmap", False),  # default; ghost's default twin: the add/remove test below
+        pytest.param("ghost", True, marks=pytest.mark.slow),
         pytest.param("vmap", True, marks=pytest.mark.slow),
         pytest.param("ghost", False, marks=pytest.mark.slow),
     ],
