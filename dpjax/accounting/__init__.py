@@ -36,6 +36,7 @@ from dpjax.accounting.fdp import (
     gdp_tradeoff,
     tradeoff_curve,
 )
+from dpjax.accounting.monte_carlo import MonteCarloEpsilon, monte_carlo_epsilon
 from dpjax.accounting.optimal import optimal_composition_delta, optimal_composition_epsilon
 from dpjax.accounting.recipes import (
     advanced_composition_step_budget,
@@ -80,6 +81,8 @@ from dpjax.events import (
 )
 
 __all__ = [
+    "MonteCarloEpsilon",
+    "monte_carlo_epsilon",
     "DEFAULT_RDP_ORDERS",
     "DEFAULT_VALUE_DISCRETIZATION_INTERVAL",
     "METHODS",
