@@ -80,6 +80,8 @@ class PrivateTraining(PhaseAccounting, Stepping, Resuming, ReadOnlyAfterInit):
         clipping: str,
         accounting: str,
         noise: Any = None,
+        layer_clip_norms: Any = None,
+        gamma: float | None = None,
         layout: Any = None,
         budget: Any = None,
         budget_slack: float = 0.0,
@@ -96,6 +98,11 @@ class PrivateTraining(PhaseAccounting, Stepping, Resuming, ReadOnlyAfterInit):
         self.sampling_rate = sampler.sampling_rate
         self.steps = steps
         self.l2_clip_norm = l2_clip_norm
+        #: per-layer clipping: the pytree (or float C, split C/√L) of per-leaf norms c_l,
+        #: ``l2_clip_norm`` being their total sqrt(Σ c_l²); None: one norm for the whole gradient
+        self.layer_clip_norms = layer_clip_norms
+        #: γ of automatic clipping (``l2_clip_norm`` is then its scale R), or None
+        self.gamma = gamma
         self.expected_batch_size = sampler.expected_batch_size
         self.max_batch_size = sampler.max_batch_size
         self.delta = delta
@@ -127,7 +134,14 @@ class PrivateTraining(PhaseAccounting, Stepping, Resuming, ReadOnlyAfterInit):
                 optimizer,
             )
             loss, c = self._example_loss, l2_clip_norm
-        self.grad_fn = clipped_grad(loss, l2_clip_norm=c, backend=clipping)
+        self.grad_fn = clipped_grad(
+            loss,
+            l2_clip_norm=c if layer_clip_norms is None else layer_clip_norms,
+            backend=clipping,
+            per_layer=layer_clip_norms is not None,
+            clip_rule="flat" if gamma is None else "automatic",
+            gamma=0.01 if gamma is None else gamma,
+        )
         if layout is not None:  # parameters sharded on a mesh (dpjax.dp_sgd.sharded)
             self.grad_fn = sharded.sharded_clipped_grad(self.grad_fn, layout)
         self._plan = _plan.Plan(
