@@ -10,11 +10,13 @@ privacy", Algorithm 1, https://arxiv.org/abs/1607.00133):
 reads C from ``grad_fn``, and ``event_for(tx, sampler=..., state=...)`` reads σ from ``tx``.
 
 Modules: ``samplers`` (Poisson / shuffled / uniform batches with a fixed padded shape),
+``balls_in_bins`` (balls-in-bins / random allocation batches, padded),
 ``clipping`` (per-example clipped sums, certified against rounding), ``ghost`` (ghost clipping:
 norms without per-example gradients; its certified bounds and sums in ``_ghost_bounds`` and
 ``_ghost_sums``), ``transforms`` (noise and normalisation as optax ``GradientTransformation``s,
 the Laplace DP-SGD noise), ``optimizers`` (``dp_sgd_optimizer``, gradient accumulation, Laplace
-DP-SGD), ``distributed`` (data parallel over a device mesh), ``user_level`` (user-level
+DP-SGD), ``distributed`` (data parallel over a device mesh), ``sharded`` (parameters sharded
+over a mesh's model axis, FSDP-style, noise drawn shard by shard), ``user_level`` (user-level
 DP-SGD: ``make_private(..., user_ids=...)``), ``adaptive_clip`` (adaptive clipping, Andrew et
 al. 2021: C follows a quantile of the norms), ``norm_layers`` (``replace_batch_norm``: GroupNorm
 in place of BatchNorm in a flax nnx model), ``finetune`` (full, LoRA, bias-only, last-layer
@@ -39,6 +41,7 @@ from dpjax.dp_sgd.adaptive_clip import (
     accounted_noise_multiplier,
     effective_noise_multiplier,
 )
+from dpjax.dp_sgd.balls_in_bins import BallsInBinsSampler
 from dpjax.dp_sgd.clipping import ClippedGrad, ClippingInfo, clip_pytree, clipped_grad
 from dpjax.dp_sgd.distributed import DataParallelClippedGrad, data_parallel, replicate
 from dpjax.dp_sgd.matrix_factorization.config import BandMF, CyclicPoissonSampler
@@ -60,6 +63,13 @@ from dpjax.dp_sgd.samplers import (
     ShuffledBatchSampler,
     UniformBatchSampler,
     WithReplacementSampler,
+)
+from dpjax.dp_sgd.sharded import (
+    MeshLayout,
+    ShardedClippedGrad,
+    add_sharded_gaussian_noise,
+    mesh_layout,
+    sharded_clipped_grad,
 )
 from dpjax.dp_sgd.training import (
     Callback,
@@ -92,6 +102,7 @@ from dpjax.dp_sgd.user_level import (
 )
 
 __all__ = [
+    "BallsInBinsSampler",
     "AccumulationState",
     "AdaptiveClip",
     "AdaptiveClipState",
@@ -107,12 +118,14 @@ __all__ = [
     "EarlyStopping",
     "Evaluate",
     "FitRun",
+    "MeshLayout",
     "PaddedBatch",
     "PoissonSampler",
     "PrivateState",
     "PrivateTraining",
     "PublicNoiseState",
     "PublicState",
+    "ShardedClippedGrad",
     "ShuffledBatchSampler",
     "UniformBatchSampler",
     "UserGrouping",
@@ -122,6 +135,7 @@ __all__ = [
     "accumulate_clipped_sums",
     "add_gaussian_noise",
     "add_laplace_dp_sgd_noise",
+    "add_sharded_gaussian_noise",
     "clip_pytree",
     "clipped_grad",
     "clipped_user_sum",
@@ -134,6 +148,7 @@ __all__ = [
     "laplace_dp_sgd_optimizer",
     "laplace_dp_sgd_event",
     "make_private",
+    "mesh_layout",
     "nnx_loss",
     "noise_releases",
     "normalize_by",
@@ -142,4 +157,5 @@ __all__ = [
     "replace_batch_norm",
     "replicate",
     "restore_checkpoint",
+    "sharded_clipped_grad",
 ]
