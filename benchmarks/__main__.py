@@ -21,7 +21,7 @@ against `jax.random.normal` (target <= 1.3 x).
 
 Four other sections run instead of the table: --startup (time to first result: `import dpjax`,
 each console script's --help, the README's make_private block; startup.{json,md}),
---construction (CPU time of building make_private; construction.{json,md}), and --accounting
+--construction (CPU time of building make_private; construction.{json,md}), --accounting
 (CPU time of the accountant, 1000 recorded steps -> epsilon, and of make_private at a target
 epsilon; accounting.{json,md}), and --mechanisms (scalar Gaussian and Laplace releases per
 second, jit(vmap) over distinct keys and batched; mechanisms.{json,md}).
