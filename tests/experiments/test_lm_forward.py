@@ -17,19 +17,36 @@ import pytest
 
 from experiments.lm import model
 
-SMALL = model.LlamaConfig(vocab=50, width=24, n_blocks=2, n_heads=6, n_kv_heads=2, mlp=40,
-                          rope_base=10000.0, norm_eps=1e-5)  # fmt: skip
+SMALL = model.LlamaConfig(
+    vocab=50,
+    width=24,
+    n_blocks=2,
+    n_heads=6,
+    n_kv_heads=2,
+    mlp=40,
+    rope_base=10000.0,
+    norm_eps=1e-5,
+)
 
 
 def synthetic_params(config, seed=0):
     """Random float32 weights in the GGUF (llama.cpp) layout, as torch-style (out, in) rows."""
     rng = np.random.default_rng(seed)
     hd = config.head_dim
-    rows = {"q": config.n_heads * hd, "k": config.n_kv_heads * hd, "v": config.n_kv_heads * hd,
-            "o": config.width, "gate": config.mlp, "up": config.mlp, "down": config.width}  # fmt: skip
+    rows = {
+        "q": config.n_heads * hd,
+        "k": config.n_kv_heads * hd,
+        "v": config.n_kv_heads * hd,
+        "o": config.width,
+        "gate": config.mlp,
+        "up": config.mlp,
+        "down": config.width,
+    }
     cols = {k: config.width for k in rows} | {"o": config.n_heads * hd, "down": config.mlp}
-    torch_style = {"embed": rng.normal(size=(config.vocab, config.width)).astype(np.float32),
-                   "final_norm": (1 + 0.1 * rng.normal(size=config.width)).astype(np.float32)}  # fmt: skip
+    torch_style = {
+        "embed": rng.normal(size=(config.vocab, config.width)).astype(np.float32),
+        "final_norm": (1 + 0.1 * rng.normal(size=config.width)).astype(np.float32),
+    }
     for i in range(config.n_blocks):
         for name in rows:
             w = rng.normal(size=(rows[name], cols[name])) / np.sqrt(cols[name])
@@ -42,9 +59,11 @@ def synthetic_params(config, seed=0):
 
 
 def to_flax(config, torch_style):
-    params = {"embed": {"embedding": torch_style["embed"]},
-              "final_norm": {"scale": torch_style["final_norm"]},
-              "head": {"kernel": torch_style["embed"].T.copy()}}  # fmt: skip
+    params = {
+        "embed": {"embedding": torch_style["embed"]},
+        "final_norm": {"scale": torch_style["final_norm"]},
+        "head": {"kernel": torch_style["embed"].T.copy()},
+    }
     for i in range(config.n_blocks):
         block = {}
         for name in ("q", "k", "v", "o", "gate", "up", "down"):
@@ -72,8 +91,11 @@ def reference_logits(config, torch_style, tokens):
 
     x = torch_style["embed"][tokens].astype(np.float64)
     for i in range(config.n_blocks):
-        w = {k.split(".")[1]: v.astype(np.float64) for k, v in torch_style.items()
-             if k.startswith(f"{i}.")}  # fmt: skip
+        w = {
+            k.split(".")[1]: v.astype(np.float64)
+            for k, v in torch_style.items()
+            if k.startswith(f"{i}.")
+        }
         h = norm(x, w["attn_norm"])
         wq = model.unpermute_rope(w["q"], config.n_heads)
         wk = model.unpermute_rope(w["k"], config.n_kv_heads)
@@ -144,9 +166,17 @@ def test_a_gguf_written_by_gguf_reads_back_into_the_same_parameters(tmp_path):
     writer.add_rope_freq_base(SMALL.rope_base)
     writer.add_layer_norm_rms_eps(SMALL.norm_eps)
     writer.add_token_list([f"t{i}" for i in range(SMALL.vocab)])
-    names = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output",
-             "gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down",
-             "attn_norm": "attn_norm", "mlp_norm": "ffn_norm"}  # fmt: skip
+    names = {
+        "q": "attn_q",
+        "k": "attn_k",
+        "v": "attn_v",
+        "o": "attn_output",
+        "gate": "ffn_gate",
+        "up": "ffn_up",
+        "down": "ffn_down",
+        "attn_norm": "attn_norm",
+        "mlp_norm": "ffn_norm",
+    }
     writer.add_tensor("token_embd.weight", torch_style["embed"])
     writer.add_tensor("output_norm.weight", torch_style["final_norm"])
     for key, value in torch_style.items():
@@ -162,8 +192,11 @@ def test_a_gguf_written_by_gguf_reads_back_into_the_same_parameters(tmp_path):
     want = to_flax(SMALL, torch_style)
     import jax
 
-    for (p1, a), (p2, b) in zip(jax.tree_util.tree_leaves_with_path(params),
-                                jax.tree_util.tree_leaves_with_path(want), strict=True):  # fmt: skip
+    for (p1, a), (p2, b) in zip(
+        jax.tree_util.tree_leaves_with_path(params),
+        jax.tree_util.tree_leaves_with_path(want),
+        strict=True,
+    ):
         assert p1 == p2
         np.testing.assert_array_equal(a, b)
 
@@ -191,9 +224,11 @@ def test_logits_match_transformers_on_the_smollm2_gguf():
     hf.eval()
     apply = jax.jit(lambda p, t: model.logits(config, p, t))
     params = jax.tree.map(jnp.asarray, params)
-    prompts = ["To be, or not to be, that is the question:",
-               "ROMEO. But soft, what light through yonder window breaks?",
-               "The capital of France is"]  # fmt: skip
+    prompts = [
+        "To be, or not to be, that is the question:",
+        "ROMEO. But soft, what light through yonder window breaks?",
+        "The capital of France is",
+    ]
     for prompt in prompts:
         ids = tokenizer(prompt)["input_ids"]
         with torch.no_grad():
