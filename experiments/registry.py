@@ -34,6 +34,7 @@ EXPERIMENTS: dict[str, str] = {
     "mnist_cnn": "experiments.mnist_cnn",
     "scatternet": "experiments.scatternet",
     "published": "experiments.published",
+    "finetune_lm": "experiments.finetune_lm",
 }
 
 # Run by name only, never by `all` (`make reproduce`): their data need npm/apt (`make data`).
