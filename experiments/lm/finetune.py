@@ -26,7 +26,11 @@ Modes (the trainable part of the window; everything else frozen by
 * ``norm``: the RMSNorm scales of the window (DP-BiTFiT, Bu et al. 2022, trains the biases;
   Llama has NO biases, so the analogue here is norm-only);
 * ``last_blocks``: every parameter of the window's last ``last_blocks`` blocks;
-* ``full``: every parameter of the window (its blocks, final norm and head);
+* ``full``: every parameter of the window's blocks and its final norm. The head (49 152 × 576,
+  tied to the embedding table in the file) stays frozen: dpjax's certified ghost clipping
+  refuses a float32 layer whose per-example gradient has more than 2²³ entries (the rounding
+  bound of its norm would not hold), and 28.3 M noise coordinates would swamp the signal;
+
 * ``scratch``: a small Llama (same tokenizer) from a random initialisation, all parameters.
 """
 
@@ -111,14 +115,15 @@ def lower_hidden_states(config, lower_params, tokens, batch: int = 32) -> np.nda
     """Hidden states (n, T, D) after the frozen lower blocks, computed once (public weights)."""
     n_lower = sum(1 for k in lower_params if k.startswith("blocks_"))
     net = model.LowerBlocks(config, n_lower)
-    run = jax.jit(jax.vmap(lambda t: net.apply({"params": lower_params}, t)))
+    # the weights are an ARGUMENT of the compiled function, not constants folded into it
+    run = jax.jit(jax.vmap(lambda p, t: net.apply({"params": p}, t), in_axes=(None, 0)))
     out = []
     for start in range(0, len(tokens), batch):
         chunk = np.asarray(tokens[start : start + batch])
         size = len(chunk)
         if size < batch:  # one compiled shape
             chunk = np.concatenate([chunk, np.repeat(chunk[-1:], batch - size, 0)])
-        out.append(np.asarray(run(jnp.asarray(chunk)))[:size])
+        out.append(np.asarray(run(lower_params, jnp.asarray(chunk)))[:size])
     return np.concatenate(out).astype(np.float32)
 
 
@@ -144,17 +149,17 @@ def example_loss_fn(net):
 def sequence_nll(net, params, x, y, mask, batch: int = 32) -> tuple[float, float]:
     """(summed NLL over real target tokens, number of real targets) on held-out sequences."""
 
-    def one(x1, y1, m1):
-        logp = jax.nn.log_softmax(net.apply({"params": params}, x1).astype(jnp.float32), -1)
+    def one(p, x1, y1, m1):
+        logp = jax.nn.log_softmax(net.apply({"params": p}, x1).astype(jnp.float32), -1)
         nll = -jnp.take_along_axis(logp, y1[:, None], axis=-1)[:, 0]
         return jnp.sum(jnp.where(m1 > 0, nll, 0.0))
 
-    run = jax.jit(jax.vmap(one))
+    run = jax.jit(jax.vmap(one, in_axes=(None, 0, 0, 0)))
     total, count = 0.0, float(np.sum(mask))
     for start in range(0, len(y), batch):
         sl = slice(start, start + batch)
-        total += float(np.sum(np.asarray(run(jnp.asarray(x[sl]), jnp.asarray(y[sl]),
-                                             jnp.asarray(mask[sl])), np.float64)))  # fmt: skip
+        sums = run(params, jnp.asarray(x[sl]), jnp.asarray(y[sl]), jnp.asarray(mask[sl]))
+        total += float(np.sum(np.asarray(sums, np.float64)))
     return total, count
 
 
@@ -172,7 +177,7 @@ def mode_parts(mode: str, window_params: dict, *, rank: int, last_blocks: int, k
             raise ValueError(f"last_blocks must be in [1, {len(blocks)}]; got {last_blocks}")
         predicate = ft.under(*blocks[-last_blocks:])
     elif mode == "full":
-        predicate = lambda path, _=None: True  # noqa: E731
+        predicate = lambda path, _=None: path[0] != "head"  # noqa: E731
     else:
         raise ValueError(f"mode must be one of {MODES}; got {mode!r}")
     return ft.partition(params, predicate)

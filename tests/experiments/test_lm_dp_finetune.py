@@ -86,9 +86,9 @@ def test_modes_select_their_parameters():
     for mode in lmft.MODES:
         trainable, _ = lmft.mode_parts(mode, upper, rank=2, last_blocks=1, key=jax.random.key(0))
         d[mode] = ft.num_params(trainable)
-    w, m, v, hd = SMALL.width, SMALL.mlp, SMALL.vocab, SMALL.head_dim
+    w, m, hd = SMALL.width, SMALL.mlp, SMALL.head_dim
     kv = SMALL.n_kv_heads * hd
     lora = 2 * ((w + w) + (w + kv) * 2 + (w + w) + 2 * (w + m) + (m + w))
     block = w * w * 2 + 2 * w * kv + 3 * w * m + 2 * w
     assert d == {"lora": lora, "norm": 3 * w, "last_blocks": block,
-                 "full": block + w + w * v}  # fmt: skip
+                 "full": block + w}  # fmt: skip
