@@ -123,9 +123,11 @@ def _perplexity(net, params, part: dict, x=None) -> float:
     return math.exp(total / count)
 
 
-def _dp_run(net, trainable, frozen, data: dict, *, epsilon, spec, lr, seed, user_ids=None):
+def make_private_run(net, frozen, n: int, *, epsilon, spec, lr, seed, user_ids=None):
+    """The :func:`dpjax.make_private` object of one run: example level (ghost clipping, q =
+    batch/n over windows) or, with ``user_ids``, user level (q = b_u/U over the U characters,
+    b_u = batch·U/n users expected per batch: the same expected number of windows)."""
     import jax
-    import jax.numpy as jnp
     import optax
 
     import dpjax
@@ -133,16 +135,24 @@ def _dp_run(net, trainable, frozen, data: dict, *, epsilon, spec, lr, seed, user
     from experiments.lm import finetune as lmft
 
     loss = ft.trainable_loss(lmft.example_loss_fn(net), frozen)
-    n = len(data["y"])
     batch = spec["batch"]
-    if user_ids is not None:  # expected USERS per batch: the same expected number of windows
+    if user_ids is not None:
         batch = max(1, round(batch * len(np.unique(user_ids)) / n))
-    private = dpjax.make_private(
+    return dpjax.make_private(
         loss, optimizer=optax.adam(lr), l2_clip_norm=CLIP, dataset_size=n, batch_size=batch,
         delta=DELTA, key=jax.random.key(10_000 + seed), steps=spec["steps"],
         target_epsilon=epsilon, clipping="vmap" if user_ids is not None else "ghost",
         user_ids=user_ids,
     )  # fmt: skip
+
+
+def _dp_run(net, trainable, frozen, data: dict, *, epsilon, spec, lr, seed, user_ids=None):
+    import jax
+    import jax.numpy as jnp
+
+    private = make_private_run(net, frozen, len(data["y"]), epsilon=epsilon, spec=spec, lr=lr,
+                               seed=seed, user_ids=user_ids)  # fmt: skip
+    batch = private.expected_batch_size
     rows = {k: jnp.asarray(data[k]) for k in ("x", "y", "mask")}
     with jax.numpy_dtype_promotion("standard"):
         trained, state, _ = private.fit(trainable, rows, progress=False)

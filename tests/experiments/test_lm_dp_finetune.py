@@ -92,3 +92,35 @@ def test_modes_select_their_parameters():
     block = w * w * 2 + 2 * w * kv + 3 * w * m + 2 * w
     assert d == {"lora": lora, "norm": 3 * w, "last_blocks": block,
                  "full": block + w}  # fmt: skip
+
+
+@pytest.mark.slow  # two PLD calibrations (~15 s on the busy 2 cores)
+def test_user_level_run_is_accounted_per_character():
+    """The user-level run samples CHARACTERS (q = b_u/U) and its ε is dp-accounting's for the
+    subsampled Gaussian over users; the example-level run beside it samples windows."""
+    import dp_accounting
+
+    from experiments import finetune_lm
+
+    params = to_flax(SMALL, synthetic_params(SMALL))
+    _, upper = model.split_params(params, 1)
+    _, frozen = lmft.mode_parts("lora", upper, rank=2, last_blocks=1, key=jax.random.key(0))
+    users = np.repeat(np.arange(40), 3)  # 40 characters, 3 windows each: n = 120
+    spec = dict(batch=12, steps=5)
+    net = lmft.window_model(SMALL, 1)
+    user = finetune_lm.make_private_run(net, frozen, 120, epsilon=3.0, spec=spec, lr=1e-3,
+                                        seed=0, user_ids=users)  # fmt: skip
+    example = finetune_lm.make_private_run(net, frozen, 120, epsilon=3.0, spec=spec, lr=1e-3,
+                                           seed=0)  # fmt: skip
+    assert user.privacy_unit == "user" and user.num_users == 40
+    assert user.sampling_rate == pytest.approx(4 / 40)  # b_u = 12 * 40 / 120 = 4 characters
+    assert example.sampling_rate == pytest.approx(12 / 120)
+    assert getattr(example, "privacy_unit", "example") != "user"
+    event = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(
+            user.sampling_rate, dp_accounting.GaussianDpEvent(user.noise_multiplier)
+        ),
+        5,
+    )
+    pld = dp_accounting.pld.PLDAccountant().compose(event)
+    assert pld.get_epsilon(finetune_lm.DELTA) == pytest.approx(3.0, abs=0.05)
