@@ -14,7 +14,8 @@ Modules: ``samplers`` (Poisson / shuffled / uniform batches with a fixed padded 
 norms without per-example gradients; its certified bounds and sums in ``_ghost_bounds`` and
 ``_ghost_sums``), ``transforms`` (noise and normalisation as optax ``GradientTransformation``s,
 the Laplace DP-SGD noise), ``optimizers`` (``dp_sgd_optimizer``, gradient accumulation, Laplace
-DP-SGD), ``distributed`` (data parallel over a device mesh), ``user_level`` (user-level
+DP-SGD), ``distributed`` (data parallel over a device mesh), ``sharded`` (parameters sharded
+over a mesh's model axis, FSDP-style, noise drawn shard by shard), ``user_level`` (user-level
 DP-SGD: ``make_private(..., user_ids=...)``), ``adaptive_clip`` (adaptive clipping, Andrew et
 al. 2021: C follows a quantile of the norms), ``norm_layers`` (``replace_batch_norm``: GroupNorm
 in place of BatchNorm in a flax nnx model), ``finetune`` (full, LoRA, bias-only, last-layer
@@ -60,6 +61,13 @@ from dpjax.dp_sgd.samplers import (
     ShuffledBatchSampler,
     UniformBatchSampler,
     WithReplacementSampler,
+)
+from dpjax.dp_sgd.sharded import (
+    MeshLayout,
+    ShardedClippedGrad,
+    add_sharded_gaussian_noise,
+    mesh_layout,
+    sharded_clipped_grad,
 )
 from dpjax.dp_sgd.training import (
     Callback,
@@ -107,12 +115,14 @@ __all__ = [
     "EarlyStopping",
     "Evaluate",
     "FitRun",
+    "MeshLayout",
     "PaddedBatch",
     "PoissonSampler",
     "PrivateState",
     "PrivateTraining",
     "PublicNoiseState",
     "PublicState",
+    "ShardedClippedGrad",
     "ShuffledBatchSampler",
     "UniformBatchSampler",
     "UserGrouping",
@@ -122,6 +132,7 @@ __all__ = [
     "accumulate_clipped_sums",
     "add_gaussian_noise",
     "add_laplace_dp_sgd_noise",
+    "add_sharded_gaussian_noise",
     "clip_pytree",
     "clipped_grad",
     "clipped_user_sum",
@@ -134,6 +145,7 @@ __all__ = [
     "laplace_dp_sgd_optimizer",
     "laplace_dp_sgd_event",
     "make_private",
+    "mesh_layout",
     "nnx_loss",
     "noise_releases",
     "normalize_by",
@@ -142,4 +154,5 @@ __all__ = [
     "replace_batch_norm",
     "replicate",
     "restore_checkpoint",
+    "sharded_clipped_grad",
 ]

@@ -179,6 +179,7 @@ def make_private(
     accounting: str = "pld",
     user_ids: Any = None,
     noise: Any = None,
+    layout: Any = None,
 ) -> PrivateTraining:
     r"""DP-SGD in one call: Poisson sampling, per-example clipping, noise once, accounting.
 
@@ -250,6 +251,15 @@ def make_private(
             the order of ``data``'s rows is part of the plan: resume such a run only on the
             same rows in the same order (a record moved to another part can be sampled in
             adjacent steps, which the ⌈T/b⌉-round accounting does not cover).
+        layout: None (one device, or params replicated), or a
+            :class:`~dpjax.dp_sgd.MeshLayout` (:func:`~dpjax.dp_sgd.mesh_layout`): parameters
+            sharded over the mesh's model axis, each batch's rows over its data axis
+            (:mod:`dpjax.dp_sgd.sharded`); put ``params`` on the mesh with
+            ``jax.device_put(params, layout.param_shardings())``. The per-example norms are
+            summed over the shards once in a fixed order, the noise of each shard is drawn on
+            its devices (the same release on every mesh shape), and σ, q, C and ε are those of
+            the one-device run. Example-level DP with a fixed C, no BandMF noise and no
+            ``physical_batch_size`` (refused otherwise).
 
     Returns:
         A :class:`PrivateTraining` with ``noise_multiplier``, ``sampling_rate``, ``steps``,
@@ -369,6 +379,7 @@ def make_private(
     _validate.one_of("accounting", accounting, ACCOUNTING_METHODS)
     if physical_batch_size is not None:
         physical_batch_size = _validate.positive_int("physical_batch_size", physical_batch_size)
+    _check_layout(layout, physical_batch_size, grouping, noise, l2_clip_norm)
     steps = _resolve_steps(n, batch_size, epochs, steps)
     q, records, rounds = batch_size / n, n, steps
     if noise is not None and (
@@ -420,7 +431,27 @@ def make_private(
         clipping=clipping,
         accounting=accounting,
         noise=noise,
+        layout=layout,
     )
+
+
+def _check_layout(layout: Any, physical_batch_size: Any, grouping: Any, noise: Any, clip: Any):
+    """A sharded run is example-level DP-SGD with a fixed C in one call per batch."""
+    if layout is None:
+        return
+    from dpjax.dp_sgd.sharded import MeshLayout  # noqa: PLC0415
+
+    if not isinstance(layout, MeshLayout):
+        _validate.fail("layout", layout, "None or a MeshLayout from dpjax.dp_sgd.mesh_layout")
+    others = {
+        "physical_batch_size": physical_batch_size,
+        "user_ids": grouping,
+        "noise": noise,
+        "l2_clip_norm": clip if isinstance(clip, adaptive_clip.AdaptiveClip) else None,
+    }
+    for name, value in others.items():
+        if value is not None:
+            _validate.fail(name, value, f"its default with layout= (a sharded run); got {value!r}")
 
 
 def _resolve_mf_noise(noise: Any, **kwargs: Any) -> Any:

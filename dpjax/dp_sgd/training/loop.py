@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import optax
 
 from dpjax import _validate
-from dpjax.dp_sgd import adaptive_clip
+from dpjax.dp_sgd import adaptive_clip, sharded
 from dpjax.dp_sgd._frozen import ReadOnlyAfterInit
 from dpjax.dp_sgd.clipping import clipped_grad
 from dpjax.dp_sgd.matrix_factorization import row_order as _row_order
@@ -78,8 +78,11 @@ class PrivateTraining(PhaseAccounting, Stepping, Resuming, ReadOnlyAfterInit):
         clipping: str,
         accounting: str,
         noise: Any = None,
+        layout: Any = None,
     ):
         self.loss_fn = loss_fn
+        #: the :class:`~dpjax.dp_sgd.MeshLayout` of sharded parameters, or None (one device)
+        self.layout = layout
         #: the resolved correlated noise (``make_private(noise=BandMF(b))``), or None: DP-SGD
         self.noise = noise
         self.sampler = sampler
@@ -113,14 +116,14 @@ class PrivateTraining(PhaseAccounting, Stepping, Resuming, ReadOnlyAfterInit):
             loss, c = self._loss_over_clip_norm, 1.0
         else:
             self._tx = optax.chain(
-                add_gaussian_noise(noise_multiplier * l2_clip_norm, key=noise_key)
-                if noise is None
-                else noise.transform(noise_multiplier, l2_clip_norm, key=noise_key),
+                self._noise_transform(noise_multiplier * l2_clip_norm, noise_key),
                 normalize_by(self.expected_batch_size),
                 optimizer,
             )
             loss, c = self._example_loss, l2_clip_norm
         self.grad_fn = clipped_grad(loss, l2_clip_norm=c, backend=clipping)
+        if layout is not None:  # parameters sharded on a mesh (dpjax.dp_sgd.sharded)
+            self.grad_fn = sharded.sharded_clipped_grad(self.grad_fn, layout)
         self._plan = _plan.Plan(
             noise_multiplier=float(noise_multiplier),
             sampling_rate=float(self.sampling_rate),
@@ -140,6 +143,14 @@ class PrivateTraining(PhaseAccounting, Stepping, Resuming, ReadOnlyAfterInit):
         self._host: dict[str, Any] = {"started": False, "verified": None}
         self._jitted_step = jax.jit(self._step_impl)
         self._freeze()
+
+    def _noise_transform(self, stddev: float, key: jax.Array) -> optax.GradientTransformation:
+        """N(0, stddev²) once per step: i.i.d., BandMF-correlated, or drawn shard by shard."""
+        if self.noise is not None:
+            return self.noise.transform(self.noise_multiplier, self.l2_clip_norm, key=key)
+        if self.layout is not None:
+            return sharded.add_sharded_gaussian_noise(stddev, key=key, layout=self.layout)
+        return add_gaussian_noise(stddev, key=key)
 
     def _plan_unit(self) -> dict[str, int]:
         """The privacy unit's fields of the plan (none: example level; see user_level)."""
