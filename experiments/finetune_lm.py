@@ -221,7 +221,7 @@ def step_cost(net, trainable, frozen, data: dict, batch: int, seq_len: int) -> d
     rows = {k: jnp.asarray(data[k][:batch]) for k in ("x", "y", "mask")}
 
     def dp(p, b):
-        total, _ = clipped_grad(loss, CLIP, backend="ghost")(p, b)
+        total, _ = clipped_grad(loss, l2_clip_norm=CLIP, backend="ghost")(p, b)
         return total
 
     def plain(p, b):
