@@ -79,6 +79,8 @@ lint: $(VENV)/.installed-dev
 bench: $(VENV)/.installed-dev
 	$(PY) -m benchmarks --quick --out results
 
+## bench-full adds the vmap paths and the step-memory section (peak memory of the DP step,
+## dpjax ghost / vmap / Opacus / non-private, largest batch under 1 GiB; fresh process each).
 bench-full: $(VENV)/.installed-dev
 	$(PY) -m benchmarks --out results
 

@@ -12,9 +12,12 @@ and in CPU time. Writes bench.json and bench.md under --out, with these targets:
 * dpjax's DP step <= 0.5 x Opacus's best mode;
 * compile time of the DP step <= 3 x the non-private step's.
 
-The full run (no --quick) adds the vmap paths and a peak-memory process per method. Both end
-with the throughput of the exact integer samplers and of the sound Gaussian sampler against
-`jax.random.normal` (target <= 1.3 x).
+The full run (no --quick) adds the vmap paths and a peak-memory process per method, and the
+step-memory section (benchmarks.memory): the DP step's peak memory under dpjax ghost clipping,
+dpjax vmap, Opacus (ghost and hooks) and the non-private steps for the MLP, CNN, Llama-block
+and transformer rows, each in a fresh process, and the largest batch under a 1 GiB budget.
+Both end with the throughput of the exact integer samplers and of the sound Gaussian sampler
+against `jax.random.normal` (target <= 1.3 x).
 
 Three other sections run instead of the table: --startup (time to first result: `import dpjax`,
 each console script's --help, the README's make_private block; startup.{json,md}),
@@ -211,6 +214,25 @@ def _opacus_available() -> str | None:
     return None
 
 
+def _memory(only: set[str] | None, opacus: bool) -> dict:
+    """The step-memory section (:mod:`benchmarks.memory`) for the selected models."""
+    from benchmarks.memory import MEMORY_ROWS, run
+
+    rows = {m: b for m, b in MEMORY_ROWS.items() if only is None or m in only}
+    return run(rows, opacus=opacus)
+
+
+def memory_section(result: dict, machine: str) -> list[str]:
+    from benchmarks.memory import section
+
+    return section(result, machine)
+
+
+def _machine(device: dict) -> str:
+    kind = device.get("device_kind", device.get("platform", "cpu"))
+    return f"{kind}, {platform.machine()}, {os.cpu_count()} cores"
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -245,7 +267,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         default=None,
         metavar="MODELS",
         help="comma-separated models to run, e.g. mlp,cnn (mlp, cnn, cnn_tanh, cnn_im2col, "
-        "logreg, lora_mlp, transformer; default: all)",
+        "logreg, lora_mlp, transformer, llama_block; default: all)",
     )
     parser.add_argument(
         "--repeats",
@@ -264,6 +286,12 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         action="store_true",
         help="skip the closing throughput sections (exact integer samplers, the bare sound "
         "sampler against jax.random.normal): the model rows only",
+    )
+    parser.add_argument(
+        "--no-memory",
+        action="store_true",
+        help="skip the full run's step-memory section (fresh processes per model, batch and "
+        "method)",
     )
     parser.add_argument(
         "--construction",
@@ -350,6 +378,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         payload["integer_noise"] = integer_noise.run(args.quick)
         payload["sampler"] = sampler.run(args.quick)  # sound sampler / jax.random.normal
         rows.append(payload["sampler"]["target"])
+    if not args.quick and not args.no_memory:
+        payload["memory"] = _memory(only, opacus=no_opacus is None)
     (args.out / "bench.json").write_text(json.dumps(payload, indent=2))
     md = ["# dpjax benchmarks", "", f"`{json.dumps(meta)}`", ""]
     md += _summary_table(records, opacus=no_opacus is None)
@@ -360,6 +390,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     if not args.no_samplers:
         md += integer_noise.section(payload["integer_noise"])
         md += sampler.section(payload["sampler"])
+    if "memory" in payload:
+        md += memory_section(payload["memory"], _machine(device))
     (args.out / "bench.md").write_text("\n".join(md) + "\n")
     print("\n".join(md), flush=True)
     return 0

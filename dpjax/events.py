@@ -39,6 +39,7 @@ __all__ = [
     "EpsilonDeltaEvent",
     "PoissonSampledGaussianEvent",
     "FixedBatchGaussianEvent",
+    "BallsInBinsGaussianEvent",
     "LaplaceDPSGDEvent",
     "RepeatAndSelectEvent",
     "WithReplacementGaussianEvent",
@@ -253,6 +254,86 @@ class FixedBatchGaussianEvent(PrivacyEvent):
 
 
 @dataclasses.dataclass(frozen=True)
+class BallsInBinsGaussianEvent(PrivacyEvent):
+    """``count`` DP-SGD steps with balls-in-bins batches (random 1-out-of-t allocation):
+    every epoch of t = ``steps_per_epoch`` steps assigns each record to one uniformly random
+    step, independently of the other records; clipped sum + N(0, (σ·C)²).
+
+    Accounted WITHOUT amplification (:class:`dpjax.dp_sgd.BallsInBinsSampler`, "Formal
+    guarantees"): each epoch, a partial one included, is charged as one Gaussian release of
+    sensitivity C (add/remove-one) or 2C (replace-one), so the event composes
+    :attr:`epochs` = ⌈count/t⌉ of them. ``dataset_size`` n and ``max_batch_size`` m (both or
+    neither) record a padded sampler that keeps at most m records of a step; the accountants
+    charge its truncation slack (1 + e^ε)·count·p̄ on δ with p̄ = P[Binomial(n + 1, 1/t) > m],
+    as for a padded :class:`PoissonSampledGaussianEvent`.
+    """
+
+    noise_multiplier: float
+    steps_per_epoch: int
+    count: int = 1
+    relation: NeighbouringRelation = ADD_OR_REMOVE_ONE
+    dataset_size: int | None = None
+    max_batch_size: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._coerce_float("noise_multiplier")
+        self._coerce_int("steps_per_epoch")
+        _validate.positive("noise_multiplier", self.noise_multiplier)
+        _validate.positive_int("steps_per_epoch", self.steps_per_epoch)
+        if (self.dataset_size is None) != (self.max_batch_size is None):
+            _validate.fail(
+                "max_batch_size",
+                self.max_batch_size,
+                "given together with dataset_size (a padded sampler) or both None",
+            )
+        if self.dataset_size is not None:
+            self._coerce_int("dataset_size", "max_batch_size")
+            _validate.positive_int("dataset_size", self.dataset_size)
+            _validate.positive_int("max_batch_size", self.max_batch_size)
+            if self.max_batch_size > self.dataset_size:
+                n = self.dataset_size
+                _validate.fail("max_batch_size", self.max_batch_size, f"at most dataset_size={n}")
+
+    @property
+    def epochs(self) -> int:
+        """⌈count / steps_per_epoch⌉: the epochs the run touches (a partial one counts)."""
+        return -(-self.count // self.steps_per_epoch)
+
+    @property
+    def truncated(self) -> bool:
+        """Whether the event records a padded (capped) sampler."""
+        return self.dataset_size is not None
+
+    @property
+    def overflow_probability(self) -> float:
+        """p̄ = P[Binomial(n + 1, 1/t) > m]: the chance per step that the padded sampler drops
+        a record on the data set or any neighbour of it; 0 without a cap."""
+        if self.dataset_size is None:
+            return 0.0
+        rate = 1.0 / self.steps_per_epoch
+        return float(stats.binom.sf(self.max_batch_size, self.dataset_size + 1, rate))
+
+    def untruncated(self, *, slack_paid_separately: bool = False) -> BallsInBinsGaussianEvent:
+        """The same event without the cap: an ANALYSIS aid (the caller pays the truncation
+        slack (1 + e^ε)·count·p̄ itself, and says so with ``slack_paid_separately=True``).
+
+        Raises:
+            ValueError: a padded event and ``slack_paid_separately`` not True.
+        """
+        if not self.truncated:
+            return self
+        if slack_paid_separately is not True:
+            _validate.fail(
+                "slack_paid_separately",
+                slack_paid_separately,
+                "True: the untruncated event drops the padded sampler's truncation slack "
+                f"(1 + e^ε)·count·p̄ with count·p̄ = {self.count * self.overflow_probability:.3g}",
+            )
+        return dataclasses.replace(self, dataset_size=None, max_batch_size=None)
+
+
+@dataclasses.dataclass(frozen=True)
 class LaplaceDPSGDEvent(PrivacyEvent):
     """The Laplace-noise batch-1 DP-SGD (no published source located): per-step
     pure-DP budgets ε_h.
@@ -397,6 +478,7 @@ EVENT_TYPES: dict[str, type[PrivacyEvent]] = {
         EpsilonDeltaEvent,
         PoissonSampledGaussianEvent,
         FixedBatchGaussianEvent,
+        BallsInBinsGaussianEvent,
         LaplaceDPSGDEvent,
         RepeatAndSelectEvent,
         WithReplacementGaussianEvent,
@@ -409,10 +491,13 @@ def count_is_additive(event: PrivacyEvent) -> bool:
     """Whether ``count`` releases of ``event`` are accounted as ``count`` independent copies.
 
     True for every event except shuffled fixed-size batches (``FixedBatchGaussianEvent`` with
-    ``sampling="shuffle"``): their accounting charges ⌈count/⌊n/b⌋⌉ uses per *permutation*, so
+    ``sampling="shuffle"``) and balls-in-bins batches (``BallsInBinsGaussianEvent``): their
+    accounting charges ⌈count/⌊n/b⌋⌉ (or ⌈count/t⌉) uses per *permutation* (or epoch), so
     two separately recorded shuffled runs (two permutations) are not one run of the summed
     length, and merging them would under-state ε.
     """
+    if isinstance(event, BallsInBinsGaussianEvent):  # ⌈count/t⌉ epochs: a partial one is whole
+        return False
     return not (isinstance(event, FixedBatchGaussianEvent) and event.sampling == "shuffle")
 
 
@@ -489,6 +574,7 @@ _OPTIONAL_FIELDS = {
     "PoissonSampledGaussianEvent": {"dataset_size", "max_batch_size", "privacy_unit"},
     "EpsilonDeltaEvent": {"privacy_unit"},
     "RepeatAndSelectEvent": {"max_trials"},
+    "BallsInBinsGaussianEvent": {"dataset_size", "max_batch_size"},
 }
 
 

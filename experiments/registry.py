@@ -29,6 +29,7 @@ EXPERIMENTS: dict[str, str] = {
     "utility": "experiments.utility",
     "tuning": "experiments.tuning",
     "finetune": "experiments.finetune",
+    "auto_clip": "experiments.auto_clip",
     "correlated": "experiments.correlated",
     "erm_adult": "experiments.erm_adult",
     "mnist_cnn": "experiments.mnist_cnn",

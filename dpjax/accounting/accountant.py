@@ -117,7 +117,9 @@ def _why_not(events: Sequence[ev.PrivacyEvent], method: str) -> str | None:
             if isinstance(e, _EXTENSION_EVENTS):
                 continue
             try:
-                to_dp_event(_untruncated_one(e) if selecting else e, method=method)
+                # balls-in-bins: the slack is paid on δ by every evaluator (no DpEvent has it)
+                plain = selecting or isinstance(e, ev.BallsInBinsGaussianEvent)
+                to_dp_event(_untruncated_one(e) if plain else e, method=method)
             except ValueError as err:
                 return str(err)
         return None
@@ -555,7 +557,8 @@ class PrivacyAccountant:
     def _history_of(
         self, prefixes: list[list[ev.PrivacyEvent]], delta: float, method: str
     ) -> list[float]:
-        if any(isinstance(e, _EXTENSION_EVENTS) for e in prefixes[-1]):
+        if any(isinstance(e, _EXTENSION_EVENTS) or _padded_balls_in_bins(e) for e in prefixes[-1]):
+            # per prefix, through the evaluators that pay a padded sampler's slack on δ
             return [self._epsilon_of(p, delta, method) for p in prefixes]
         if method == "pld":
             blocks = _blocks(prefixes)
@@ -660,6 +663,11 @@ class PrivacyAccountant:
             value_discretization_interval=state["value_discretization_interval"],
             orders=state["orders"],
         )
+
+
+def _padded_balls_in_bins(event: ev.PrivacyEvent) -> bool:
+    """A balls-in-bins event with a cap: its slack is paid on δ, not by an RDP curve."""
+    return isinstance(event, ev.BallsInBinsGaussianEvent) and event.truncated
 
 
 def _blocks(prefixes: list[list[ev.PrivacyEvent]]) -> list[list[ev.PrivacyEvent]] | None:

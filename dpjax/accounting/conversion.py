@@ -39,6 +39,18 @@ _DP_RELATION = {
 }
 
 
+def balls_in_bins_dp_event(event: ev.BallsInBinsGaussianEvent) -> dp_accounting.DpEvent:
+    """The conservative (no amplification) bound on balls-in-bins batches: ``event.epochs``
+    Gaussian releases of σ/Δ = ``noise_multiplier`` / (1 or 2), Δ = C add/remove-one, 2C
+    replace-one (read under dp-accounting's unit-shift relation). The untruncated event's;
+    the truncation slack of a padded event is paid on δ by the callers
+    (:mod:`dpjax.accounting.padded_slack`). See :class:`dpjax.dp_sgd.BallsInBinsSampler`.
+    """
+    factor = _REPLACE_FACTOR if event.relation is REPLACE_ONE else 1.0
+    inner = dp_accounting.GaussianDpEvent(event.noise_multiplier / factor)
+    return dp_accounting.SelfComposedDpEvent(inner, event.epochs)
+
+
 def fixed_batch_uses(event: ev.FixedBatchGaussianEvent) -> int:
     """How many of the event's noisy releases one record can be part of.
 
@@ -116,6 +128,15 @@ def to_dp_event(
         # Gaussian release with sensitivity 2C (parallel composition within an epoch).
         inner = dp_accounting.GaussianDpEvent(event.noise_multiplier / _REPLACE_FACTOR)
         return dp_accounting.SelfComposedDpEvent(inner, fixed_batch_uses(event)), unit
+    elif isinstance(event, ev.BallsInBinsGaussianEvent):
+        if event.truncated:  # no DpEvent carries the cap: its slack would be dropped
+            raise ValueError(
+                "event must be an untruncated BallsInBinsGaussianEvent for dp-accounting: the "
+                "padded sampler's truncation slack (1 + e^ε)·count·p̄ is paid on δ by dpjax's "
+                "accountants (PrivacyAccountant), or use event.untruncated("
+                "slack_paid_separately=True) and add dpjax.accounting.truncation_slack yourself"
+            )
+        return balls_in_bins_dp_event(event), unit
     else:
         raise _unsupported(
             event,

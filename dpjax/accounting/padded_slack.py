@@ -77,6 +77,10 @@ def _selection_mass(event: ev.RepeatAndSelectEvent) -> float:
     return event.count * (tail + mean * _overflow_mass(event.base_parts))
 
 
+#: Events of padded samplers (a public cap m on the batch; the overflow is charged on δ).
+_PADDED_EVENTS = (ev.PoissonSampledGaussianEvent, ev.BallsInBinsGaussianEvent)
+
+
 def _overflow_mass(events: Sequence[ev.PrivacyEvent]) -> float:
     """Σ count·p̄ over the padded-sampler events, plus :func:`_selection_mass` of private
     selections (0 if there are neither)."""
@@ -85,14 +89,13 @@ def _overflow_mass(events: Sequence[ev.PrivacyEvent]) -> float:
         if isinstance(e, ev.RepeatAndSelectEvent)
         else e.count * e.overflow_probability
         for e in events
-        if isinstance(e, ev.RepeatAndSelectEvent)
-        or (isinstance(e, ev.PoissonSampledGaussianEvent) and e.truncated)
+        if isinstance(e, ev.RepeatAndSelectEvent) or (isinstance(e, _PADDED_EVENTS) and e.truncated)
     )
 
 
 def _untruncated_one(e: ev.PrivacyEvent) -> ev.PrivacyEvent:
     """The event whose guarantee, plus the slack of :func:`_overflow_mass`, bounds ``e``'s."""
-    if isinstance(e, ev.PoissonSampledGaussianEvent) and e.truncated:
+    if isinstance(e, _PADDED_EVENTS) and e.truncated:
         return e.untruncated(slack_paid_separately=True)
     if isinstance(e, ev.RepeatAndSelectEvent):
         parts = tuple(_untruncated_one(p) for p in e.base_parts)

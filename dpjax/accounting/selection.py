@@ -79,7 +79,10 @@ def repeat_and_select_rdp(
             slack on δ).
     """
     padded = [
-        p for p in event.base_parts if isinstance(p, ev.PoissonSampledGaussianEvent) and p.truncated
+        p
+        for p in event.base_parts
+        if isinstance(p, ev.PoissonSampledGaussianEvent | ev.BallsInBinsGaussianEvent)
+        and p.truncated
     ]
     if event.max_trials is not None or padded:
         _validate.fail(

@@ -132,6 +132,10 @@ def _unit_gaussian_mu_squared(event: ev.PrivacyEvent) -> float | None:
         # No amplification: `fixed_batch_uses` releases, each of sensitivity 2C (replace-one).
         shift = sensitivity_factor(REPLACE_ONE)
         return fixed_batch_uses(event) * shift**2 / event.noise_multiplier**2
+    if isinstance(event, ev.BallsInBinsGaussianEvent):
+        # No amplification claimed: one release per epoch, sensitivity C (2C replace-one).
+        shift = sensitivity_factor(event.relation)
+        return event.epochs * shift**2 / event.noise_multiplier**2
     return None
 
 

@@ -10,6 +10,7 @@ privacy", Algorithm 1, https://arxiv.org/abs/1607.00133):
 reads C from ``grad_fn``, and ``event_for(tx, sampler=..., state=...)`` reads σ from ``tx``.
 
 Modules: ``samplers`` (Poisson / shuffled / uniform batches with a fixed padded shape),
+``balls_in_bins`` (balls-in-bins / random allocation batches, padded),
 ``clipping`` (per-example clipped sums, certified against rounding), ``ghost`` (ghost clipping:
 norms without per-example gradients; its certified bounds and sums in ``_ghost_bounds`` and
 ``_ghost_sums``), ``transforms`` (noise and normalisation as optax ``GradientTransformation``s,
@@ -40,6 +41,7 @@ from dpjax.dp_sgd.adaptive_clip import (
     accounted_noise_multiplier,
     effective_noise_multiplier,
 )
+from dpjax.dp_sgd.balls_in_bins import BallsInBinsSampler
 from dpjax.dp_sgd.clipping import ClippedGrad, ClippingInfo, clip_pytree, clipped_grad
 from dpjax.dp_sgd.distributed import DataParallelClippedGrad, data_parallel, replicate
 from dpjax.dp_sgd.matrix_factorization.config import BandMF, CyclicPoissonSampler
@@ -100,6 +102,7 @@ from dpjax.dp_sgd.user_level import (
 )
 
 __all__ = [
+    "BallsInBinsSampler",
     "AccumulationState",
     "AdaptiveClip",
     "AdaptiveClipState",

@@ -374,8 +374,10 @@ def sharded_clipped_grad(grad_fn: ClippedGrad, layout: MeshLayout) -> ShardedCli
     """
     if not isinstance(grad_fn, ClippedGrad):
         _validate.fail("grad_fn", grad_fn, "a function built by dpjax.clipped_grad")
-    if grad_fn.per_layer:
-        _validate.fail("grad_fn", grad_fn, "a clipped_grad without per_layer on a mesh")
+    if grad_fn.per_layer or grad_fn.gamma is not None:
+        _validate.fail(
+            "grad_fn", grad_fn, "a clipped_grad with flat clipping (no per_layer, no automatic)"
+        )
     if not isinstance(layout, MeshLayout):
         _validate.fail("layout", layout, "a MeshLayout from dpjax.dp_sgd.mesh_layout")
     return ShardedClippedGrad(grad_fn, layout)

@@ -20,7 +20,15 @@ def test_sampler_table_orders_the_samplers():
     poisson_r1 = rows[("Poisson", "replace-one")]
     with_repl = rows[("with replacement (b draws)", "replace-one")]
     assert poisson_ar < poisson_r1 < with_repl
+    bib = ("balls-in-bins (t = n/b steps per epoch)", "add/remove")
+    assert poisson_ar < rows[bib] < rows[(bib[0], "replace-one")]  # the bound: no amplification
     assert "tuning" in registry.EXPERIMENTS and "tuning" in registry.ORDER
+
+
+def test_sampler_table_monte_carlo_rows_are_labelled_estimates():
+    rows = tuning._monte_carlo_rows(1000, 50, 2.0, 100, 2000)
+    assert [r["sampler"].split(":")[0] for r in rows] == ["balls-in-bins", "Poisson"]
+    assert all(r["note"].startswith("ESTIMATE, not a guarantee") for r in rows)
 
 
 @pytest.mark.slow

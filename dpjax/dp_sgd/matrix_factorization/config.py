@@ -174,8 +174,11 @@ class CyclicPoissonSampler(ReadOnlyAfterInit):
     steps: a record is sampled at most once per round).
 
     Attributes:
-        dataset_size: n (the rows of ``data``). parts: b. part_sampler: the Poisson sampler of
-        one part. sampling_rate, max_batch_size, expected_batch_size: the part sampler's.
+        dataset_size: n (the rows of ``data``).
+        parts: b.
+        part_sampler: the Poisson sampler of one part.
+        sampling_rate: the part sampler's realised rate.
+        max_batch_size: the part sampler's cap.
     """
 
     _DERIVED = "the sampler was built with it"
