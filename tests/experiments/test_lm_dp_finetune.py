@@ -94,7 +94,6 @@ def test_modes_select_their_parameters():
                  "full": block + w}  # fmt: skip
 
 
-@pytest.mark.slow  # two PLD calibrations (~15 s on the busy 2 cores)
 def test_user_level_run_is_accounted_per_character():
     """The user-level run samples CHARACTERS (q = b_u/U) and its ε is dp-accounting's for the
     subsampled Gaussian over users; the example-level run beside it samples windows."""
