@@ -80,6 +80,14 @@ SIZES = {
     "full": dict(datasets=("mnist", "fashion-mnist"), n_train=None, n_test=None, steps=None,
                  seeds=1),
 }  # fmt: skip
+# Automatic clipping (AUTO-S, Bu et al. 2023, https://arxiv.org/abs/2206.07136): each example's
+# gradient is scaled to R·g/(‖g‖ + γ), so R only scales the step and the noise together. Fixed
+# BEFORE any test accuracy was seen, with no tuning: R = 1, γ = 0.01 (the paper's), and the
+# learning rate rescaled so that lr·R equals the flat run's effective step lr·C
+# (lr_auto = lr_flat·C_flat/R). σ, batch, steps, δ and the accounting (sensitivity R,
+# add/remove-one) are the flat run's, so ε is the flat run's.
+CLIP_RULES = ("flat", "automatic")
+AUTOMATIC = dict(l2_clip_norm=1.0, gamma=0.01)
 GROUP_NORM_EPS = 1e-5  # torch.nn.GroupNorm's default
 CACHE_FOLDER = "scatternet"
 
@@ -265,6 +273,21 @@ def standardize(features: np.ndarray, mean: np.ndarray, var: np.ndarray) -> np.n
 # --------------------------------------------------------------------------- DP-SGD
 
 
+def hyperparameters(dataset: str, clip_rule: str = "flat") -> dict:
+    """The run's hyperparameters: :data:`HYPER` for flat clipping; for ``"automatic"`` the same
+    with C → R = :data:`AUTOMATIC` ``["l2_clip_norm"]``, γ, and lr·R = lr_flat·C_flat."""
+    if clip_rule not in CLIP_RULES:
+        raise ValueError(f"clip_rule must be one of {CLIP_RULES}; got {clip_rule!r}")
+    flat = dict(HYPER[dataset], clip_rule="flat")
+    if clip_rule == "flat":
+        return flat
+    scale = AUTOMATIC["l2_clip_norm"]
+    return flat | dict(
+        clip_rule="automatic", l2_clip_norm=scale, gamma=AUTOMATIC["gamma"],
+        learning_rate=flat["learning_rate"] * flat["l2_clip_norm"] / scale,
+    )  # fmt: skip
+
+
 def prepare(dataset: str, data: dict, *, key) -> tuple[dict, list]:
     """Normalise the features as the paper does for ``dataset``; flatten to (n, 3 969).
 
@@ -339,14 +362,17 @@ def total_epsilon(norm_events: list, dp_sgd_event, delta: float, dp_sgd_epsilon:
     return float(PrivacyAccountant([*norm_events, dp_sgd_event]).epsilon(delta, accounting="pld"))
 
 
-def train_once(dataset: str, data: dict, *, steps: int | None, seed: int) -> dict:
-    """Normalise, then one DP-SGD run with the paper's hyperparameters; accuracy, ε, time."""
+def train_once(dataset: str, data: dict, *, steps: int | None, seed: int,
+               clip_rule: str = "flat") -> dict:  # fmt: skip
+    """Normalise, then one DP-SGD run with the paper's hyperparameters (flat clipping) or their
+    automatic-clipping counterpart (:func:`hyperparameters`); accuracy, ε, time."""
     import jax
     import optax
 
     import dpjax
 
-    hyper = HYPER[dataset]
+    hyper = hyperparameters(dataset, clip_rule)
+    rule = dict(clip_rule="automatic", gamma=hyper["gamma"]) if clip_rule == "automatic" else {}
     start, cpu = time.perf_counter(), time.process_time()
     init_key, private_key, norm_key = jax.random.split(jax.random.key(seed), 3)
     flat, norm_events = prepare(dataset, data, key=norm_key)
@@ -362,6 +388,7 @@ def train_once(dataset: str, data: dict, *, steps: int | None, seed: int) -> dic
         noise_multiplier=hyper["noise_multiplier"],
         delta=hyper["delta"],
         key=private_key,
+        **rule,
     )
     data_jax = {"x": flat["xtr"], "y": flat["ytr"]}
     params, state, _ = private.fit(
@@ -376,7 +403,9 @@ def train_once(dataset: str, data: dict, *, steps: int | None, seed: int) -> dic
         epsilon=total, epsilon_dp_sgd=sgd_epsilon,
         normalisation_events=[repr(e) for e in norm_events], delta=hyper["delta"], steps=steps_run,
         batch_size=schedule["batch_size"], sampling_rate=private.sampling_rate, n_train=n,
-        n_test=len(flat["yte"]), seconds=seconds, cpu_seconds=cpu_seconds,
+        n_test=len(flat["yte"]), seconds=seconds, cpu_seconds=cpu_seconds, clip_rule=clip_rule,
+        l2_clip_norm=hyper["l2_clip_norm"], learning_rate=hyper["learning_rate"],
+        gamma=hyper.get("gamma"),
     )  # fmt: skip
 
 
@@ -435,7 +464,7 @@ def skipped(reason: str) -> dict:
 
 
 def run(out_dir: pathlib.Path, *, full: bool = False, seed: int = 0, size: str | None = None,
-        datasets: tuple[str, ...] | None = None):  # fmt: skip
+        datasets: tuple[str, ...] | None = None, clip_rule: str = "flat"):  # fmt: skip
     """Train at the quick or full scale; write ``scatternet.json``; return the report section.
 
     Missing data files or a missing ``kymatio`` give a SKIPPED section that says why and how to
@@ -445,6 +474,8 @@ def run(out_dir: pathlib.Path, *, full: bool = False, seed: int = 0, size: str |
     from experiments.report import write_json
 
     size = "full" if full or size == "full" else "quick"
+    if clip_rule not in CLIP_RULES:
+        raise ValueError(f"clip_rule must be one of {CLIP_RULES}; got {clip_rule!r}")
     spec = SIZES[size]
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -453,15 +484,46 @@ def run(out_dir: pathlib.Path, *, full: bool = False, seed: int = 0, size: str |
         for dataset in datasets or spec["datasets"]:
             data = load(dataset, spec["n_train"], spec["n_test"])
             for s in range(spec["seeds"]):
-                runs.append(train_once(dataset, data, steps=spec["steps"], seed=seed + s))
+                runs.append(train_once(dataset, data, steps=spec["steps"], seed=seed + s,
+                                       clip_rule=clip_rule))  # fmt: skip
                 print(f"[scatternet] {runs[-1]}", flush=True)
     except DataMissingError as error:
         return skipped(f"the {error.args[0].split(':')[0]} files are missing. {error}")
     except ImportError as error:
         return skipped(f"kymatio is not installed ({error}). pip install kymatio")
-    write_json(out_dir / "scatternet.json", dict(size=size, hyper=HYPER, paper=PAPER, runs=runs))
+    payload = dict(size=size, clip_rule=clip_rule, hyper=HYPER, automatic=AUTOMATIC, paper=PAPER,
+                   runs=runs)  # fmt: skip
+    write_json(out_dir / "scatternet.json", payload)
     verdict = "; ".join(
         f"{r['dataset']} {100 * r['test_accuracy']:.2f}% at ε = {r['epsilon']:.3f} "
         f"(paper {PAPER[r['dataset']]['accuracy']}%)" for r in runs
     )  # fmt: skip
     return dict(report_md=markdown(size, runs), verdict=f"{size}: {verdict}", runs=runs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m experiments.scatternet [--full] [--seed N] [--out DIR] [--dataset D]
+    [--clip-rule flat|automatic]``: one run, its ``scatternet.json`` and report in ``DIR``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m experiments.scatternet")
+    parser.add_argument("--full", action="store_true", help="the paper's protocol")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("out/scatternet"))
+    parser.add_argument("--dataset", choices=tuple(HYPER), action="append")
+    parser.add_argument(
+        "--clip-rule",
+        choices=CLIP_RULES,
+        default="flat",
+        help="flat clipping at C (the paper's) or automatic clipping (AUTO-S)",
+    )
+    args = parser.parse_args(argv)
+    result = run(args.out, full=args.full, seed=args.seed, clip_rule=args.clip_rule,
+                 datasets=tuple(args.dataset) if args.dataset else None)  # fmt: skip
+    (args.out / "scatternet.md").write_text(result["report_md"])
+    print(f"[scatternet] {result['verdict']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

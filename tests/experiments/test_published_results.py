@@ -152,7 +152,7 @@ def test_the_plot_has_every_papers_point_and_dpjaxs_at_its_own_epsilon(tmp_path)
     published.record(_opacus_mnist_json(tmp_path / "opacus_mnist.json"), results_file=results)
     points = published.plot_points(published.load_results(results))
     papers = [p for p in points if p["source"] == "paper"]
-    assert len(papers) == sum(row["epsilon"] is not None for row in published.ROWS) == 9
+    assert len(papers) == sum(row["epsilon"] is not None for row in published.ROWS) == 10
     (full,) = [p for p in points if p["source"] == "dpjax"]
     assert full["epsilon"] == 2.41 and full["low"] < full["accuracy"] == 98.68 < full["high"]
     (reduced,) = [p for p in points if p["source"] == "dpjax, reduced"]
@@ -161,3 +161,42 @@ def test_the_plot_has_every_papers_point_and_dpjaxs_at_its_own_epsilon(tmp_path)
     pytest.importorskip("matplotlib")
     assert published.plot(tmp_path / "p.png", published.load_results(results)) == "p.png"
     assert (tmp_path / "p.png").stat().st_size > 1000
+
+
+def test_automatic_clipping_row_renders_beside_the_flat_row_it_is_compared_with(tmp_path):
+    """Runs tagged clip_rule="automatic" are recorded under their own key with R, γ, lr and
+    their command; the AUTO-S row renders against the paper's 98.7 and, under the table,
+    against the measured flat row: difference of means with its 95% Welch interval."""
+    flat = _scatternet_json(tmp_path / "scatternet.json", (0.9858, 0.9853, 0.9863))
+    (tmp_path / "auto").mkdir()
+    auto = tmp_path / "auto" / "scatternet.json"
+    runs = [
+        dict(dataset="mnist", seed=s, test_accuracy=a, epsilon=2.41, delta=1e-5, steps=560,
+             seconds=300.0, clip_rule="automatic", l2_clip_norm=1.0, gamma=0.01,
+             learning_rate=0.8)
+        for s, a in enumerate((0.9862, 0.9866, 0.9858))
+    ]  # fmt: skip
+    auto.write_text(json.dumps(dict(size="full", clip_rule="automatic", runs=runs)))
+    results = tmp_path / "published_results.json"
+    published.record(flat, results_file=results)
+    (row,) = published.record(auto, results_file=results)
+    assert row["key"] == "scatternet-automatic/mnist" and row["gamma"] == 0.01
+    assert "--clip-rule automatic" in row["command"]
+    measured = published.load_results(results)
+    lines = published.table(measured).splitlines()
+    (auto_line,) = [ln for ln in lines if "automatic clipping (AUTO-S)" in ln]
+    assert "98.62 ± 0.04 (3 seeds)" in auto_line and "| 98.7 |" in auto_line
+    assert "✓" in auto_line and "2.410" in auto_line and "Bu et al. 2023" in auto_line
+    # difference 98.62 − 98.58 = +0.04; Welch interval from the two sample variances
+    a, b = np.array([98.62, 98.66, 98.58]), np.array([98.58, 98.53, 98.63])
+    from scipy import stats
+
+    va, vb = a.var(ddof=1) / 3, b.var(ddof=1) / 3
+    dof = (va + vb) ** 2 / (va**2 / 2 + vb**2 / 2)
+    half = stats.t.ppf(0.975, dof) * np.sqrt(va + vb)
+    (comparison,) = published.baseline_comparisons(measured)
+    assert "difference +0.04 pt" in comparison and "`scatternet/mnist`" in comparison
+    assert f"[{0.04 - half:+.2f}, {0.04 + half:+.2f}]" in comparison
+    assert "R = 1, γ = 0.01, lr = 0.8" in comparison
+    assert "compared with the flat-clipping row" in published.markdown(measured)
+    assert published.baseline_comparisons(measured[1:]) == []  # no flat row: no comparison

@@ -208,3 +208,70 @@ def test_the_full_protocol_is_the_papers():
     assert scatternet.HYPER["fashion-mnist"]["noise_multiplier"] == 4.05
     assert scatternet.HYPER["fashion-mnist"]["groups"] == 27
     assert "scatternet" in registry.ORDER
+
+
+class _Reached(Exception):
+    pass
+
+
+def _make_private_kwargs(monkeypatch, clip_rule: str) -> dict:
+    """The keyword arguments train_once hands to dpjax.make_private (stopped there)."""
+    import dpjax
+
+    seen = {}
+
+    def record(loss, **kwargs):
+        seen.update(kwargs)
+        raise _Reached
+
+    def cheap_prepare(dataset, data, *, key):  # the normalisation is tested above
+        x = np.zeros((40, 3969), np.float32)
+        y = np.zeros(40, np.int32)
+        return dict(xtr=x, ytr=y, xte=x[:10], yte=y[:10]), []
+
+    monkeypatch.setattr(scatternet, "prepare", cheap_prepare)
+    monkeypatch.setattr(dpjax, "make_private", record)
+    with pytest.raises(_Reached):
+        scatternet.train_once("mnist", _synthetic(40, 10), steps=3, seed=0, clip_rule=clip_rule)
+    return seen
+
+
+def test_automatic_clipping_reaches_make_private_with_r_gamma_and_rescaled_lr(monkeypatch):
+    """--clip-rule automatic: make_private gets clip_rule="automatic", R = 1, γ = 0.01; the
+    step lr·R equals the flat run's lr·C (8·0.1 = 0.8); σ, batch, steps, δ unchanged."""
+    flat = _make_private_kwargs(monkeypatch, "flat")
+    auto = _make_private_kwargs(monkeypatch, "automatic")
+    assert "clip_rule" not in flat and flat["l2_clip_norm"] == 0.1
+    assert auto["clip_rule"] == "automatic" and auto["gamma"] == 0.01
+    assert auto["l2_clip_norm"] == 1.0
+    hyper = scatternet.hyperparameters("mnist", "automatic")
+    assert hyper["learning_rate"] * hyper["l2_clip_norm"] == pytest.approx(8.0 * 0.1)
+    same = ("dataset_size", "batch_size", "steps", "noise_multiplier", "delta")
+    assert {k: auto[k] for k in same} == {k: flat[k] for k in same}
+    with pytest.raises(ValueError, match="clip_rule"):
+        scatternet.hyperparameters("mnist", "flatt")
+
+
+def test_automatic_clipping_spends_the_flat_runs_epsilon():
+    """The full MNIST protocol under both rules: the same add/remove-one Poisson-Gaussian
+    event (sensitivity C = 0.1 or R = 1 is absorbed in the noise σ·C or σ·R), so the same ε."""
+    import optax
+
+    import dpjax
+
+    events = []
+    for rule in scatternet.CLIP_RULES:
+        hyper = scatternet.hyperparameters("mnist", rule)
+        extra = dict(clip_rule=rule, gamma=hyper["gamma"]) if rule == "automatic" else {}
+        schedule = scatternet.plan("mnist", 60_000, None)
+        private = dpjax.make_private(
+            scatternet.example_loss, optimizer=optax.sgd(hyper["learning_rate"]),
+            l2_clip_norm=hyper["l2_clip_norm"], dataset_size=60_000,
+            batch_size=schedule["batch_size"], steps=schedule["steps"],
+            noise_multiplier=hyper["noise_multiplier"], delta=1e-5, key=jax.random.key(0),
+            **extra,
+        )  # fmt: skip
+        events.append(private.event(schedule["steps"]))
+    assert events[0] == events[1]
+    assert events[0].noise_multiplier == 3.04 and events[0].count == 560
+    assert str(events[0].relation.value) == "add_or_remove_one"
