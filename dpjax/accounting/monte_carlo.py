@@ -80,12 +80,13 @@ def _kl_bound(mean: np.ndarray, n: int, log_inv_alpha: float, upper: bool) -> np
 
 def _hockey_stick_means(losses: np.ndarray, grid: np.ndarray) -> np.ndarray:
     """mean over samples of (1 − e^{ε − L})₊ at every ε of ``grid`` (sorted losses, suffix
-    sums of e^{−L}; exact up to rounding)."""
+    log-sum-exps of −L; exact up to rounding). Σ_{L > ε} e^{ε − L} is formed as
+    e^{ε + ln Σ e^{−L}} (exponent ≤ ln(count)): e^ε alone overflows beyond ε ≈ 709."""
     order = np.sort(losses)
-    tail_exp = np.concatenate([np.cumsum(np.exp(-order[::-1]))[::-1], [0.0]])
+    log_tail = np.concatenate([np.logaddexp.accumulate(-order[::-1])[::-1], [-np.inf]])
     first = np.searchsorted(order, grid, side="right")  # losses > ε start here
     above = order.size - first
-    return np.maximum(above - np.exp(grid) * tail_exp[first], 0.0) / order.size
+    return np.maximum(above - np.exp(grid + log_tail[first]), 0.0) / order.size
 
 
 def _generator(key: jax.Array) -> np.random.Generator:
@@ -180,7 +181,8 @@ def monte_carlo_epsilon(
         :class:`MonteCarloEpsilon`: the estimate, its interval, and the sample size.
 
     Raises:
-        ValueError: an argument out of range (named), or the parameter of the other sampling.
+        ValueError: an argument out of range (named), the parameter of the other sampling, or
+            a noise_multiplier so small that the privacy losses overflow float64.
 
     Example:
         >>> import jax
@@ -222,6 +224,8 @@ def monte_carlo_epsilon(
     remove = draw(_generator(key_p), True)  # L under P: the P‖Q direction
     add = -draw(_generator(key_q), False)  # ln(dQ/dP) under Q: the Q‖P direction
     top = max(float(remove.max()), float(add.max()), 0.0)
+    if not math.isfinite(top):  # (2x − 1)/2σ² overflowed float64
+        _validate.fail("noise_multiplier", sigma, "large enough for finite privacy losses")
     step = max(_GRID_STEP, top / _MAX_GRID_POINTS)  # coarser only for losses above 100
     grid = np.arange(0.0, top + 2 * step, step)
     log_inv = math.log(4.0 / (1.0 - level))
