@@ -199,6 +199,8 @@ def test_monte_carlo_is_reproducible_and_reports_its_sample_size():
     [
         (dict(noise_multiplier=0.0), "noise_multiplier"),
         (dict(noise_multiplier=1e-200), "noise_multiplier"),  # infinite privacy losses
+        (dict(steps=2**22, steps_per_epoch=2**22), "steps_per_epoch"),  # 32 MB per sample: hung
+        (dict(steps=10**6, steps_per_epoch=10**6, num_samples=10**5), "num_samples"),
         (dict(delta=1.0), "delta"),
         (dict(num_samples=10), "num_samples"),
         (dict(confidence=1.0), "confidence"),
