@@ -15,6 +15,10 @@ Sampling with replacement: :func:`with_replacement_epsilon`.
 Tight accounting through dp-accounting (RDP and PLD): :func:`dp_sgd_epsilon`,
 :func:`calibrate_noise_multiplier`, :func:`max_steps`, :func:`to_dp_event`, and the
 :class:`PrivacyAccountant` over the events of :mod:`dpjax.events`.
+
+Fully adaptive composition (parameters chosen from earlier releases): :class:`PrivacyFilter`
+(a budget that refuses a release that would exceed it; RDP, zCDP or basic (ε, δ)) and
+:class:`PrivacyOdometer` (a running ε valid at all times), :mod:`dpjax.accounting.filters`.
 """
 
 from dpjax.accounting.accountant import METHODS, PrivacyAccountant
@@ -35,6 +39,12 @@ from dpjax.accounting.fdp import (
     gdp_mu_clt_approximation,
     gdp_tradeoff,
     tradeoff_curve,
+)
+from dpjax.accounting.filters import (
+    FILTER_KINDS,
+    BudgetExhaustedError,
+    PrivacyFilter,
+    PrivacyOdometer,
 )
 from dpjax.accounting.monte_carlo import MonteCarloEpsilon, monte_carlo_epsilon
 from dpjax.accounting.optimal import optimal_composition_delta, optimal_composition_epsilon
@@ -85,11 +95,13 @@ __all__ = [
     "monte_carlo_epsilon",
     "DEFAULT_RDP_ORDERS",
     "DEFAULT_VALUE_DISCRETIZATION_INTERVAL",
+    "FILTER_KINDS",
     "METHODS",
     "PLDGridCoarsenedWarning",
     "PLDGridTooLargeError",
     "SAMPLING_RELATIONS",
     "TruncationSlackError",
+    "BudgetExhaustedError",
     "EpsilonDeltaEvent",
     "FixedBatchGaussianEvent",
     "GaussianEvent",
@@ -98,6 +110,8 @@ __all__ = [
     "PoissonSampledGaussianEvent",
     "PrivacyAccountant",
     "PrivacyEvent",
+    "PrivacyFilter",
+    "PrivacyOdometer",
     "RepeatAndSelectEvent",
     "WithReplacementGaussianEvent",
     "advanced_composition",

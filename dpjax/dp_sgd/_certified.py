@@ -210,6 +210,28 @@ def certified_scale(upper: jax.Array, clip: Any, eta: float) -> jax.Array:
     return c / jnp.maximum(inflate(upper, eta), c)
 
 
+def automatic_scale(upper: jax.Array, scale: Any, stability: Any, eta: float) -> jax.Array:
+    """``R/(U·(1+η) + γ)`` in U's dtype, every rounding upward in the denominator (AUTO-S).
+
+    The denominator D is formed as ``inflate(fl(inflate(U, η) + γ), 0)``: ``inflate(U, η)`` ≥
+    U·(1+η), the addition of γ > 0 loses at most u, and the final ``inflate`` (≥ 1 + 2u) wins it
+    back, so D ≥ U·(1+η) whatever γ (γ rounded to 0 included). The factor R/D therefore
+    satisfies the same inequality as :func:`certified_scale`'s R/max(U·(1+η), R): the product
+    of the factor with what U bounds, rounding included, has norm ≤ R (< R: γ > 0). U = inf
+    gives 0 (the example is dropped); U·(1+η) overflowing gives 0 as well.
+    """
+    r = jnp.asarray(scale, upper.dtype)
+    g = jnp.asarray(stability, upper.dtype)
+    return r / inflate(inflate(upper, eta) + g, 0.0)
+
+
+def clip_factor(upper: jax.Array, clip: Any, eta: float, gamma: Any = None) -> jax.Array:
+    """Flat clipping (``gamma`` None: :func:`certified_scale`), else :func:`automatic_scale`."""
+    if gamma is None:
+        return certified_scale(upper, clip, eta)
+    return automatic_scale(upper, clip, gamma, eta)
+
+
 def combine_norms(parts_sq_upper: list[jax.Array]) -> jax.Array:
     """Upper bound of √(Σ_l x_l) from per-part upper bounds x_l of squared norms."""
     total = sum(parts_sq_upper[1:], parts_sq_upper[0])

@@ -85,6 +85,18 @@ Formal guarantees:
     on its neighbours in the batch), and neighbours that differ in one row's mask or content.
     ``grad_fn.sensitivity(relation)`` returns C or 2C; the Gaussian noise of
     :func:`dpjax.add_gaussian_noise` must be calibrated to it.
+
+    Automatic clipping (``clip_rule="automatic"``, AUTO-S; Bu et al. 2023, "Automatic
+    clipping: differentially private deep learning made easier and stronger",
+    https://arxiv.org/abs/2206.07136, §4, and normalised DP-SGD, Yang et al. 2022,
+    https://arxiv.org/abs/2206.13033, the same map): example i is scaled by
+    f·R/D_i with D_i ≥ U_i·(1+η) + γ rounded upward, so every statement above holds with
+    C = R: the computed contribution has norm ≤ f·R for any gradient (‖g‖ = 0: contribution
+    0; U_i not finite: dropped), and the sensitivity is R (add/remove-one), 2R (replace-one).
+    Per-layer (group-wise) clipping (He et al. 2022, "Exploring the limits of differentially
+    private deep learning with group-wise clipping", https://arxiv.org/abs/2212.01539, §3):
+    leaf l is scaled from the certified bound of its own part with f·c_l, so leaf l
+    contributes ≤ f·c_l and the example ≤ f·sqrt(Σ_l c_l²): the sensitivity is sqrt(Σ_l c_l²).
 """
 
 from __future__ import annotations
@@ -100,6 +112,7 @@ import jax.numpy as jnp
 from dpjax import _validate
 from dpjax.dp_sgd import _certified, _rows
 from dpjax.dp_sgd._frozen import ReadOnlyAfterInit
+from dpjax.dp_sgd._microbatch import _microbatched, _pairs_to_trees
 from dpjax.dp_sgd.samplers import PaddedBatch
 from dpjax.relation import (
     ADD_OR_REMOVE_ONE,
@@ -110,6 +123,9 @@ from dpjax.relation import (
 __all__ = ["ClippingInfo", "ClippedGrad", "clipped_grad", "clip_pytree"]
 
 BACKENDS = ("auto", "vmap", "ghost")
+CLIP_RULES = ("flat", "automatic")
+#: γ of automatic clipping (AUTO-S) by default, Bu et al. 2023's choice.
+DEFAULT_GAMMA = 0.01
 
 
 class ClippingInfo(NamedTuple):
@@ -256,14 +272,6 @@ def _weighted_row_sum(leaves: list, weights: list, sum_dts: list) -> list:
     return out
 
 
-def _pairs_to_trees(treedef: Any, pairs: list) -> tuple[Any, Any]:
-    """A list of ``(hi, lo)`` leaves as two pytrees ``(hi_tree, lo_tree)``."""
-    return (
-        jax.tree.unflatten(treedef, [p[0] for p in pairs]),
-        jax.tree.unflatten(treedef, [p[1] for p in pairs]),
-    )
-
-
 def _vmap_clipped_sum(
     loss_fn: Callable,
     params: Any,
@@ -274,6 +282,7 @@ def _vmap_clipped_sum(
     nan_safe: bool,
     release: _certified.Release,
     per_layer: bool = False,
+    gamma: float | None = None,
 ) -> tuple[Any, jax.Array, jax.Array]:
     """Materialise per-example gradients with vmap, clip (certified), zero bad rows, sum.
 
@@ -303,11 +312,11 @@ def _vmap_clipped_sum(
     if per_layer:
         clip_norms = treedef.flatten_up_to(l2_clip_norm)
         scales = [
-            _certified.certified_scale(_certified.sqrt_up(p[1]), f * c, eta)
+            _certified.clip_factor(_certified.sqrt_up(p[1]), f * c, eta, gamma)
             for p, c in zip(parts, clip_norms, strict=True)
         ]
     else:
-        scales = [_certified.certified_scale(upper, f * l2_clip_norm, eta)] * len(leaves)
+        scales = [_certified.clip_factor(upper, f * l2_clip_norm, eta, gamma)] * len(leaves)
     weights = [jnp.where(keep, s, jnp.zeros((), s.dtype)) for s in scales]
     clipped_sum = _pairs_to_trees(treedef, _weighted_row_sum(leaves, weights, sum_dts))
     norms = jnp.where(mask, norms, jnp.zeros((), wide))
@@ -337,11 +346,19 @@ def _clipped_sum_dispatch(
     nan_safe: bool,
     per_layer: bool,
     release: _certified.Release,
+    gamma: float | None = None,
 ) -> tuple[Any, jax.Array, jax.Array]:
     """Choose the per-example core: "vmap", "ghost", or "auto" (ghost when it supports the loss)."""
-    kwargs = dict(l2_clip_norm=l2_clip_norm, mask=mask, nan_safe=nan_safe, release=release)
-    if per_layer or backend == "vmap":
-        return _vmap_clipped_sum(loss_fn, params, batch, per_layer=per_layer, **kwargs)
+    kwargs = dict(
+        l2_clip_norm=l2_clip_norm,
+        mask=mask,
+        nan_safe=nan_safe,
+        release=release,
+        per_layer=per_layer,
+        gamma=gamma,
+    )
+    if backend == "vmap":
+        return _vmap_clipped_sum(loss_fn, params, batch, **kwargs)
     ghost = _ghost_module()
     if backend == "ghost":
         if ghost is None:
@@ -351,54 +368,7 @@ def _clipped_sum_dispatch(
         return ghost.ghost_clipped_pairs(loss_fn, params, batch, **kwargs)
     if ghost is not None and ghost.supports(loss_fn, params, *batch):
         return ghost.ghost_clipped_pairs(loss_fn, params, batch, **kwargs)
-    return _vmap_clipped_sum(loss_fn, params, batch, per_layer=False, **kwargs)
-
-
-# ----------------------------------------------------------------------------- microbatching
-
-
-def _microbatched(core: Callable, params: Any, batch: tuple, mask: jax.Array, size: int):
-    """Run ``core`` on chunks of ``size`` rows with lax.scan, adding the double-float sums.
-
-    The chunks' ``(hi, lo)`` sums are added in double-float (no rounding per chunk), so the
-    call still rounds once; the scan adds ⌈B/size⌉ sequential levels to the summation depth.
-    """
-    n = mask.shape[0]
-    num_chunks = -(-n // size)
-    pad = num_chunks * size - n
-    if pad:
-        batch, mask = (
-            _rows.pad_rows(batch, pad),
-            _rows.pad_rows(mask, pad),
-        )  # padded rows have mask False
-    chunk = lambda x: x.reshape((num_chunks, size) + x.shape[1:])  # noqa: E731
-    batch_c, mask_c = jax.tree.map(chunk, batch), chunk(mask)
-
-    def body(acc, xs):
-        b, m = xs
-        s, norms, bad = core(params, b, m)
-        acc_sum, acc_bad = acc
-        return (_df_add_trees(acc_sum, s), acc_bad + bad), norms
-
-    s0, _, _ = jax.eval_shape(core, params, jax.tree.map(lambda x: x[0], batch_c), mask_c[0])
-    # the low parts take the high parts' shapes (a core may return a scalar 0 as a low part)
-    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), s0[0])
-    lows = jax.tree.map(lambda z, x: jnp.zeros(z.shape, x.dtype), zeros, s0[1])
-    init = ((zeros, lows), jnp.zeros((), jnp.int32))
-    (total, bad), norms = jax.lax.scan(body, init, (batch_c, mask_c))
-    return total, norms.reshape(-1)[:n], bad
-
-
-def _df_add_trees(x: tuple[Any, Any], y: tuple[Any, Any]) -> tuple[Any, Any]:
-    """Double-float sum of two ``(hi_tree, lo_tree)`` sums, leaf by leaf."""
-    xh, treedef = jax.tree.flatten(x[0])
-    pairs = [
-        _certified.df_add((a, b), (c, d))
-        for a, b, c, d in zip(
-            xh, jax.tree.leaves(x[1]), jax.tree.leaves(y[0]), jax.tree.leaves(y[1]), strict=True
-        )
-    ]
-    return _pairs_to_trees(treedef, pairs)
+    return _vmap_clipped_sum(loss_fn, params, batch, **kwargs)
 
 
 # ----------------------------------------------------------------------------- public API
@@ -413,7 +383,10 @@ class ClippedGrad(ReadOnlyAfterInit):
 
     Attributes:
         l2_clip_norm: C as given (a float, or a pytree of per-leaf norms for per-layer clipping).
-        l2_norm_bound: the bound on one example's contribution (C, or sqrt(Σ c_l²) per-layer).
+        l2_norm_bound: the bound on one example's contribution (C, or sqrt(Σ c_l²) per-layer;
+            R for automatic clipping).
+        clip_rule: "flat" or "automatic".
+        gamma: γ of automatic clipping, None for flat clipping.
     """
 
     _DERIVED = "noise and sensitivity were derived from it"
@@ -429,8 +402,12 @@ class ClippedGrad(ReadOnlyAfterInit):
         backend,
         nan_safe,
         rows_per_release=None,
+        clip_rule="flat",
+        gamma=None,
     ):
         self.loss_fn = loss_fn
+        self.clip_rule = clip_rule
+        self.gamma = gamma
         self.l2_clip_norm = l2_clip_norm
         self.per_layer = per_layer
         self.microbatch_size = microbatch_size
@@ -523,6 +500,7 @@ class ClippedGrad(ReadOnlyAfterInit):
                 nan_safe=self.nan_safe,
                 per_layer=self.per_layer,
                 release=release,
+                gamma=self.gamma,
             )
             self._shrinks[release] = f
             return tuple(out)
@@ -599,6 +577,8 @@ class ClippedGrad(ReadOnlyAfterInit):
         return clipped_sum, ClippingInfo(norms, bad, self._num_clipped(norms, mask))
 
     def _num_clipped(self, norms: jax.Array, mask: jax.Array) -> jax.Array:
+        if self.gamma is not None:  # automatic clipping rescales every real finite example
+            return jnp.sum(mask & jnp.isfinite(norms), dtype=jnp.int32)
         # per-layer: counts examples whose global norm exceeds the total bound (an indicator only)
         over = jnp.isfinite(norms) & (norms > jnp.asarray(self.l2_norm_bound, norms.dtype))
         return jnp.sum(mask & over, dtype=jnp.int32)
@@ -607,7 +587,8 @@ class ClippedGrad(ReadOnlyAfterInit):
         return (
             f"ClippedGrad(l2_clip_norm={self.l2_clip_norm!r}, per_layer={self.per_layer}, "
             f"microbatch_size={self.microbatch_size}, backend={self.backend!r}, "
-            f"rows_per_release={self.rows_per_release})"
+            f"rows_per_release={self.rows_per_release}, clip_rule={self.clip_rule!r}, "
+            f"gamma={self.gamma})"
         )
 
 
@@ -654,24 +635,38 @@ def _norm_bound(l2_clip_norm: Any, per_layer: bool) -> float:
 def clipped_grad(
     loss_fn: Callable[..., jax.Array],
     *,
-    l2_clip_norm: float | Any,
+    l2_clip_norm: float | Any = None,
     per_layer: bool = False,
     microbatch_size: int | None = None,
     backend: str = "auto",
     nan_safe: bool = True,
     rows_per_release: int | None = None,
+    clip_rule: str = "flat",
+    gamma: float = DEFAULT_GAMMA,
 ) -> ClippedGrad:
     r"""Per-example clipped gradient SUM of ``loss_fn`` (like ``jax.grad``, for DP-SGD).
 
     .. math::  S = \sum_i m_i \, g_i \min(1, C/\|g_i\|_2), \quad g_i = \nabla_\theta
        \ell(\theta; x_i), \ m_i \in \{0, 1\} \text{ the mask}.
 
+    With ``clip_rule="automatic"`` (automatic clipping, AUTO-S) every example is rescaled
+    instead: :math:`S = \sum_i m_i \, R \, g_i / (\|g_i\|_2 + γ)`, each term of norm < R
+    (R = ``l2_clip_norm``, default 1). This is also normalised DP-SGD (DP-NSGD: Yang et al.
+    2022, "Normalized/clipped SGD with perturbation for differentially private non-convex
+    optimization", https://arxiv.org/abs/2206.13033, per-example g/(‖g‖ + r) with r = γ):
+    the same map, R = 1. R multiplies the released sum and its noise σ·R alike, so for
+    plain SGD a change of R is a change of the learning rate by the same factor (Bu et al.
+    2023, Theorem 1), and adaptive optimizers such as Adam are unaffected by it (Theorem 2):
+    keep R = 1 and tune the learning rate. Small γ weights examples with small gradients
+    (near the optimum) like large ones; γ = 0.01 is the paper's default.
+
     Args:
         loss_fn: ``loss_fn(params, *example) -> scalar``, the loss of ONE example (no batch axis).
         l2_clip_norm: C ≥ 2⁻⁴⁰ (:data:`MIN_CLIP_NORM`). With ``per_layer=True``: a float C
             (each of the L leaves is clipped to C/sqrt(L), so one example's total norm is
             ≤ C) or a pytree like params of per-leaf norms c_l (total bound sqrt(Σ c_l²)).
-        per_layer: clip each leaf separately instead of the whole pytree (always uses vmap).
+        per_layer: clip each leaf separately instead of the whole pytree (He et al. 2022,
+            group-wise clipping; vmap, or ghost where it supports the loss).
         microbatch_size: process the batch in chunks of this many rows (``lax.scan``) to bound
             memory; the result is the same sum. ``None``: one chunk.
         backend: the per-example engine: "vmap" (materialise per-example grads), "ghost"
@@ -685,6 +680,11 @@ def clipped_grad(
             norm is then shrunk for that many rows and two roundings. ``None``: each call's
             result is released as it is (``make_private`` and ``data_parallel`` handle their
             own accumulation).
+        clip_rule: "flat" (clip to ≤ C, Abadi et al. 2016) or "automatic" (AUTO-S,
+            Bu et al. 2023: every example scaled by R/(‖g‖ + γ); not with ``per_layer``).
+            ``l2_clip_norm`` is then R (None: 1.0), the sensitivity of the sum.
+        gamma: γ > 0 (finite), the stability constant of automatic clipping (default 0.01;
+            ignored by flat clipping).
 
     Returns:
         A :class:`ClippedGrad` ``grad_fn`` returning ``(clipped_sum, ClippingInfo)``. With a
@@ -697,7 +697,9 @@ def clipped_grad(
         ``grad_fn`` itself to :func:`dpjax.dp_sgd_optimizer` so C is stated once.
 
     Raises:
-        ValueError: C (or a per-leaf norm) below 2⁻⁴⁰, unknown backend, batch arguments
+        ValueError: C (or a per-leaf norm) below 2⁻⁴⁰ or not finite, a missing C with flat
+            clipping, an unknown ``clip_rule``, ``gamma`` ≤ 0 or not finite (automatic),
+            ``per_layer`` with automatic clipping, unknown backend, batch arguments
             without a shared leading axis, a loss that is not a scalar for one example, a
             mask of the wrong shape, a loss Python cannot call as
             ``loss_fn(params, *example)`` (the message names :func:`dpjax.make_private`'s
@@ -711,6 +713,18 @@ def clipped_grad(
         (the rounding of the batch sum, other rows included; Casacuberta et al. 2022, CCS).
         Padding rows (mask False) contribute exactly 0. See the module docstring (per-example
         clipping: Abadi et al. 2016, §3.1).
+        Automatic clipping: example i contributes g_i·R·f/D_i with D_i ≥ U_i·(1+η) + γ
+        rounded upward (:func:`dpjax.dp_sgd._certified.automatic_scale`), U_i the certified
+        bound of ‖g_i‖, so its computed contribution has norm ≤ f·R (also for ‖g_i‖ = 0,
+        subnormal or overflowing norms; a non-finite U_i drops the example): the released
+        sum has ℓ2 sensitivity R under add/remove-one and 2R under replace-one, and the
+        accountant of DP-SGD applies unchanged with noise σ·R (Bu et al. 2023, "Automatic
+        clipping: differentially private deep learning made easier and stronger",
+        https://arxiv.org/abs/2206.07136, §4: AUTO-S is as private as clipping at R). Per-layer:
+        leaf l's part of each example is clipped to f·c_l from its own certified bound, so the
+        example's contribution has norm ≤ f·sqrt(Σ_l c_l²) and the sensitivity is
+        sqrt(Σ_l c_l²) (He et al. 2022, "Exploring the limits of differentially private deep
+        learning with group-wise clipping", https://arxiv.org/abs/2212.01539, §3).
 
     Example:
         >>> import jax.numpy as jnp
@@ -727,6 +741,15 @@ def clipped_grad(
         [-0.1, 0.0]
     """
     _validate.one_of("backend", backend, BACKENDS)
+    _validate.one_of("clip_rule", clip_rule, CLIP_RULES)
+    gamma_used = None
+    if clip_rule == "automatic":
+        gamma_used = _validate.positive("gamma", gamma)
+        if per_layer:
+            _validate.fail("per_layer", per_layer, "False with clip_rule='automatic'")
+        l2_clip_norm = 1.0 if l2_clip_norm is None else l2_clip_norm
+    elif l2_clip_norm is None:
+        _validate.fail("l2_clip_norm", l2_clip_norm, "a positive float C (flat clipping)")
     if microbatch_size is not None:
         microbatch_size = _validate.positive_int("microbatch_size", microbatch_size)
     if rows_per_release is not None:
@@ -741,4 +764,6 @@ def clipped_grad(
         backend=backend,
         nan_safe=bool(nan_safe),
         rows_per_release=rows_per_release,
+        clip_rule=clip_rule,
+        gamma=gamma_used,
     )

@@ -101,11 +101,18 @@ Formal guarantees:
     bounds: Higham, "Accuracy and Stability of Numerical Algorithms", Lemma 3.1 and §4;
     rounding of the batch sum: Casacuberta et al. 2022, CCS). An example
     whose certified bound is NaN/inf (``nan_safe``) or with ``mask=False`` contributes exactly
-    zero.
+    zero. Per-layer clipping (``per_layer=True``): each parameter leaf's part (a dense,
+    convolution or embedding tap, or a vmap leaf) is scaled from the certified bound of that
+    part alone with f·c_l, so it contributes ≤ f·c_l and the example ≤ f·sqrt(Σ_l c_l²)
+    (He et al. 2022, https://arxiv.org/abs/2212.01539, §3). Automatic clipping (``gamma``):
+    the factor is f·R/D with D ≥ U·(1+η) + γ rounded upward
+    (:func:`dpjax.dp_sgd._certified.automatic_scale`), so the contribution is ≤ f·R (Bu et al.
+    2023, https://arxiv.org/abs/2206.07136).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -337,18 +344,24 @@ def ghost_clipped_pairs(
     params: Any,
     batch: Any,
     *,
-    l2_clip_norm: float,
+    l2_clip_norm: Any,
     mask: jax.Array | None = None,
     nan_safe: bool = True,
     release: _certified.Release | None = None,
+    per_layer: bool = False,
+    gamma: float | None = None,
 ) -> tuple[tuple[Any, Any], jax.Array, jax.Array, float]:
     """:func:`ghost_clipped_sum` before its final rounding: ``((hi, lo), norms, bad, f)``.
 
     ``hi + lo`` (two pytrees in the sum dtypes) is the double-float clipped sum and f the
     factor applied to C (:func:`dpjax.dp_sgd._certified.summation_shrink` for ``release``;
-    default: this call's rows, released as they are).
+    default: this call's rows, released as they are). ``per_layer``: ``l2_clip_norm`` is a
+    pytree like ``params`` of per-leaf norms c_l (or a float C, split as C/√L), each leaf's
+    part of an example clipped to f·c_l from its own certified bound. ``gamma``: automatic
+    clipping (AUTO-S), each example scaled by C·f/(U·(1+η) + γ) (see
+    :func:`dpjax.dp_sgd.clipped_grad`).
     """
-    _validate.positive("l2_clip_norm", l2_clip_norm)
+    clips = _leaf_clip_norms(l2_clip_norm, params, per_layer)
     batch = _as_batch(batch)
     leaves = jax.tree.leaves(batch)
     n = jnp.shape(leaves[0])[0] if leaves else 0
@@ -359,13 +372,32 @@ def ghost_clipped_pairs(
         )
         norms = jnp.zeros((0,), _certified.wide_dtype())
         return (zeros, zeros), norms, jnp.zeros((), jnp.int32), 1.0
+    total = math.sqrt(sum(c * c for c in clips)) if per_layer else clips[0]
     if release is None:
-        release = _certified.Release(n, 1, _certified.tree_depth(n) + 3, float(l2_clip_norm))
+        release = _certified.Release(n, 1, _certified.tree_depth(n) + 3, total)
     taps = plan(loss_fn, params, *batch)[0].taps
     release = release._replace(depth=release.depth + _stream_steps(taps, n))
     f = _summation_shrink(taps, params, n, release)
-    clip = jnp.asarray(f * l2_clip_norm, _certified.wide_dtype())
-    return (*_ghost_jitted(loss_fn, bool(nan_safe), params, batch, clip, keep), f)
+    wide = _certified.wide_dtype()
+    clip = jnp.asarray([f * c for c in clips] if per_layer else f * clips[0], wide)
+    if gamma is not None:
+        gamma = jnp.asarray(_validate.positive("gamma", gamma), wide)
+    return (*_ghost_jitted(loss_fn, bool(nan_safe), params, batch, clip, keep, gamma), f)
+
+
+def _leaf_clip_norms(l2_clip_norm: Any, params: Any, per_layer: bool) -> list[float]:
+    """``[C]``, or per-layer the norm c_l of every parameter leaf (a float C: C/√L each)."""
+    if not per_layer:
+        return [_validate.positive("l2_clip_norm", l2_clip_norm)]
+    treedef = jax.tree.structure(params)
+    if isinstance(l2_clip_norm, int | float):
+        c = _validate.positive("l2_clip_norm", l2_clip_norm) / math.sqrt(treedef.num_leaves)
+        return [c] * treedef.num_leaves
+    try:
+        clips = treedef.flatten_up_to(l2_clip_norm)
+    except (ValueError, TypeError):
+        _validate.fail("l2_clip_norm", l2_clip_norm, "a float or a pytree like params")
+    return [_validate.positive("l2_clip_norm leaf", c) for c in clips]
 
 
 def _tap_bounds(
@@ -382,7 +414,25 @@ def _tap_bounds(
     return out
 
 
-def _ghost_impl(loss_fn, nan_safe, params, batch, clip, mask):
+def _leaf_factors(p_leaves, parts, part_leaf, clip, eta, gamma, total_upper):
+    """The clip factor of every parameter leaf, (B,) each, wide dtype.
+
+    ``clip`` a scalar: one factor from the whole gradient's bound ``total_upper``. ``clip`` of
+    shape (L,) (per-layer): leaf l's factor from the bound of its own part(s) and f·c_l.
+    """
+    if clip.ndim == 0:
+        return [_certified.clip_factor(total_upper, clip, eta, gamma)] * len(p_leaves)
+    by_leaf: dict[int, list[_Bound]] = {}
+    for bound, leaf in zip(parts, part_leaf, strict=True):
+        by_leaf.setdefault(leaf, []).append(bound)
+    factors = []
+    for i in range(len(p_leaves)):
+        upper = _certified.sqrt_up(_totals(by_leaf[i]).u2)
+        factors.append(_certified.clip_factor(upper, clip[i], eta, gamma))
+    return factors
+
+
+def _ghost_impl(loss_fn, nan_safe, params, batch, clip, mask, gamma):
     ghost_plan, _ = plan(loss_fn, params, *batch)
     p_leaves, p_tree = jax.tree.flatten(params)
     e_leaves = jax.tree.leaves(batch)
@@ -439,9 +489,9 @@ def _ghost_impl(loss_fn, nan_safe, params, batch, clip, mask):
     bounds = ghost_bounds(False)
     if bounds and _ACCURATE_RETRY:
         fast_total = _totals(bounds + fixed)
-        loose = (~jnp.isfinite(fast_total.u2)) | (
-            (fast_total.u2 > jnp.square(clip)) & (fast_total.n2 > _LOOSE * fast_total.sq)
-        )
+        # automatic clipping scales every example: its factor always reads the bound
+        scaled = True if gamma is not None else fast_total.u2 > jnp.sum(jnp.square(clip))
+        loose = (~jnp.isfinite(fast_total.u2)) | (scaled & (fast_total.n2 > _LOOSE * fast_total.sq))
         retry = jnp.any(mask & loose)
         fast = bounds
 
@@ -470,16 +520,22 @@ def _ghost_impl(loss_fn, nan_safe, params, batch, clip, mask):
     finite = jnp.isfinite(upper)
     num_nonfinite = jnp.sum(jnp.logical_and(mask, ~finite), dtype=jnp.int32)
     keep = jnp.logical_and(mask, finite) if nan_safe else mask
-    scale = _certified.certified_scale(upper, clip, eta)
-    weights = jnp.where(keep, scale, jnp.zeros((), wide))
+    part_leaf = (
+        [taps[j].leaf for j in ghost_js]
+        + [taps[j].leaf for j in layer]
+        + [taps[j].leaf for j in segs]
+        + list(other)
+    )
+    scales = _leaf_factors(p_leaves, bounds + fixed, part_leaf, clip, eta, gamma, upper)
+    weights = [jnp.where(keep, s, jnp.zeros((), wide)) for s in scales]
 
     def clipped_sums(sanitize: bool) -> list:
         sums: list[Any] = [None] * len(p_leaves)
         # materialised layers and vmap leaves: weighted rows, added by shared trees below
-        tree_rows = [_weighted_rows(layer[j], weights, keep) for j in layer]
+        tree_rows = [_weighted_rows(layer[j], weights[taps[j].leaf], keep) for j in layer]
         tree_rows += [
-            _weighted_rows(g, weights.astype(sd), keep)
-            for g, sd in zip(g_other, other_sd, strict=True)
+            _weighted_rows(g, weights[i].astype(sd), keep)
+            for g, sd, i in zip(g_other, other_sd, other, strict=True)
         ]
         trees = _tree_sums(tree_rows)
         layer_total = dict(zip(layer, trees[: len(layer)], strict=True))
@@ -489,7 +545,7 @@ def _ghost_impl(loss_fn, nan_safe, params, batch, clip, mask):
             if j in layer:
                 total = layer_total[j]
             elif j in segs:
-                seg_scaled = _row_where(keep, segs[j] * weights[:, None, None])
+                seg_scaled = _row_where(keep, segs[j] * weights[tap.leaf][:, None, None])
                 table = _embedding_clipped_sum(tap, raw[j][0], seg_scaled)
                 # a plain sum, rounded once to the output dtype here (the table in the wide
                 # dtype never leaves the branch); its low part is a scalar 0 (df_round)
@@ -499,7 +555,8 @@ def _ghost_impl(loss_fn, nan_safe, params, batch, clip, mask):
             else:
                 sd = tap_sd[j]
                 a, g = raw[j]
-                g_scaled = _row_where(keep, g.astype(sd) * scale.astype(sd)[:, None, None])
+                s = scales[tap.leaf].astype(sd)
+                g_scaled = _row_where(keep, g.astype(sd) * s[:, None, None])
                 total = _dense_clipped_sum(a.astype(sd), g_scaled, keep, sanitize)
             sums[tap.leaf] = _to_weight_layout(tap, total)
         return sums

@@ -16,6 +16,7 @@ import dpjax
 from dpjax.auditing import dp_sgd_audit as dsa
 from dpjax.dp_sgd import AdaptiveClip, BandMF
 
+REPLAYED_KEY = 11  # the key of the real run the audited BandMF run 0 replays
 N, BATCH, STEPS = 40, 4, 4
 ADAPTIVE = AdaptiveClip(target_quantile=0.5, learning_rate=0.2, count_noise_multiplier=2.0,
                         initial=1.0)  # fmt: skip
@@ -53,10 +54,17 @@ def test_bandmf_states_for_keys_are_make_private_inits():
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b)[0])
 
 
-def test_bandmf_audited_runs_draw_different_noise():
+@pytest.fixture(scope="module")
+def bandmf_audit():
+    """One audited BandMF run on two keys, shared by the tests that read it (one compile):
+    run 0 on the key the real-step test replays, run 1 on another key."""
     loss, params, data = _canaried()
-    private = _private(loss, jax.random.key(99), "bandmf")
-    run = dsa.canary_updates(private, params, data, jax.random.split(jax.random.key(3), 2))
+    keys = jnp.concatenate([jax.random.key(REPLAYED_KEY)[None], jax.random.key(3)[None]])
+    return dsa.canary_updates(_private(loss, jax.random.key(99), "bandmf"), params, data, keys)
+
+
+def test_bandmf_audited_runs_draw_different_noise(bandmf_audit):
+    run = bandmf_audit
     # canary 1 is OUT (a zero row): its observations are the noise alone
     first, second = run.observations[0, :, 1], run.observations[1, :, 1]
     assert np.all(np.isfinite(run.observations))
@@ -64,10 +72,15 @@ def test_bandmf_audited_runs_draw_different_noise():
 
 
 @pytest.mark.parametrize("variant", ["adaptive", "bandmf"])
-def test_the_audited_release_is_the_real_steps_release(variant):
+def test_the_audited_release_is_the_real_steps_release(variant, request):
     loss, params, data = _canaried()
-    k = jax.random.key(11)
-    audited = dsa.canary_updates(_private(loss, jax.random.key(99), variant), params, data, k[None])
+    k = jax.random.key(REPLAYED_KEY)
+    if variant == "bandmf":  # its run 0 is on k
+        audited = request.getfixturevalue("bandmf_audit")
+    else:
+        audited = dsa.canary_updates(
+            _private(loss, jax.random.key(99), variant), params, data, k[None]
+        )
     real = _private(loss, k, variant)
     p, state = params, real.init(params)
     for t in range(STEPS):

@@ -20,18 +20,22 @@ from fractions import Fraction
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import optax
 
 from dpjax import _validate
 from dpjax._warnings import PrivacyLeakWarning
 from dpjax.accounting.dp_sgd import calibrate_noise_multiplier, warn_if_delta_reveals_records
+from dpjax.accounting.filters import PrivacyFilter
 from dpjax.dp_sgd import adaptive_clip
 from dpjax.dp_sgd.clipping import BACKENDS as CLIPPING_BACKENDS
+from dpjax.dp_sgd.clipping import CLIP_RULES, DEFAULT_GAMMA, clipped_grad
 from dpjax.dp_sgd.samplers import PoissonSampler, _binomial_cap, realised_sampling_rate
 from dpjax.dp_sgd.training import inputs
 from dpjax.dp_sgd.training.accounting import NOT_PRIVATE_EPSILON, SLACK_FRACTION, _epsilon_bound
 from dpjax.dp_sgd.training.inputs import _check_key
 from dpjax.dp_sgd.training.loop import PrivateTraining
+from dpjax.events import PoissonSampledGaussianEvent
 
 __all__ = ["ACCOUNTING_METHODS", "make_private", "poisson_schedule"]
 
@@ -179,7 +183,11 @@ def make_private(
     accounting: str = "pld",
     user_ids: Any = None,
     noise: Any = None,
+    per_layer: bool = False,
+    clip_rule: str = "flat",
+    gamma: float = DEFAULT_GAMMA,
     layout: Any = None,
+    budget: PrivacyFilter | None = None,
 ) -> PrivateTraining:
     r"""DP-SGD in one call: Poisson sampling, per-example clipping, noise once, accounting.
 
@@ -196,7 +204,11 @@ def make_private(
             flax linen use ``model.apply({"params": params}, x, rngs={"dropout": rng})``; for
             flax nnx build it with :func:`nnx_loss`.
         optimizer: any optax optimizer; it sees the noisy normalised gradient.
-        l2_clip_norm: C > 0, the per-example clip norm; or a
+        l2_clip_norm: C > 0, the per-example clip norm; with ``per_layer=True`` a float C
+            (each of the L parameter leaves clipped to C/√L) or a pytree like the params of
+            per-leaf norms c_l (finite, ≥ 2⁻⁴⁰; total bound sqrt(Σ c_l²)); with
+            ``clip_rule="automatic"`` the scale R of automatic clipping (1.0 recommended:
+            tune the learning rate instead); or a
             :class:`~dpjax.dp_sgd.AdaptiveClip` (Andrew et al. 2021): C_t follows a target
             quantile of the per-example norms from a noisy count of unclipped examples
             (:mod:`dpjax.dp_sgd.adaptive_clip`). σ is then the ACCOUNTED noise multiplier:
@@ -251,6 +263,13 @@ def make_private(
             the order of ``data``'s rows is part of the plan: resume such a run only on the
             same rows in the same order (a record moved to another part can be sampled in
             adjacent steps, which the ⌈T/b⌉-round accounting does not cover).
+        per_layer: group-wise clipping (He et al. 2022): every parameter leaf of an example's
+            gradient clipped to its own c_l, with ghost clipping where it supports the loss
+            (``clipping`` "auto" or "ghost"). Not with ``user_ids`` or an AdaptiveClip.
+        clip_rule: "flat" (clip to ≤ C) or "automatic" (AUTO-S, Bu et al. 2023: every
+            example's gradient scaled by R/(‖g‖ + γ); see :func:`~dpjax.dp_sgd.clipped_grad`).
+            Not with ``per_layer``, ``user_ids``, ``layout`` or an AdaptiveClip.
+        gamma: γ > 0 of automatic clipping (default 0.01; ignored by flat clipping).
         layout: None (one device, or params replicated), or a
             :class:`~dpjax.dp_sgd.MeshLayout` (:func:`~dpjax.dp_sgd.mesh_layout`): parameters
             sharded over the mesh's model axis, each batch's rows over its data axis
@@ -260,10 +279,21 @@ def make_private(
             its devices (the same release on every mesh shape), and σ, q, C and ε are those of
             the one-device run. Example-level DP with a fixed C, no BandMF noise and no
             ``physical_batch_size`` (refused otherwise).
+        budget: None, or a :class:`~dpjax.accounting.PrivacyFilter` (RDP, or zCDP for q = 1)
+            shared by everything released from the data set: every step is charged to it
+            BEFORE it runs (the Poisson subsampled Gaussian's RDP at the filter's orders),
+            and ``fit`` stops cleanly before the first step the filter refuses (a warning,
+            ``history["stopped_early"]``, the state before that step); ``step`` raises
+            :class:`~dpjax.accounting.BudgetExhaustedError` and changes nothing.
+            :meth:`~PrivateTraining.public_state` then reports the filter's (ε, δ) (see
+            "Formal guarantees"). Needs ``noise_multiplier`` (not ``target_epsilon``), and
+            no ``noise=BandMF``.
 
     Returns:
         A :class:`PrivateTraining` with ``noise_multiplier``, ``sampling_rate``, ``steps``,
-        ``l2_clip_norm``, ``expected_batch_size``, ``delta``, ``init(params)``,
+        ``l2_clip_norm`` (the sensitivity bound: C, sqrt(Σ c_l²) per-layer, R automatic;
+        the per-leaf tree in ``layer_clip_norms``), ``expected_batch_size``, ``delta``,
+        ``init(params)``,
         ``step(params, state, data)``, ``epsilon(state)``, ``fit(params, data)``.
 
     Raises:
@@ -325,6 +355,15 @@ def make_private(
         noisy releases: public, published in ``public_state`` and covered by the guarantee;
         the plan ledger records (C_0, γ, η, σ_b), so a resume under another config is refused
         (see :mod:`dpjax.dp_sgd.adaptive_clip`).
+        Per-layer clipping (``per_layer=True``): each leaf l of an example's gradient is
+        clipped to f·c_l from a certified bound of its own norm (ghost or vmap), so the
+        example contributes at most sqrt(Σ_l c_l²) =: C and everything above holds with this
+        C: noise σ·C, the same event (He et al. 2022, "Exploring the limits of differentially
+        private deep learning with group-wise clipping", https://arxiv.org/abs/2212.01539, §3).
+        Automatic clipping (``clip_rule="automatic"``): each example contributes
+        R·g/(‖g‖ + γ), certified ≤ R as computed, so everything above holds with C = R (Bu et
+        al. 2023, "Automatic clipping: differentially private deep learning made easier and
+        stronger", https://arxiv.org/abs/2206.07136, §4: as private as clipping at R).
         With ``noise=BandMF(bands=b)`` the noise of step t is σ·C·(C⁻¹Z)_t for the b-banded C
         (max column norm 1) and step t samples only part t mod b: the run is accounted as
         ``PoissonSampledGaussianEvent(σ, q, count=⌈T/b⌉)`` on parts of ⌈n/b⌉ records
@@ -335,6 +374,19 @@ def make_private(
         sees the rows of its first step in the same order: the SECRET state records a digest
         of the rows keyed by the run's key (never the public ledger) and ``step``/``fit``
         refuse other data or another row order (NaN under ``jit``).
+        With ``budget=filter`` (adaptive runs: σ, q, C or the length chosen from earlier
+        releases of the same data — several ``make_private`` runs, a tuning loop, a stop on
+        a noisy private metric charged to the same filter): each step, a
+        ``PoissonSampledGaussianEvent(σ, q, count=1)``, is charged to the filter before it
+        runs (``step`` checks on the host; a state traced by your own ``jax.jit`` is refused),
+        so the whole interaction is (ε_F, δ_F)-DP by the filter's theorem
+        (:class:`~dpjax.accounting.PrivacyFilter`: Feldman & Zrnic 2021, Theorem 3.1,
+        https://arxiv.org/abs/2008.11193), for every release charged to it. The padded
+        sampler's truncation slack is bounded for the most steps the filter can ever allow
+        this object (its remaining budget at construction over one step's cost) at ε_F, kept
+        ≤ 10⁻³·δ by the cap, and reserved in the filter (``filter.delta_total``), which is the
+        δ that ``public_state`` reports with ε_F. ``epsilon(state)`` stays the ε of this
+        object's steps as a fixed plan: it is not the guarantee of an adaptive interaction.
 
     Example:
         >>> import jax, jax.numpy as jnp, optax, dpjax
@@ -355,6 +407,26 @@ def make_private(
     if not isinstance(optimizer, optax.GradientTransformation):
         _validate.fail("optimizer", optimizer, "an optax.GradientTransformation")
     key = _check_key(key)
+    _validate.one_of("clip_rule", clip_rule, CLIP_RULES)
+    layered = bool(per_layer) or clip_rule == "automatic"
+    if layered and (user_ids is not None or isinstance(l2_clip_norm, adaptive_clip.AdaptiveClip)):
+        _validate.fail(
+            "per_layer" if per_layer else "clip_rule",
+            per_layer if per_layer else clip_rule,
+            "its default (flat clipping at one C) with user_ids or an AdaptiveClip",
+        )
+    if layered:  # validated as clipped_grad takes it (a ValueError naming the argument)
+        probe = clipped_grad(
+            _no_loss,
+            l2_clip_norm=l2_clip_norm,
+            per_layer=bool(per_layer),
+            clip_rule=clip_rule,
+            gamma=gamma,
+        )
+        layer_clip_norms = l2_clip_norm if per_layer else None
+        l2_clip_norm, gamma = probe.l2_norm_bound, probe.gamma
+    else:
+        layer_clip_norms, gamma = None, None
     l2_clip_norm = adaptive_clip.resolve_clip(l2_clip_norm)
     rows = _validate.positive_int("dataset_size", dataset_size)
     grouping = None
@@ -380,6 +452,10 @@ def make_private(
     if physical_batch_size is not None:
         physical_batch_size = _validate.positive_int("physical_batch_size", physical_batch_size)
     _check_layout(layout, physical_batch_size, grouping, noise, l2_clip_norm)
+    _check_budget(budget, target_epsilon, noise_multiplier, noise)
+    if layout is not None and layered:  # the sharded path clips flat at one C
+        name = "per_layer" if per_layer else "clip_rule"
+        _validate.fail(name, per_layer if per_layer else clip_rule, "its default with layout=")
     steps = _resolve_steps(n, batch_size, epochs, steps)
     q, records, rounds = batch_size / n, n, steps
     if noise is not None and (
@@ -414,6 +490,16 @@ def make_private(
     )
     if noise is not None:
         sampler = noise.sampler(sampler, n)
+    reserved = 0.0
+    if budget is not None:
+        sampler, reserved = _budget_sampler(
+            budget,
+            sampler,
+            sigma=sigma,
+            steps=rounds,
+            epsilon=eps_bound,
+            delta=delta,
+        )
     cls, unit = PrivateTraining, {}
     if grouping is not None:
         cls, unit = user_level.UserLevelTraining, {"grouping": grouping}
@@ -431,8 +517,69 @@ def make_private(
         clipping=clipping,
         accounting=accounting,
         noise=noise,
+        layer_clip_norms=layer_clip_norms,
+        gamma=gamma,
         layout=layout,
+        budget=budget,
+        budget_slack=reserved,
     )
+
+
+def _check_budget(budget: Any, target_epsilon: Any, noise_multiplier: Any, noise: Any) -> None:
+    """A budget charges each step of a given σ > 0 with independent noise."""
+    if budget is None:
+        return
+    if not isinstance(budget, PrivacyFilter):
+        _validate.fail("budget", budget, "None or a dpjax.accounting.PrivacyFilter")
+    if target_epsilon is not None or noise is not None or noise_multiplier == 0:
+        _validate.fail(
+            "budget",
+            budget,
+            "None with target_epsilon, noise=BandMF or noise_multiplier=0 (a budget charges "
+            "each step of a given σ > 0 with independent noise)",
+        )
+
+
+def _budget_sampler(
+    budget: Any,
+    sampler: PoissonSampler,
+    *,
+    sigma: float,
+    steps: int,
+    epsilon: float,
+    delta: float,
+) -> tuple[PoissonSampler, float]:
+    """The sampler re-sized for the steps ``budget`` can allow, and its slack bound.
+
+    The cap keeps the truncation slack (1 + e^ε_F)·N·p̄ ≤ SLACK_FRACTION·δ, with N the most
+    steps the filter can ever allow this object (it only shrinks as more is charged) and ε_F
+    the filter's ε; that bound is what the object reserves in the filter."""
+    event = PoissonSampledGaussianEvent(
+        noise_multiplier=sigma, sampling_rate=sampler.sampling_rate, count=1
+    )
+    try:
+        allowed = budget.max_releases(event)
+    except ValueError as err:
+        _validate.fail("budget", budget, f"a filter that can charge a DP-SGD step ({err})")
+    if allowed == 0:
+        _validate.fail("budget", budget, "a filter with room for at least one step")
+    if not math.isfinite(allowed):
+        _validate.fail("budget", budget, "a filter whose cost of one step is > 0")
+    cap_epsilon = max(budget.epsilon, epsilon if math.isfinite(epsilon) else 0.0)
+    resized = _sampler_for_slack(
+        sampler.dataset_size,
+        sampler.requested_sampling_rate,
+        steps=max(steps, allowed),
+        epsilon=cap_epsilon,
+        delta=delta,
+        calibrated=False,
+    )
+    return resized, resized.delta_slack(allowed, budget.epsilon)
+
+
+def _no_loss(params: Any, *example: Any) -> jax.Array:
+    """A placeholder loss: ``clipped_grad`` validates the clipping arguments without calling it."""
+    return jnp.zeros(())
 
 
 def _check_layout(layout: Any, physical_batch_size: Any, grouping: Any, noise: Any, clip: Any):

@@ -257,8 +257,10 @@ class EarlyStopping(Callback):
         a run whose length was fixed in advance, and does not hold for a stopping time that
         depends on the data through the parameters (a data-dependent stopping time needs a
         privacy filter or odometer: Rogers, Roth, Ullman & Vadhan 2016, "Privacy odometers
-        and filters", https://arxiv.org/abs/1605.08294). ``fit`` records the plan's ε as
-        ``history["epsilon_guarantee"]`` when a run stops early. A stopping rule on the
+        and filters", https://arxiv.org/abs/1605.08294; charge the steps to a
+        :class:`~dpjax.accounting.PrivacyFilter` with ``make_private(..., budget=...)``).
+        ``fit`` records the plan's ε as ``history["epsilon_guarantee"]`` when a run stops
+        early. A stopping rule on the
         training loss would release a function of the private batches without noise and is
         refused.
     """

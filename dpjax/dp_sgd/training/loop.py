@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import optax
 
 from dpjax import _validate
+from dpjax.accounting.filters import BudgetExhaustedError
 from dpjax.dp_sgd import adaptive_clip, sharded
 from dpjax.dp_sgd._frozen import ReadOnlyAfterInit
 from dpjax.dp_sgd.clipping import clipped_grad
@@ -33,6 +34,7 @@ from dpjax.dp_sgd.training.resume import Resuming
 from dpjax.dp_sgd.training.state import PrivateState, PublicState, _as_private_state
 from dpjax.dp_sgd.training.step import Stepping
 from dpjax.dp_sgd.transforms import add_gaussian_noise, normalize_by, public_opt_state
+from dpjax.events import PoissonSampledGaussianEvent
 from dpjax.relation import ADD_OR_REMOVE_ONE
 
 __all__ = ["PrivateTraining"]
@@ -78,9 +80,15 @@ class PrivateTraining(PhaseAccounting, Stepping, Resuming, ReadOnlyAfterInit):
         clipping: str,
         accounting: str,
         noise: Any = None,
+        layer_clip_norms: Any = None,
+        gamma: float | None = None,
         layout: Any = None,
+        budget: Any = None,
+        budget_slack: float = 0.0,
     ):
         self.loss_fn = loss_fn
+        #: the :class:`~dpjax.accounting.PrivacyFilter` every step is charged to, or None
+        self.budget = budget
         #: the :class:`~dpjax.dp_sgd.MeshLayout` of sharded parameters, or None (one device)
         self.layout = layout
         #: the resolved correlated noise (``make_private(noise=BandMF(b))``), or None: DP-SGD
@@ -90,6 +98,11 @@ class PrivateTraining(PhaseAccounting, Stepping, Resuming, ReadOnlyAfterInit):
         self.sampling_rate = sampler.sampling_rate
         self.steps = steps
         self.l2_clip_norm = l2_clip_norm
+        #: per-layer clipping: the pytree (or float C, split C/√L) of per-leaf norms c_l,
+        #: ``l2_clip_norm`` being their total sqrt(Σ c_l²); None: one norm for the whole gradient
+        self.layer_clip_norms = layer_clip_norms
+        #: γ of automatic clipping (``l2_clip_norm`` is then its scale R), or None
+        self.gamma = gamma
         self.expected_batch_size = sampler.expected_batch_size
         self.max_batch_size = sampler.max_batch_size
         self.delta = delta
@@ -121,7 +134,14 @@ class PrivateTraining(PhaseAccounting, Stepping, Resuming, ReadOnlyAfterInit):
                 optimizer,
             )
             loss, c = self._example_loss, l2_clip_norm
-        self.grad_fn = clipped_grad(loss, l2_clip_norm=c, backend=clipping)
+        self.grad_fn = clipped_grad(
+            loss,
+            l2_clip_norm=c if layer_clip_norms is None else layer_clip_norms,
+            backend=clipping,
+            per_layer=layer_clip_norms is not None,
+            clip_rule="flat" if gamma is None else "automatic",
+            gamma=0.01 if gamma is None else gamma,
+        )
         if layout is not None:  # parameters sharded on a mesh (dpjax.dp_sgd.sharded)
             self.grad_fn = sharded.sharded_clipped_grad(self.grad_fn, layout)
         self._plan = _plan.Plan(
@@ -136,6 +156,13 @@ class PrivateTraining(PhaseAccounting, Stepping, Resuming, ReadOnlyAfterInit):
             bands=0 if noise is None else noise.bands,
             strategy_digest=0 if noise is None else noise.digest,
         )
+        #: one step's event, charged to ``budget`` before the step runs (the untruncated
+        #: Poisson subsampled Gaussian; the truncation slack is reserved in the filter)
+        self._step_event = PoissonSampledGaussianEvent(
+            noise_multiplier=float(noise_multiplier), sampling_rate=float(self.sampling_rate)
+        )
+        if budget is not None:
+            budget.reserve_delta(budget_slack)
         self._epsilons: dict[tuple[int, float], float] = {}
         self._composed: dict[tuple[Any, float], float] = {}
         # host-side bookkeeping (mutable contents of a frozen attribute): whether this object
@@ -235,7 +262,9 @@ class PrivateTraining(PhaseAccounting, Stepping, Resuming, ReadOnlyAfterInit):
         """What may be published of ``state`` with the parameters: no key data.
 
         Keeps the step count, the optimizer's moments (noise states reduced to their counts),
-        the phase ledger and (ε, δ) of the whole run; drops the sampling/dropout key and the
+        the phase ledger and (ε, δ) of the whole run (with ``make_private(budget=filter)``:
+        the filter's ε and ``delta_total``, the guarantee of the adaptive interaction;
+        ``delta`` is then ignored); drops the sampling/dropout key and the
         noise key, from which every later batch and noise draw is derived.
 
         Args:
@@ -263,6 +292,8 @@ class PrivateTraining(PhaseAccounting, Stepping, Resuming, ReadOnlyAfterInit):
         state = _as_private_state(state)
         delta = self._delta_or_default(delta)
         eps = self.epsilon(state, delta)
+        if self.budget is not None:  # the adaptive interaction's guarantee: the filter's
+            eps, delta = self.budget.epsilon, self.budget.delta_total
         return PublicState(
             step=state.step,
             opt_state=public_opt_state(state.opt_state),
@@ -402,7 +433,12 @@ class PrivateTraining(PhaseAccounting, Stepping, Resuming, ReadOnlyAfterInit):
             hook.on_fit_start(run)
         bar = _progress_bar(todo, progress)
         for i in range(todo):
-            params, state, metrics = self.step(params, state, data)
+            try:
+                params, state, metrics = self.step(params, state, data)
+            except BudgetExhaustedError as refused:
+                run.stop(f"privacy budget exhausted before step {done + i + 1}: {refused}")
+                warnings.warn(f"fit stopped: {run.stop_reason}", stacklevel=2)
+                break
             run.params, run.state, run.metrics, run.step = params, state, metrics, done + i + 1
             run.public_metrics = {}
             for hook in hooks:
@@ -422,8 +458,10 @@ class PrivateTraining(PhaseAccounting, Stepping, Resuming, ReadOnlyAfterInit):
         if run.stop_reason is not None and run.step < run.last_step:
             history["stopped_early"] = run.stop_reason
             history["epsilon_guarantee"] = self._epsilon_of_phases(after(todo), self.delta)
+        if self.budget is not None:  # the filter's ε holds for the whole adaptive interaction
+            history["epsilon_guarantee"] = self.budget.epsilon
         if bar is not None:
-            if todo:
+            if history["loss"]:  # none when the budget refused the first step
                 bar.set_postfix(loss=f"{history['loss'][-1]:.4f}", epsilon=f"{run.epsilon:.3f}")
             bar.close()
         return params, state, history

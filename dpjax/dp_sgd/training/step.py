@@ -91,12 +91,16 @@ class Stepping:
                 a keyed digest in the secret state records them; NaN under your own
                 ``jax.jit``), a state without that record, or a state at the end of the
                 plan (its ``steps`` noise rows used: a further step has none; NaN under your
-                own ``jax.jit``).
+                own ``jax.jit``). With ``make_private(budget=...)``: a state traced by your
+                own ``jax.jit`` (the step is charged on the host).
+            BudgetExhaustedError: ``make_private(budget=filter)`` and the filter refuses
+                this step (nothing ran; the state is unchanged).
         """
         self._check_plan(state)
         self._check_params(params)
         self._check_data(data)
         self._refuse_past_strategy(state)
+        self._charge_budget(state)
         digest = None
         if self.noise is not None:  # banded MF: the rows must keep the first step's order
             record = _row_order.record_of(state.opt_state)
@@ -109,6 +113,24 @@ class Stepping:
         if not _validate.is_concrete(state.plan):
             params, opt_state = self._void_unless_this_plan(state.plan, (params, opt_state))
         return params, PrivateState(count, key, opt_state, state.plan), metrics
+
+    def _charge_budget(self, state: Any) -> None:
+        """Charge this step to ``make_private``'s ``budget`` BEFORE it runs (host-side).
+
+        Raises:
+            BudgetExhaustedError: the filter refuses the step (nothing runs or changes).
+            ValueError: a traced state (the charge must happen on the host, once per step).
+        """
+        if self.budget is None:
+            return
+        if not _validate.is_concrete(state.step):
+            _validate.fail(
+                "state",
+                "a state traced by jax.jit",
+                "a concrete state when make_private has a budget (each step is charged to "
+                "the filter on the host before it runs; call step outside your own jit)",
+            )
+        self.budget.spend(self._step_event)
 
     def _void_unless_this_plan(self, ledger: jax.Array, released: Any) -> Any:
         """``released`` with every float leaf NaN unless the traced ``ledger``'s current row
