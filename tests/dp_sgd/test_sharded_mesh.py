@@ -250,3 +250,23 @@ def test_a_mesh_refuses_a_clipped_grad_built_to_be_accumulated():
     )
     with pytest.raises(ValueError, match="rows_per_release"):
         sharded.sharded_clipped_grad(base, layout)
+
+
+def test_make_private_refuses_ghost_clipping_on_a_mesh():
+    """The mesh path materialises the per-example gradients: clipping="ghost" ran silently
+    as vmap (memory the caller chose ghost to avoid), so it is refused by name."""
+    layout = sharded.mesh_layout(_mesh((2, 2)), {"w": P("model")})
+    with pytest.raises(ValueError, match="clipping"):
+        dpjax.make_private(
+            lambda w, ex: jnp.sum(w["w"] * ex),
+            optimizer=optax.sgd(0.1),
+            l2_clip_norm=1.0,
+            dataset_size=1000,
+            batch_size=8,
+            steps=1,
+            noise_multiplier=1.0,
+            delta=1e-5,
+            key=jax.random.key(0),
+            clipping="ghost",
+            layout=layout,
+        )
