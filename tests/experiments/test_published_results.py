@@ -152,7 +152,7 @@ def test_the_plot_has_every_papers_point_and_dpjaxs_at_its_own_epsilon(tmp_path)
     published.record(_opacus_mnist_json(tmp_path / "opacus_mnist.json"), results_file=results)
     points = published.plot_points(published.load_results(results))
     papers = [p for p in points if p["source"] == "paper"]
-    assert len(papers) == sum(row["epsilon"] is not None for row in published.ROWS) == 10
+    assert len(papers) == sum(row["epsilon"] is not None for row in published.ROWS) == 11
     (full,) = [p for p in points if p["source"] == "dpjax"]
     assert full["epsilon"] == 2.41 and full["low"] < full["accuracy"] == 98.68 < full["high"]
     (reduced,) = [p for p in points if p["source"] == "dpjax, reduced"]
@@ -184,8 +184,9 @@ def test_automatic_clipping_row_renders_beside_the_flat_row_it_is_compared_with(
     assert "--clip-rule automatic" in row["command"]
     measured = published.load_results(results)
     lines = published.table(measured).splitlines()
-    (auto_line,) = [ln for ln in lines if "automatic clipping (AUTO-S)" in ln]
+    auto_line, fashion = [ln for ln in lines if "automatic clipping (AUTO-S)" in ln]
     assert "98.62 ± 0.04 (3 seeds)" in auto_line and "| 98.7 |" in auto_line
+    assert "| MNIST |" in auto_line and "not run here" in fashion and "fashion-mnist`" in fashion
     assert "✓" in auto_line and "2.410" in auto_line and "Bu et al. 2023" in auto_line
     # difference 98.62 − 98.58 = +0.04; Welch interval from the two sample variances
     a, b = np.array([98.62, 98.66, 98.58]), np.array([98.58, 98.53, 98.63])
