@@ -121,3 +121,17 @@ def test_budget_arguments_are_checked():
             budget=f,
         )
     assert f.releases == 0
+
+
+def test_a_step_jitted_over_a_closed_over_state_is_refused():
+    # a user loop `jax.jit(lambda w, d: private.step(w, state, d))` sees a concrete state at
+    # trace time: the charge happened once, when jit traced it, and every later call (new
+    # params, new data: a new release) would run uncharged. Traced params or data are refused.
+    f = PrivacyFilter.renyi(orders=ORDERS, budget=[10.0, 10.0, 10.0], delta=DELTA)
+    private = private_with(f, 1.0, 5, seed=4)
+    w0 = jnp.zeros(DIM)
+    state = private.init(w0)
+    jitted = jax.jit(lambda w, d: private.step(w, state, d)[0])
+    with pytest.raises(ValueError, match="^params must be a concrete params"):
+        jitted(w0, data())
+    assert f.releases == 0
