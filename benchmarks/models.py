@@ -239,7 +239,7 @@ CONFIGS: list[tuple[str, int, bool]] = [
     ("lora_mlp", 256, True),
 ]
 
-PLUGINS = ("benchmarks.transformer",)
+PLUGINS = ("benchmarks.transformer", "benchmarks.llama_block")
 
 
 def register(

@@ -35,6 +35,7 @@ __all__ = [
     "TORCH_MODELS",
     "OPACUS_MODES",
     "SequenceCrossEntropy",
+    "SequenceMSE",
     "opacus_step",
     "torch_steps",
     "register_torch",
@@ -207,6 +208,105 @@ def _token_data(batch: int, **size: int) -> tuple[torch.Tensor, torch.Tensor]:
     return stream[:, :-1].contiguous(), stream[:, 1:].contiguous()
 
 
+class _LoRALinear(nn.Module):
+    """x·W0 + (x·A)·B: frozen ``base`` (no bias), trainable ``a`` (d_in → r), ``b`` (r → d_out)."""
+
+    def __init__(self, d_in: int, d_out: int, rank: int):
+        super().__init__()
+        self.base = nn.Linear(d_in, d_out, bias=False)
+        self.base.requires_grad_(False)
+        self.a = nn.Linear(d_in, rank, bias=False)
+        self.b = nn.Linear(rank, d_out, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + self.b(self.a(x))
+
+
+class _RMSNorm(nn.Module):
+    """x / sqrt(mean(x²) + ε) · scale with a frozen scale (ones), as the JAX block's."""
+
+    def __init__(self, width: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.register_buffer("scale", torch.ones(width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.scale
+
+
+class _LlamaBlock(nn.Module):
+    """benchmarks.llama_block's block: RMSNorm, GQA causal attention with RoPE, RMSNorm, SwiGLU;
+    every projection a frozen weight plus a rank-r LoRA adapter (the only trainable weights)."""
+
+    def __init__(self, width: int, heads: int, kv_heads: int, mlp: int, seq: int, rank: int):
+        super().__init__()
+        from benchmarks.llama_block import RMS_EPS, ROPE_THETA, projection_shapes
+
+        size = dict(width=width, heads=heads, kv_heads=kv_heads, mlp=mlp)
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, width // heads
+        for name, (d_in, d_out) in projection_shapes(size).items():
+            setattr(self, name, _LoRALinear(d_in, d_out, rank))
+        self.norm1, self.norm2 = _RMSNorm(width, RMS_EPS), _RMSNorm(width, RMS_EPS)
+        dim = self.head_dim
+        inv_freq = ROPE_THETA ** (-torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+        angles = torch.arange(seq, dtype=torch.float32)[:, None] * inv_freq[None, :]
+        self.register_buffer("cos", torch.cat([angles.cos()] * 2, -1)[:, None, :])
+        self.register_buffer("sin", torch.cat([angles.sin()] * 2, -1)[:, None, :])
+
+    def _rope(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, H, D)
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * self.cos + rotated * self.sin
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        h = self.norm1(x)
+        q = self._rope(self.q(h).view(batch, seq, self.heads, self.head_dim))
+        k = self._rope(self.k(h).view(batch, seq, self.kv_heads, self.head_dim))
+        v = self.v(h).view(batch, seq, self.kv_heads, self.head_dim)
+        groups = self.heads // self.kv_heads
+        k, v = (t.repeat_interleave(groups, dim=2) for t in (k, v))
+        att = nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        )
+        x = x + self.o(att.transpose(1, 2).flatten(2))
+        h = self.norm2(x)
+        return x + self.down(nn.functional.silu(self.gate(h)) * self.up(h))
+
+
+class SequenceMSE(nn.Module):
+    """Per sequence: half the mean squared error over its positions and features (the JAX
+    block's loss); ``reduction`` as :class:`SequenceCrossEntropy`'s."""
+
+    def __init__(self, reduction: str = "mean"):
+        super().__init__()
+        self.reduction = reduction
+
+    def forward(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        per_sequence = 0.5 * (output - target).pow(2).flatten(1).mean(dim=1)
+        if self.reduction not in ("mean", "sum", "none"):
+            raise ValueError(f"reduction must be 'mean', 'sum' or 'none'; got {self.reduction!r}")
+        if self.reduction == "none":
+            return per_sequence
+        return per_sequence.sum() if self.reduction == "sum" else per_sequence.mean()
+
+
+def _llama_block(**size: int) -> nn.Module:
+    """The twin of ``benchmarks.llama_block.llama_block_model(**size)``."""
+    from benchmarks.llama_block import SIZE
+
+    return _LlamaBlock(**(SIZE | size))
+
+
+def _hidden_states(batch: int, **size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    from benchmarks.llama_block import SIZE
+
+    full = SIZE | size
+    gen = torch.Generator().manual_seed(1)
+    shape = (batch, full["seq"], full["width"])
+    return torch.randn(*shape, generator=gen), torch.randn(*shape, generator=gen)
+
+
 def _images(batch: int, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(1)
     return torch.randn(batch, *shape, generator=gen), torch.randint(0, 10, (batch,), generator=gen)
@@ -228,6 +328,7 @@ TORCH_MODELS: dict[str, tuple[Callable, Callable, Callable]] = {
     "logreg": (_logreg, _logreg_data, nn.BCEWithLogitsLoss),
     "lora_mlp": (_lora_mlp, lambda b: _images(b, (784,)), nn.CrossEntropyLoss),
     "transformer": (_transformer, _token_data, SequenceCrossEntropy),
+    "llama_block": (_llama_block, _hidden_states, SequenceMSE),
 }
 
 

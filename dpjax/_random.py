@@ -317,9 +317,10 @@ def _tail_codes(words: jax.Array) -> tuple[jax.Array, jax.Array]:
     """
     size = words.shape[0]
     blocks = -(-size // _BLOCK)
-    padded = jnp.pad(words, (0, blocks * _BLOCK - size), constant_values=1)  # 1: a body word
-    padded = padded.reshape(blocks, _BLOCK)
-    lane2 = 2 * jnp.arange(_BLOCK, dtype=jnp.int32)
+    width = min(size, _BLOCK)  # a draw below one block is not padded to 4096 lanes (below)
+    padded = jnp.pad(words, (0, blocks * width - size), constant_values=1)  # 1: a body word
+    padded = padded.reshape(blocks, width)
+    lane2 = 2 * jnp.arange(width, dtype=jnp.int32)
     code = jnp.where(padded == jnp.uint32(0xFFFFFFFF), lane2 + 1, -1)
     code = jnp.where(padded == jnp.uint32(0), lane2, code)
     none = jnp.int32(2 * _BLOCK)

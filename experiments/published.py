@@ -5,7 +5,8 @@ Rows measured by a full-scale run are kept in a committed results file
 and machine), written by ``python -m experiments.published record <out>/scatternet.json [...]``
 after ``python -m experiments <experiment> --full``. This experiment only READS that file
 (it trains nothing, so ``make reproduce`` stays quick) and renders it with the rows that were not
-run here, each with the command that runs it.
+run here, each with the command that runs it, and the time-to-accuracy rows of
+:mod:`experiments.opacus_mnist` (dpjax beside Opacus; ``record DIR/opacus_mnist.json``).
 
 Sources of the published numbers:
 
@@ -48,7 +49,8 @@ ROWS: tuple[dict, ...] = (
          command="python -m experiments scatternet --full"),
     dict(paper=TB, dataset="MNIST", model="end-to-end tanh CNN", epsilon=3.0, published=98.1,
          key="mnist_cnn/mnist", command="python -m experiments mnist_cnn --full",
-         why="needs GPU (4 688 DP-SGD steps of a CNN at batch 512, 3 seeds)"),
+         why="needs GPU (4 688 DP-SGD steps of a CNN at batch 512, 3 seeds)",
+         time_key="time/tb_cnn"),
     dict(paper=TB, dataset="Fashion-MNIST", model="end-to-end tanh CNN", epsilon=3.0,
          published=86.0, key=None, command=None,
          why="needs GPU; no dpjax experiment yet (batch 2048, lr 4, σ = 2.15, 40 epochs)"),
@@ -67,7 +69,8 @@ ROWS: tuple[dict, ...] = (
          why="needs GPU; no dpjax experiment yet (Opacus's command given)"),
     dict(paper=OPACUS, dataset="MNIST", model="SampleConvNet", epsilon=1.16, published=94.63,
          key=None, command=f"{OPACUS_CMD} -n=15 --lr=.25 --sigma=1.3 -c=1.5",
-         why="needs GPU; no dpjax experiment yet (Opacus's command given)"),
+         why="15 epochs not run here (`python -m experiments opacus_mnist --full`)",
+         time_key="time/opacus_example"),
 )  # fmt: skip
 
 
@@ -105,23 +108,57 @@ def rows_from_scatternet(payload: dict, command: str) -> list[dict]:
     return out
 
 
+def rows_from_opacus_mnist(payload: dict, command: str) -> list[dict]:
+    """Time-to-accuracy rows (one per setting, both frameworks) from an ``opacus_mnist.json``."""
+    out = []
+    for setting in dict.fromkeys(r["setting"] for r in payload["rows"]):
+        runs = {r["framework"]: r for r in payload["rows"] if r["setting"] == setting}
+        frameworks = {
+            name: dict(accuracy=100 * r["test_accuracy"], epsilon=r["epsilon"],
+                       accountant=r["accountant"], wall_seconds=r["seconds"],
+                       cpu_seconds=r["cpu_seconds"], threads=r.get("threads"))
+            for name, r in runs.items()
+        }  # fmt: skip
+        first = next(iter(runs.values()))
+        out.append(
+            dict(key=f"time/{setting}", protocol=payload["size"], steps=first["steps"],
+                 epochs=first["epochs"], seed=first["seed"], frameworks=frameworks,
+                 command=command)
+        )  # fmt: skip
+    return out
+
+
+# What ``record`` reads: file name -> (rows maker, experiment name).
+SOURCES = {
+    "scatternet.json": (rows_from_scatternet, "scatternet"),
+    "opacus_mnist.json": (rows_from_opacus_mnist, "opacus_mnist"),
+}
+
+
 def record(*sources: pathlib.Path, results_file: pathlib.Path | None = None) -> list[dict]:
-    """Merge the rows measured in ``sources`` (``scatternet.json`` files of runs of one scale,
-    e.g. one per seed: their runs are pooled) into ``results_file`` (default
+    """Merge the rows measured in ``sources`` into ``results_file`` (default
     :data:`RESULTS_FILE`), each stamped with today's date and this machine; a row with the same
-    key is replaced."""
-    payloads = []
+    key is replaced. Sources are ``scatternet.json`` files of runs of one scale (e.g. one per
+    seed: their runs are pooled) and/or ``opacus_mnist.json`` files (time to accuracy)."""
+    by_name: dict[str, list[dict]] = {}
     for source in sources:
-        if pathlib.Path(source).name != "scatternet.json":
+        name = pathlib.Path(source).name
+        if name not in SOURCES:
             raise ValueError(
-                f"sources must be scatternet.json files written by a run; got {source}"
+                f"sources must be {' or '.join(SOURCES)} files written by a run; got {source}"
             )
-        payloads.append(json.loads(pathlib.Path(source).read_text()))
-    if not payloads or len({p["size"] for p in payloads}) != 1:
-        raise ValueError("sources must be one or more runs of the same scale (quick or full)")
-    pooled = dict(size=payloads[0]["size"], runs=[r for p in payloads for r in p["runs"]])
-    flag = " --full" if pooled["size"] == "full" else ""
-    new = rows_from_scatternet(pooled, f"python -m experiments scatternet{flag}")
+        by_name.setdefault(name, []).append(json.loads(pathlib.Path(source).read_text()))
+    if not by_name:
+        raise ValueError("sources must name at least one results file")
+    new = []
+    for name, payloads in by_name.items():
+        if len({p["size"] for p in payloads}) != 1:
+            raise ValueError("sources must be one or more runs of the same scale (quick or full)")
+        items = "runs" if name == "scatternet.json" else "rows"
+        pooled = {"size": payloads[0]["size"], items: [r for p in payloads for r in p[items]]}
+        make_rows, experiment = SOURCES[name]
+        flag = " --full" if pooled["size"] == "full" else ""
+        new += make_rows(pooled, f"python -m experiments {experiment}{flag}")
     stamp = dict(date=datetime.date.today().isoformat(), machine=machine())
     new = [row | stamp for row in new]
     old = load_results(results_file)
@@ -170,6 +207,10 @@ def table(measured: list[dict]) -> str:
         eps = "∞ (non-private)" if row["epsilon"] is None else f"{row['epsilon']:g}"
         head = f"| {row['paper']} | {row['dataset']} | {row['model']} | {eps} | {row['published']}"
         got = by_key.get(row["key"])
+        timed = by_key.get(row.get("time_key"))
+        if got is None and timed is not None:
+            lines.append(f"{head} | {_reduced_cells(timed)} |")
+            continue
         if got is None:
             why = row.get("why", "needs GPU")
             run = f"`{row['command']}`" if row["command"] else "no command yet"
@@ -188,6 +229,46 @@ def table(measured: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _minutes(row: dict) -> str:
+    return f"{row['wall_seconds'] / 60:.1f} min (CPU {row['cpu_seconds'] / 60:.1f} min)"
+
+
+def _reduced_cells(timed: dict) -> str:
+    """The main table's cells for a row measured only at a reduced scale beside Opacus."""
+    mine, theirs = timed["frameworks"]["dpjax"], timed["frameworks"].get("opacus")
+    opacus = f"; Opacus {theirs['accuracy']:.2f}" if theirs else ""
+    times = f"dpjax {_minutes(mine)}" + (f"; Opacus {_minutes(theirs)}" if theirs else "")
+    return (
+        f"{mine['accuracy']:.2f}{opacus} (1 seed, {timed['epochs']:.2f} epoch: reduced) "
+        f"| — (reduced scale: NOT the paper's protocol) | {mine['epsilon']:.3f} "
+        f"| {timed['steps']} steps, reduced (`{timed['command']}`) | {times} "
+        f"| {timed['date']}, {timed['machine']}"
+    )
+
+
+def time_table(measured: list[dict]) -> str:
+    """Time to accuracy, dpjax beside Opacus: one line per setting and framework."""
+    timed = [row for row in measured if row["key"].startswith("time/")]
+    if not timed:
+        return ""
+    lines = [
+        "| setting | scale | framework | test accuracy % | ε at δ = 1e-5 (accountant) "
+        "| steps (epochs) | wall time | CPU time | run on |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in timed:
+        label = row["key"].removeprefix("time/")
+        scale = "full" if row["protocol"] == "full" else "quick: NOT the paper's protocol"
+        for name, got in row["frameworks"].items():
+            lines.append(
+                f"| {label} | {scale} | {name} | {got['accuracy']:.2f} "
+                f"| {got['epsilon']:.3f} ({got['accountant']}) "
+                f"| {row['steps']} ({row['epochs']:.2f}) | {got['wall_seconds']:.0f} s "
+                f"| {got['cpu_seconds']:.0f} s | {row['date']}, {row['machine']} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
 def markdown(measured: list[dict]) -> str:
     return "\n".join(
         [
@@ -203,8 +284,130 @@ def markdown(measured: list[dict]) -> str:
             "paper's last step (40 epochs), with no choice of epoch on the test set.",
             "",
             table(measured),
+            *_time_section(measured),
         ]
     )
+
+
+def _time_section(measured: list[dict]) -> list[str]:
+    body = time_table(measured)
+    if not body:
+        return []
+    return [
+        "### Time to accuracy: dpjax beside Opacus (same model, σ, C, q, steps)",
+        "",
+        "Each setting trained by `dpjax.make_private` and by Opacus (`PrivacyEngine`, Poisson "
+        "sampling, per-sample hooks) one after the other on the same machine "
+        "(`python -m experiments opacus_mnist`; `experiments/opacus_mnist.py` states the "
+        "models and hyperparameters). Wall and process CPU time of the training loop "
+        "(dpjax's JIT compilation included; data loading and evaluation excluded), test "
+        "accuracy of the final model. ε is each framework's own accountant for the same σ "
+        "and steps (Opacus samples at q = 1/⌈n/b⌉, 0.7 % below b/n for batch 512).",
+        "",
+        body,
+        *projections(measured),
+    ]
+
+
+PAPER_EPOCHS = {"tb_cnn": 40, "opacus_example": 15}  # Tramèr & Boneh; Opacus's README command
+SEEDS_FOR_A_ROW = 3
+
+
+def projections(measured: list[dict]) -> list[str]:
+    """Why a reduced run stands in for the paper's protocol: the measured time of one epoch,
+    scaled to the paper's epochs and three seeds (dpjax's; JIT compilation counted once per
+    epoch, so an upper bound)."""
+    lines = []
+    for row in measured:
+        setting = row["key"].removeprefix("time/")
+        if not row["key"].startswith("time/") or row["protocol"] == "full":
+            continue
+        mine = row["frameworks"]["dpjax"]
+        scale = PAPER_EPOCHS[setting] * SEEDS_FOR_A_ROW / row["epochs"]
+        lines.append(
+            f"- {setting}: the paper's {PAPER_EPOCHS[setting]} epochs × {SEEDS_FOR_A_ROW} "
+            f"seeds would take dpjax ≈ {mine['cpu_seconds'] * scale / 3600:.1f} h of CPU, "
+            f"≈ {mine['wall_seconds'] * scale / 3600:.1f} h wall at this run's share of the "
+            "shared machine (measured above, scaled by the number of epochs): not run here."
+        )
+    return ["", *lines, ""] if lines else []
+
+
+PLOT_FILE = "published.png"
+
+
+def plot_points(measured: list[dict]) -> list[dict]:
+    """The points of the accuracy-against-ε plot: every paper's (ε, accuracy) with a finite ε,
+    and dpjax's measured rows at dpjax's ε (full protocol: mean and 95% CI; reduced scale:
+    the one run, marked reduced)."""
+    from experiments.erm_adult import mean_ci
+
+    by_key = {row["key"]: row for row in measured}
+    points = []
+    for row in ROWS:
+        if row["epsilon"] is None:
+            continue
+        name = f"{row['model']} ({row['paper']})"
+        points.append(dict(dataset=row["dataset"], source="paper", label=name,
+                           epsilon=row["epsilon"], accuracy=row["published"]))  # fmt: skip
+        got = by_key.get(row["key"])
+        if got is not None:
+            mean, low, high = mean_ci(got["accuracies"])
+            points.append(dict(dataset=row["dataset"], source="dpjax", label=name,
+                               epsilon=got["epsilon"], accuracy=mean, low=low,
+                               high=high))  # fmt: skip
+        timed = by_key.get(row.get("time_key"))
+        if got is None and timed is not None:
+            mine = timed["frameworks"]["dpjax"]
+            points.append(dict(dataset=row["dataset"], source="dpjax, reduced", label=name,
+                               epsilon=mine["epsilon"], accuracy=mine["accuracy"]))  # fmt: skip
+    return points
+
+
+def plot(path: pathlib.Path, measured: list[dict]) -> str | None:
+    """Accuracy against ε, one panel per data set: the papers' points (open) and dpjax's
+    (filled, 95% CI bars; crosses for reduced-scale runs). None without matplotlib."""
+    from experiments.report import _plt
+
+    plt = _plt()
+    if plt is None:
+        return None
+    points = plot_points(measured)
+    datasets = list(dict.fromkeys(p["dataset"] for p in points))
+    labels = list(dict.fromkeys(p["label"] for p in points))
+    fig, axes = plt.subplots(1, len(datasets), figsize=(5.2 * len(datasets), 4), squeeze=False)
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    for ax, dataset in zip(axes[0], datasets, strict=True):
+        seen: set[str] = set()
+        for p in (p for p in points if p["dataset"] == dataset):
+            color = f"C{labels.index(p['label'])}"
+            key = (p["label"], p["source"])
+            p = p | dict(label=p["label"] if key not in seen else None)  # one legend entry
+            seen.add(key)
+            if p["source"] == "paper":
+                ax.plot(p["epsilon"], p["accuracy"], "o", mfc="none", color=color, ms=8,
+                        label=p["label"] and f"{p['label']}: paper")  # fmt: skip
+            elif p["source"] == "dpjax":
+                ax.errorbar(p["epsilon"], p["accuracy"], capsize=3, fmt="o", color=color,
+                            yerr=[[p["accuracy"] - p["low"]], [p["high"] - p["accuracy"]]],
+                            label=p["label"] and f"{p['label']}: dpjax (95% CI)")  # fmt: skip
+            else:
+                ax.plot(p["epsilon"], p["accuracy"], "x", color=color, ms=8,
+                        label=p["label"] and f"{p['label']}: dpjax, reduced")  # fmt: skip
+        ax.set_xscale("log")
+        ax.set_xticks([0.2, 0.5, 1, 2, 3, 5, 7])
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.margins(y=0.15)
+        ax.set_xlabel("ε at δ = 1e-5 (paper: its accountant; dpjax: PLD)")
+        ax.set_title(dataset)
+        ax.legend(fontsize=6, loc="best")
+    axes[0][0].set_ylabel("test accuracy %")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return pathlib.Path(path).name
 
 
 def run(out_dir: pathlib.Path, *, full: bool = False, seed: int = 0):
@@ -213,17 +416,21 @@ def run(out_dir: pathlib.Path, *, full: bool = False, seed: int = 0):
     del full, seed
     measured = load_results()
     pathlib.Path(out_dir).mkdir(parents=True, exist_ok=True)
-    return dict(report_md=markdown(measured),
+    name = plot(pathlib.Path(out_dir) / PLOT_FILE, measured)
+    figure = f"\n![accuracy against ε: the papers' points and dpjax's]({name})\n" if name else ""
+    return dict(report_md=markdown(measured) + figure,
                 verdict=f"{len(measured)} measured rows, {len(ROWS)} rows in all")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) < 2 or argv[0] != "record":
-        print("usage: python -m experiments.published record DIR/scatternet.json [...]")
+        print(
+            "usage: python -m experiments.published record DIR/{scatternet,opacus_mnist}.json ..."
+        )
         return 2
     for row in record(*(pathlib.Path(a) for a in argv[1:])):
-        print(f"[published] recorded {row['key']}: {row['accuracies']} at ε = {row['epsilon']:.3f}")
+        print(f"[published] recorded {row['key']} ({row['protocol']})")
     return 0
 
 

@@ -29,8 +29,10 @@ Differences, stated:
   privacy leak". Here the thresholds are public constants (:data:`STANDARDIZE_THRESHOLDS`),
   fixed before any private data were read as the norms of the features of a data-independent
   image (uniform noise in [0, 1], :func:`public_thresholds`); the mechanism is then exactly the
-  Gaussian mechanism with sensitivity τ on each sum (add/remove-one), and its two releases are
-  composed with DP-SGD by dpjax's accountant (PLD), so the ε reported covers both;
+  Gaussian mechanism with sensitivity τ on each sum (add/remove-one), released by
+  ``dpjax.mechanisms.gaussian`` with a JAX key split from the run's seed (no other RNG touches
+  private data), and its two releases are composed with DP-SGD by dpjax's accountant (PLD), so
+  the ε reported covers both (as their code adds the normalisation's RDP to DP-SGD's);
 * they draw shuffled fixed-size batches and account as if Poisson-sampled; dpjax samples
   Poisson batches (add/remove-one) as its accountant assumes, and reports its own ε for the
   paper's σ (PLD; smaller than 3 because the PLD accountant is tighter than the RDP conversion
@@ -177,33 +179,80 @@ def _clip_rows(x: np.ndarray, threshold: float) -> np.ndarray:
     return x * np.minimum(1.0, threshold / np.maximum(norms, 1e-30))
 
 
+# The δ at which each standardisation release's budget share is stated when it is handed to
+# dpjax.mechanisms.gaussian: with the analytic calibration (Balle & Wang 2018) the share
+# (ε_share(σ, δ_share), δ_share) gives back exactly the noise multiplier σ, whichever δ_share is
+# chosen, so the share only names σ; the reported ε composes the releases' PLDs at σ.
+NORM_DELTA_SHARE = 1e-6
+
+
+def release_budget_share(noise_multiplier: float) -> tuple[float, float]:
+    """(ε, δ) of ONE standardisation release whose analytic calibration is σ/Δ = noise_multiplier.
+
+    ``dpjax.mechanisms.gaussian`` is calibrated by (ε, δ); this is the share that makes it add
+    N(0, (noise_multiplier·Δ)²) (Balle & Wang 2018, Theorem 8, inverted at δ =
+    :data:`NORM_DELTA_SHARE`).
+    """
+    from dpjax.mechanisms import gaussian_epsilon
+
+    if not noise_multiplier > 0:
+        raise ValueError(f"noise_multiplier must be > 0; got {noise_multiplier!r}")
+    epsilon = gaussian_epsilon(sigma=noise_multiplier, sensitivity=1.0, delta=NORM_DELTA_SHARE)
+    return float(epsilon), NORM_DELTA_SHARE
+
+
 def private_standardize(
-    features: np.ndarray, *, rng: np.random.Generator, noise_multiplier: float,
+    features: np.ndarray, *, key, noise_multiplier: float,
     thresholds: tuple[float, float], dataset_size: int,
-) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+) -> tuple[np.ndarray, np.ndarray, list]:  # fmt: skip
     """Per-channel mean and variance of the features, released by two Gaussian mechanisms.
 
     Each example's vector of 81 per-channel spatial means m_i (and means of squares s_i) is
-    clipped to ℓ2 norm τ_mean (τ_square); the sums get N(0, (σ·τ)² I) and are divided by the
-    public ``dataset_size`` n: mean = (Σ m_i + N)/n, E[x²] = (Σ s_i + N′)/n, variance =
-    max(E[x²] − mean², 0).
+    clipped to ℓ2 norm τ_mean (τ_square); each sum is released by
+    ``dpjax.mechanisms.gaussian`` (sensitivity τ, the budget share of
+    :func:`release_budget_share`, i.e. noise N(0, (σ·τ)² I)) with its own half of the JAX
+    ``key``, and divided by the public ``dataset_size`` n: mean = (Σ m_i + N)/n,
+    E[x²] = (Σ s_i + N′)/n, variance = max(E[x²] − mean², 0).
+
+    Returns:
+        mean, variance (81 channels each) and the privacy events of the two releases: one
+        ``GaussianEvent(σ_used, count=2, relation="add_or_remove_one")``, σ_used the noise
+        multiplier the mechanism calibrated (the smaller of the two releases'), to be composed
+        with the DP-SGD run by the caller's accountant.
+
+    Raises:
+        ValueError: ``key`` is not a JAX PRNG key (e.g. a NumPy generator), or σ ≤ 0.
 
     Formal guarantees:
         Under add/remove-one each clipped sum changes by at most τ in ℓ2, so each release is the
         Gaussian mechanism of noise multiplier σ (Dwork & Roth 2014, "The algorithmic
-        foundations of differential privacy", Theorem A.1; tight accounting: Balle & Wang
-        2018, https://arxiv.org/abs/1805.06530). Two releases: ``GaussianEvent(σ, count=2)``
-        under add/remove-one, composed with the DP-SGD run by the caller. The thresholds must be
-        public (:func:`public_thresholds`); n is public as in ``dpjax.make_private``.
+        foundations of differential privacy", Theorem A.1; analytic calibration and tight
+        accounting: Balle & Wang 2018, https://arxiv.org/abs/1805.06530, Theorem 8). The
+        thresholds must be public (:func:`public_thresholds`); n is public as in
+        ``dpjax.make_private``.
     """
+    import jax
+
+    from dpjax.events import GaussianEvent
+    from dpjax.mechanisms import gaussian, gaussian_sigma
+
+    if not (isinstance(key, jax.Array) and jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)):
+        raise ValueError(f"key must be a JAX PRNG key (jax.random.key); got {type(key).__name__}")
+    epsilon, delta = release_budget_share(noise_multiplier)
     n = len(features)
     per_channel = features.reshape(n, CHANNELS, -1).astype(np.float64)
-    means = _clip_rows(per_channel.mean(-1), thresholds[0])
-    squares = _clip_rows((per_channel**2).mean(-1), thresholds[1])
-    mean = means.sum(0) + rng.normal(0.0, noise_multiplier * thresholds[0], CHANNELS)
-    square = squares.sum(0) + rng.normal(0.0, noise_multiplier * thresholds[1], CHANNELS)
-    mean, square = mean / dataset_size, square / dataset_size
-    return mean, np.maximum(square - mean**2, 0.0)
+    sums = (
+        _clip_rows(per_channel.mean(-1), thresholds[0]).sum(0),
+        _clip_rows((per_channel**2).mean(-1), thresholds[1]).sum(0),
+    )
+    released, used = [], []
+    for part_key, total, tau in zip(jax.random.split(key), sums, thresholds, strict=True):
+        noisy = gaussian(part_key, total, sensitivity=tau, epsilon=epsilon, delta=delta)
+        released.append(np.asarray(noisy, np.float64) / dataset_size)
+        used.append(gaussian_sigma(sensitivity=tau, epsilon=epsilon, delta=delta) / tau)
+    mean, square = released
+    event = GaussianEvent(noise_multiplier=min(used), count=2, relation="add_or_remove_one")
+    return mean, np.maximum(square - mean**2, 0.0), [event]
 
 
 def standardize(features: np.ndarray, mean: np.ndarray, var: np.ndarray) -> np.ndarray:
@@ -216,28 +265,24 @@ def standardize(features: np.ndarray, mean: np.ndarray, var: np.ndarray) -> np.n
 # --------------------------------------------------------------------------- DP-SGD
 
 
-def prepare(dataset: str, data: dict, *, seed: int) -> tuple[dict, list]:
+def prepare(dataset: str, data: dict, *, key) -> tuple[dict, list]:
     """Normalise the features as the paper does for ``dataset``; flatten to (n, 3 969).
 
+    ``key``: the JAX PRNG key of the private standardisation's noise (unused by group norm).
     Returns the arrays and the privacy events the normalisation spent (none for group norm;
     two add/remove-one Gaussian releases for the private standardisation).
     """
-    from dpjax.events import GaussianEvent
-
     hyper = HYPER[dataset]
     if hyper["norm"] == "group":
         xtr = group_normalize(data["ftr"], hyper["groups"])
         xte = group_normalize(data["fte"], hyper["groups"])
         events = []
     else:
-        thresholds = STANDARDIZE_THRESHOLDS
-        sigma = hyper["norm_noise_multiplier"]
-        mean, var = private_standardize(
-            data["ftr"], rng=np.random.default_rng([seed, 1]), noise_multiplier=sigma,
-            thresholds=thresholds, dataset_size=len(data["ftr"]),
+        mean, var, events = private_standardize(
+            data["ftr"], key=key, noise_multiplier=hyper["norm_noise_multiplier"],
+            thresholds=STANDARDIZE_THRESHOLDS, dataset_size=len(data["ftr"]),
         )  # fmt: skip
         xtr, xte = standardize(data["ftr"], mean, var), standardize(data["fte"], mean, var)
-        events = [GaussianEvent(noise_multiplier=sigma, count=2, relation="add_or_remove_one")]
     flat = dict(
         xtr=xtr.reshape(len(xtr), -1), ytr=data["ytr"].astype(np.int32),
         xte=xte.reshape(len(xte), -1), yte=data["yte"].astype(np.int32),
@@ -283,20 +328,30 @@ def plan(dataset: str, n: int, steps: int | None) -> dict:
     return dict(batch_size=max(1, round(hyper["batch_size"] * n / 60_000)), steps=steps)
 
 
+def total_epsilon(norm_events: list, dp_sgd_event, delta: float, dp_sgd_epsilon: float) -> float:
+    """ε at ``delta`` of the whole run: the normalisation's releases composed with DP-SGD by
+    dpjax's PLD accountant (``dp_sgd_epsilon``, DP-SGD's alone, when the normalisation spent
+    nothing)."""
+    from dpjax.accounting import PrivacyAccountant
+
+    if not norm_events:
+        return dp_sgd_epsilon
+    return float(PrivacyAccountant([*norm_events, dp_sgd_event]).epsilon(delta, accounting="pld"))
+
+
 def train_once(dataset: str, data: dict, *, steps: int | None, seed: int) -> dict:
     """Normalise, then one DP-SGD run with the paper's hyperparameters; accuracy, ε, time."""
     import jax
     import optax
 
     import dpjax
-    from dpjax.accounting import PrivacyAccountant
 
     hyper = HYPER[dataset]
     start, cpu = time.perf_counter(), time.process_time()
-    flat, norm_events = prepare(dataset, data, seed=seed)
+    init_key, private_key, norm_key = jax.random.split(jax.random.key(seed), 3)
+    flat, norm_events = prepare(dataset, data, key=norm_key)
     n, d = flat["xtr"].shape
     schedule = plan(dataset, n, steps)
-    init_key, private_key = jax.random.split(jax.random.key(seed))
     private = dpjax.make_private(
         example_loss,
         optimizer=optax.sgd(hyper["learning_rate"], momentum=hyper["momentum"]),
@@ -315,12 +370,11 @@ def train_once(dataset: str, data: dict, *, steps: int | None, seed: int) -> dic
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
     sgd_epsilon = float(private.epsilon(state))
     steps_run = int(state.step)
-    accountant = PrivacyAccountant([*norm_events, private.event(steps_run)])
-    total = float(accountant.epsilon(hyper["delta"], accounting="pld")) if norm_events else (
-        sgd_epsilon)  # fmt: skip
+    total = total_epsilon(norm_events, private.event(steps_run), hyper["delta"], sgd_epsilon)
     return dict(
         dataset=dataset, seed=seed, test_accuracy=accuracy(params, flat["xte"], flat["yte"]),
-        epsilon=total, epsilon_dp_sgd=sgd_epsilon, delta=hyper["delta"], steps=steps_run,
+        epsilon=total, epsilon_dp_sgd=sgd_epsilon,
+        normalisation_events=[repr(e) for e in norm_events], delta=hyper["delta"], steps=steps_run,
         batch_size=schedule["batch_size"], sampling_rate=private.sampling_rate, n_train=n,
         n_test=len(flat["yte"]), seconds=seconds, cpu_seconds=cpu_seconds,
     )  # fmt: skip

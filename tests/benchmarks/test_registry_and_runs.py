@@ -23,7 +23,8 @@ def _flax_shapes(name):
 
 @pytest.mark.torch  # needs the bench-torch extra: `make test-torch` (deselected by `make test`)
 @pytest.mark.parametrize(
-    "name", ["mlp", "cnn", "cnn_im2col", "cnn_tanh", "logreg", "lora_mlp", "transformer"]
+    "name",
+    ["mlp", "cnn", "cnn_im2col", "cnn_tanh", "logreg", "lora_mlp", "transformer", "llama_block"],
 )
 def test_torch_twin_has_the_same_parameter_shapes(name):
     from benchmarks.torch_side import TORCH_MODELS

@@ -179,6 +179,7 @@ def test_the_checksum_table_covers_every_source():
     assert len(checksums.dataset_files("mnist")) == 4
     assert len(checksums.dataset_files("fashion-mnist")) == 4
     assert len(checksums.dataset_files("shakespeare")) == 42
+    assert list(checksums.dataset_files("smollm2")) == ["smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"]
     with pytest.raises(ValueError, match="dataset must be one of"):
         checksums.dataset_files("cifar10")
 

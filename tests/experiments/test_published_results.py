@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from experiments import published, registry
 
@@ -55,8 +56,10 @@ def test_the_section_reads_the_committed_file(tmp_path, monkeypatch):
     results = tmp_path / "published_results.json"
     published.record(_scatternet_json(tmp_path / "scatternet.json"), results_file=results)
     monkeypatch.setattr(published, "RESULTS_FILE", results)
+    monkeypatch.setattr(published, "plot", lambda path, measured: path.name)  # tested below
     summary = published.run(tmp_path / "out")
     assert summary["report_md"].startswith(published.TITLE)
+    assert f"]({published.PLOT_FILE})" in summary["report_md"]
     assert "98.68 ± 0.04" in summary["report_md"]
     assert summary["verdict"].startswith("1 measured rows")
     assert "published" in registry.ORDER
@@ -89,3 +92,72 @@ def test_the_verdict_is_the_papers_number_against_dpjaxs_ci():
     assert published.verdict(89.0, [89.48, 89.49, 89.38]).endswith("above the paper")
     assert published.verdict(89.45, [89.48, 89.49, 89.38]).endswith("∋ paper")
     assert published.verdict(89.45, [89.48]).startswith("—")
+
+
+def _opacus_mnist_json(path):
+    rows = [
+        dict(setting="tb_cnn", framework=name, test_accuracy=acc, epsilon=eps,
+             accountant=acct, steps=118, epochs=1.007, seed=0, seconds=wall, cpu_seconds=cpu)
+        for name, acc, eps, acct, wall, cpu in (
+            ("dpjax", 0.9012, 0.41, "dpjax PLD", 90.0, 150.0),
+            ("opacus", 0.8876, 0.40, "Opacus prv", 120.0, 210.0),
+        )
+    ]  # fmt: skip
+    path.write_text(json.dumps(dict(size="quick", rows=rows)))
+    return path
+
+
+def test_time_to_accuracy_rows_fill_the_cnn_row_and_the_side_by_side_table(tmp_path):
+    """A quick (1 epoch) run beside Opacus fills the end-to-end CNN row with both accuracies
+    and both times, labelled reduced (no verdict against the paper), and the time table."""
+    results = tmp_path / "published_results.json"
+    published.record(_scatternet_json(tmp_path / "scatternet.json"), results_file=results)
+    (row,) = published.record(_opacus_mnist_json(tmp_path / "opacus_mnist.json"),
+                              results_file=results)  # fmt: skip
+    assert row["key"] == "time/tb_cnn" and row["command"] == "python -m experiments opacus_mnist"
+    measured = published.load_results(results)
+    assert [r["key"] for r in measured] == ["scatternet/mnist", "time/tb_cnn"]
+    lines = published.table(measured).splitlines()
+    cnn = next(ln for ln in lines if "end-to-end tanh CNN" in ln and "| MNIST |" in ln)
+    assert "90.12; Opacus 88.76 (1 seed, 1.01 epoch: reduced)" in cnn
+    assert "NOT the paper's protocol" in cnn and "✓" not in cnn and "✗" not in cnn
+    assert "dpjax 1.5 min (CPU 2.5 min); Opacus 2.0 min (CPU 3.5 min)" in cnn
+    assert len(cnn.split("|")) == len(lines[0].split("|"))  # as many cells as the header
+    timing = published.time_table(measured).splitlines()
+    assert (
+        len(timing) == 4
+        and "| dpjax | 90.12 | 0.410 (dpjax PLD) | 118 (1.01) | 90 s" in (timing[2])
+    )
+    assert "| opacus | 88.76 | 0.400 (Opacus prv) |" in timing[3] and "| 210 s |" in timing[3]
+    assert "### Time to accuracy" in published.markdown(measured)
+    assert "### Time to accuracy" not in published.markdown(measured[:1])
+    # the measured reason for not running the paper's protocol: 150 CPU-s for 1.007 epoch,
+    # scaled to 40 epochs × 3 seeds = 150·120/1.007 s = 4.97 h of CPU; wall 90 s → 2.98 h
+    (reason,) = [ln for ln in published.projections(measured) if ln]
+    assert "≈ 5.0 h of CPU, ≈ 3.0 h wall" in reason and reason.startswith("- tb_cnn")
+
+
+def test_record_refuses_an_unknown_results_file(tmp_path):
+    other = tmp_path / "other.json"
+    other.write_text("{}")
+    with pytest.raises(ValueError, match="opacus_mnist.json"):
+        published.record(other, results_file=tmp_path / "r.json")
+
+
+def test_the_plot_has_every_papers_point_and_dpjaxs_at_its_own_epsilon(tmp_path):
+    """One point per paper row with a finite ε (the non-private baseline has none), dpjax's
+    full rows at their mean and CI, the reduced-scale run marked as such; the PNG is written."""
+    results = tmp_path / "published_results.json"
+    published.record(_scatternet_json(tmp_path / "scatternet.json"), results_file=results)
+    published.record(_opacus_mnist_json(tmp_path / "opacus_mnist.json"), results_file=results)
+    points = published.plot_points(published.load_results(results))
+    papers = [p for p in points if p["source"] == "paper"]
+    assert len(papers) == sum(row["epsilon"] is not None for row in published.ROWS) == 9
+    (full,) = [p for p in points if p["source"] == "dpjax"]
+    assert full["epsilon"] == 2.41 and full["low"] < full["accuracy"] == 98.68 < full["high"]
+    (reduced,) = [p for p in points if p["source"] == "dpjax, reduced"]
+    assert (reduced["epsilon"], reduced["accuracy"]) == (0.41, 90.12)
+    assert "end-to-end tanh CNN" in reduced["label"]
+    pytest.importorskip("matplotlib")
+    assert published.plot(tmp_path / "p.png", published.load_results(results)) == "p.png"
+    assert (tmp_path / "p.png").stat().st_size > 1000

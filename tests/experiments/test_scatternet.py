@@ -7,12 +7,15 @@ import json
 import math
 import time
 
+import jax
 import numpy as np
 import pytest
 
 pytest.importorskip("kymatio")
 
 from experiments import registry, scatternet  # noqa: E402
+
+CHANNELS = 81
 
 
 def _images(n: int, seed: int = 0) -> np.ndarray:
@@ -67,25 +70,79 @@ def test_public_thresholds_are_those_fixed_in_the_code():
 
 
 def test_private_standardize_has_the_gaussian_noise_scale_of_its_sensitivity():
-    """Released mean = (Σ clipped m_i + N(0, (σ τ)²))/n: over R draws the sample sd of one
-    channel is σ τ / n within a chi-square band; half or double that scale is rejected."""
+    """Released mean = (Σ clipped m_i + N(0, (σ τ)²))/n, the noise drawn by
+    dpjax.mechanisms.gaussian from a JAX key: over R keys the sample sd of one channel is
+    σ τ / n within a chi-square band; half or double that scale is rejected."""
     features = np.random.default_rng(1).uniform(0, 5, size=(8, 81, 7, 7))  # norms ≫ τ: clipped
-    sigma, tau, n, draws = 2.0, (0.5, 0.25), 8, 2000
-    rng = np.random.default_rng(2)
+    sigma, tau, n, draws = 2.0, (0.5, 0.25), 8, 8
     means = np.array([
-        scatternet.private_standardize(features, rng=rng, noise_multiplier=sigma,
+        scatternet.private_standardize(features, key=key, noise_multiplier=sigma,
                                        thresholds=tau, dataset_size=n)[0]
-        for _ in range(draws)
+        for key in jax.random.split(jax.random.key(2), draws)
     ])  # fmt: skip
-    sd = means.std(axis=0, ddof=1)  # 81 channels, each an estimate of σ τ / n
+    # the 81 channels' noises are i.i.d.: pool their sample variances (81·(R − 1) dof)
+    dof = CHANNELS * (draws - 1)
+    sd = math.sqrt(((means - means.mean(0)) ** 2).sum() / dof)
     expected = sigma * tau[0] / n
-    band = 4 * math.sqrt(1 / (2 * (draws - 1)))  # 4 standard errors of a sample sd, relative
-    assert np.all(np.abs(sd / expected - 1) < band)
-    assert np.all(np.abs(sd / (2 * expected) - 1) > band)
-    assert np.all(np.abs(sd / (0.5 * expected) - 1) > band)
+    band = 4 * math.sqrt(1 / (2 * dof))  # 4 standard errors of a sample sd, relative
+    assert abs(sd / expected - 1) < band
+    assert abs(sd / (2 * expected) - 1) > band
+    assert abs(sd / (0.5 * expected) - 1) > band
     # clipping: the noiseless centre is the sum of rows of norm τ, so ‖mean‖ ≤ τ up to noise
     noise_norm = math.sqrt(81) * expected / math.sqrt(draws)  # of the averaged noise
     assert np.linalg.norm(means.mean(0)) <= tau[0] + 5 * noise_norm
+
+
+def test_private_standardize_noise_comes_from_the_jax_key_and_is_accounted_at_its_sigma():
+    """The standardisation's randomness is the JAX key's alone (same key, same release; a NumPy
+    generator is refused), and the event it returns carries the σ the mechanism calibrated,
+    checked against the closed-form analytic Gaussian (Balle & Wang 2018) at σ = 8."""
+    from dpjax.events import GaussianEvent
+    from dpjax.mechanisms import gaussian_sigma
+
+    features = np.random.default_rng(1).uniform(0, 1, size=(6, 81, 7, 7))
+    args = dict(noise_multiplier=8.0, thresholds=(0.536, 0.252), dataset_size=6)
+    first = scatternet.private_standardize(features, key=jax.random.key(5), **args)
+    again = scatternet.private_standardize(features, key=jax.random.key(5), **args)
+    other = scatternet.private_standardize(features, key=jax.random.key(6), **args)
+    np.testing.assert_array_equal(first[0], again[0])
+    assert not np.allclose(first[0], other[0])
+    (event,) = first[2]
+    assert event == GaussianEvent(noise_multiplier=8.0, count=2, relation="add_or_remove_one")
+    epsilon, delta = scatternet.release_budget_share(8.0)
+    assert gaussian_sigma(sensitivity=0.252, epsilon=epsilon, delta=delta) == pytest.approx(
+        8.0 * 0.252, rel=1e-9
+    )
+    with pytest.raises(ValueError, match="key"):
+        scatternet.private_standardize(features, key=np.random.default_rng(0), **args)
+
+
+def test_reported_epsilon_composes_the_normalisation_with_dp_sgd():
+    """ε of the run = PLD composition of the two σ = 8 add/remove releases with DP-SGD, as
+    dp-accounting computes it directly; larger than DP-SGD's alone."""
+    import dp_accounting
+    from dp_accounting.pld import pld_privacy_accountant
+
+    from dpjax.events import GaussianEvent, PoissonSampledGaussianEvent
+
+    q, sigma, steps, delta = 0.05, 3.04, 20, 1e-5
+    sgd = PoissonSampledGaussianEvent(
+        noise_multiplier=sigma, sampling_rate=q, count=steps, relation="add_or_remove_one"
+    )
+    norm = [GaussianEvent(noise_multiplier=8.0, count=2, relation="add_or_remove_one")]
+    total = scatternet.total_epsilon(norm, sgd, delta, dp_sgd_epsilon=float("nan"))
+    reference = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+    reference.compose(dp_accounting.GaussianDpEvent(8.0), 2)
+    reference.compose(
+        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps
+    )
+    alone = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+    alone.compose(
+        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps
+    )
+    assert total == pytest.approx(reference.get_epsilon(delta), rel=0.02)
+    assert total > alone.get_epsilon(delta) * 1.02
+    assert scatternet.total_epsilon([], sgd, delta, dp_sgd_epsilon=0.7) == 0.7
 
 
 def _synthetic(n_train: int, n_test: int) -> dict:
@@ -109,10 +166,10 @@ def test_normalisation_spends_budget_only_for_the_private_standardisation():
     from dpjax.events import GaussianEvent
 
     data = _synthetic(40, 10)
-    flat, events = scatternet.prepare("mnist", data, seed=0)
+    flat, events = scatternet.prepare("mnist", data, key=jax.random.key(0))
     assert flat["xtr"].shape == (40, 3969) and flat["xte"].shape == (10, 3969)
     assert events == [GaussianEvent(noise_multiplier=8.0, count=2, relation="add_or_remove_one")]
-    flat, events = scatternet.prepare("fashion-mnist", data, seed=0)
+    flat, events = scatternet.prepare("fashion-mnist", data, key=jax.random.key(0))
     assert events == [] and flat["xtr"].dtype == np.float32
 
 

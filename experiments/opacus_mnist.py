@@ -1,0 +1,310 @@
+"""Time to accuracy on MNIST, dpjax beside Opacus: the same model, hyperparameters and noise.
+
+Two settings, each trained end to end on the real MNIST files by ``dpjax.make_private`` and by
+Opacus (``PrivacyEngine.make_private``, Poisson sampling, its default per-sample hooks), on the
+same machine, one after the other; the wall time and the process CPU time of the training loop
+(JIT compilation included on dpjax's side, data loading excluded on both) and the test accuracy
+of the final model are recorded:
+
+* ``tb_cnn``: Tramèr & Boneh 2021's end-to-end tanh CNN (:mod:`experiments.mnist_cnn`;
+  https://arxiv.org/abs/2011.11660): pixels in [0, 1], batch 512 (q = 512/60 000), SGD lr 0.5
+  momentum 0.9, C = 0.1, σ = 1.23; the paper trains 40 epochs (98.1 % at ε = 3);
+* ``opacus_example``: Opacus's own MNIST example (``examples/mnist.py`` and
+  ``examples/mnist_README.md`` of github.com/pytorch/opacus), its ``SampleConvNet`` (conv 16
+  8×8 stride 2 padding 3, ReLU, max-pool 2 stride 1, conv 32 4×4 stride 2, ReLU, max-pool,
+  linear 512 → 32, ReLU, linear 32 → 10), pixels normalised by MNIST's mean 0.1307 and sd
+  0.3081, SGD without momentum; the README's (ε ≈ 1.2, δ = 1e-5) command
+  ``-n=15 --lr=.25 --sigma=1.3 -c=1.5 -sr=0.004`` (sampling rate 0.004: expected batch 240,
+  250 steps an epoch; 15 epochs, 94.63 % ± 0.34 over 10 runs).
+
+Same in both frameworks: the architecture (layer for layer), preprocessing, loss (mean
+cross-entropy over the expected batch), clip C, noise multiplier σ, Poisson sampling rate,
+number of steps, learning rate and momentum, hence the same ε. ε is printed as each framework
+accounts it: dpjax's PLD accountant and Opacus's default (PRV) accountant, both add/remove-one.
+Not the same: the initial weights (each framework's default initialiser: flax's LeCun normal,
+PyTorch's Kaiming uniform) and the random streams.
+
+Scales: ``quick`` (one epoch of each setting, one seed: NOT the papers' protocol, which runs
+15 and 40 epochs; the numbers committed to the published-results table), ``full`` (the
+papers' epochs), and ``smoke`` (a few steps on a slice; the tests). Run by name
+(``python -m experiments opacus_mnist [--full]``), never by ``all``: it needs torch and opacus
+(the ``bench-torch`` extra) and the MNIST files (``make data``); without them it returns a
+SKIPPED section that says which.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+import time
+
+import numpy as np
+
+DESCRIPTION = "opacus_mnist: time to accuracy on MNIST, dpjax beside Opacus (run by name)"
+TITLE = "## Time to accuracy on MNIST: dpjax beside Opacus (same model, σ, C, q, steps)"
+
+MNIST_MEAN, MNIST_STD = 0.1307, 0.3081  # Opacus's example's normalisation
+N_TRAIN = 60_000
+SETTINGS = {
+    "tb_cnn": dict(
+        label="Tramèr & Boneh 2021 end-to-end tanh CNN",
+        activation="tanh", padding=2, normalise=False, batch_size=512, learning_rate=0.5,
+        momentum=0.9, l2_clip_norm=0.1, noise_multiplier=1.23, epochs=40, delta=1e-5,
+        published=98.1, published_note="98.1 % at ε = 3 (RDP), 40 epochs",
+    ),
+    "opacus_example": dict(
+        label="Opacus MNIST example (SampleConvNet)",
+        activation="relu", padding=3, normalise=True, batch_size=240, learning_rate=0.25,
+        momentum=0.0, l2_clip_norm=1.5, noise_multiplier=1.3, epochs=15, delta=1e-5,
+        published=94.63, published_note="94.63 % ± 0.34 at ε = 1.16 (10 runs), 15 epochs",
+    ),
+}  # fmt: skip
+SIZES = {
+    "smoke": dict(epochs=None, steps=3, n_train=2_000, n_test=500),
+    "quick": dict(epochs=1, steps=None, n_train=None, n_test=None),
+    "full": dict(epochs="paper", steps=None, n_train=None, n_test=None),
+}
+FRAMEWORKS = ("dpjax", "opacus")
+
+
+def steps_for(setting: str, size: str, n_train: int) -> int:
+    """DP-SGD steps: ⌈epochs / q⌉ with q = batch / n (the same in both frameworks)."""
+    spec, hyper = SIZES[size], SETTINGS[setting]
+    if spec["steps"] is not None:
+        return spec["steps"]
+    epochs = hyper["epochs"] if spec["epochs"] == "paper" else spec["epochs"]
+    return int(np.ceil(epochs * n_train / hyper["batch_size"]))
+
+
+def images(x: np.ndarray, normalise: bool) -> np.ndarray:
+    """uint8 (n, 28, 28) → float32 (n, 28, 28) in [0, 1] (ToTensor), then (x − 0.1307)/0.3081
+    when ``normalise`` (the example's ``transforms.Normalize``)."""
+    out = x.astype(np.float32) / 255.0
+    return (out - MNIST_MEAN) / MNIST_STD if normalise else out
+
+
+# --------------------------------------------------------------------------- dpjax side
+
+
+def build_jax_model(setting: str, key):
+    """The setting's CNN in flax nnx (NHWC), layer for layer the torch one below."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    hyper = SETTINGS[setting]
+    act = jnp.tanh if hyper["activation"] == "tanh" else nnx.relu
+    pad = hyper["padding"]
+
+    class CNN(nnx.Module):
+        def __init__(self, rngs):
+            self.conv1 = nnx.Conv(1, 16, (8, 8), strides=2, padding=((pad, pad),) * 2, rngs=rngs)
+            self.conv2 = nnx.Conv(16, 32, (4, 4), strides=2, padding="VALID", rngs=rngs)
+            self.fc1 = nnx.Linear(32 * 4 * 4, 32, rngs=rngs)
+            self.fc2 = nnx.Linear(32, 10, rngs=rngs)
+
+        def __call__(self, x):
+            pool = lambda h: nnx.max_pool(h, (2, 2), strides=(1, 1))  # noqa: E731
+            h = pool(act(self.conv1(x)))
+            h = pool(act(self.conv2(h)))
+            h = act(self.fc1(h.reshape(h.shape[:-3] + (-1,))))
+            return self.fc2(h)
+
+    return CNN(nnx.Rngs(key))
+
+
+def _jax_example_loss(model, example):
+    import optax
+
+    logits = model(example["x"][None, ..., None])[0]
+    return optax.softmax_cross_entropy_with_integer_labels(logits, example["y"])
+
+
+def train_dpjax(setting: str, data: dict, *, steps: int, seed: int) -> dict:
+    """dpjax.make_private with the setting's hyperparameters; time, accuracy, ε (PLD)."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from flax import nnx
+
+    import dpjax
+
+    hyper = SETTINGS[setting]
+    model_key, private_key = jax.random.split(jax.random.key(seed))
+    model = build_jax_model(setting, model_key)
+    loss_fn, params = dpjax.dp_sgd.nnx_loss(model, _jax_example_loss)
+    momentum = hyper["momentum"] or None
+    private = dpjax.make_private(
+        loss_fn, optimizer=optax.sgd(hyper["learning_rate"], momentum=momentum),
+        l2_clip_norm=hyper["l2_clip_norm"], dataset_size=len(data["ytr"]),
+        batch_size=hyper["batch_size"], steps=steps,
+        noise_multiplier=hyper["noise_multiplier"], delta=hyper["delta"], key=private_key,
+    )  # fmt: skip
+    start, cpu = time.perf_counter(), time.process_time()
+    params, state, _ = private.fit(
+        params, {"x": data["xtr"], "y": data["ytr"]}, progress=False, log_every=steps
+    )
+    jax.block_until_ready(params)
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
+    nnx.update(model, params)
+    xte = jnp.asarray(data["xte"][..., None])
+    predictions = np.concatenate(
+        [np.asarray(jnp.argmax(model(xte[i : i + 2000]), -1)) for i in range(0, len(xte), 2000)]
+    )
+    return dict(framework="dpjax", test_accuracy=float(np.mean(predictions == data["yte"])),
+                epsilon=float(private.epsilon(state)), accountant="dpjax PLD",
+                steps=int(state.step), seconds=seconds, cpu_seconds=cpu_seconds,
+                threads=f"XLA CPU, {jax.device_count()} device(s)")  # fmt: skip
+
+
+# --------------------------------------------------------------------------- Opacus side
+
+
+def build_torch_model(setting: str):
+    """The setting's CNN in PyTorch (NCHW): Opacus's ``SampleConvNet`` for the example (ReLU,
+    padding 3), Tramèr & Boneh's ``MNIST_CNN`` (tanh, padding 2)."""
+    from torch import nn
+
+    hyper = SETTINGS[setting]
+    act = nn.Tanh if hyper["activation"] == "tanh" else nn.ReLU
+    return nn.Sequential(
+        nn.Conv2d(1, 16, 8, stride=2, padding=hyper["padding"]), act(), nn.MaxPool2d(2, 1),
+        nn.Conv2d(16, 32, 4, stride=2), act(), nn.MaxPool2d(2, 1),
+        nn.Flatten(), nn.Linear(32 * 4 * 4, 32), act(), nn.Linear(32, 10),
+    )  # fmt: skip
+
+
+def train_opacus(setting: str, data: dict, *, steps: int, seed: int) -> dict:
+    """Opacus's PrivacyEngine (Poisson sampling at q = batch/n, its default accountant) with
+    the setting's hyperparameters, for ``steps`` steps; time, accuracy, ε (Opacus's)."""
+    import warnings
+
+    import torch
+    from opacus import PrivacyEngine
+
+    hyper = SETTINGS[setting]
+    torch.manual_seed(seed)
+    model = build_torch_model(setting)
+    xtr = torch.from_numpy(data["xtr"][:, None])
+    ytr = torch.from_numpy(data["ytr"].astype(np.int64))
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(xtr, ytr), batch_size=hyper["batch_size"]
+    )
+    optimizer = torch.optim.SGD(
+        model.parameters(), lr=hyper["learning_rate"], momentum=hyper["momentum"]
+    )
+    engine = PrivacyEngine()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, optimizer, loader = engine.make_private(
+            module=model, optimizer=optimizer, data_loader=loader,
+            noise_multiplier=hyper["noise_multiplier"], max_grad_norm=hyper["l2_clip_norm"],
+        )  # fmt: skip
+    criterion = torch.nn.CrossEntropyLoss()
+    done = 0
+    start, cpu = time.perf_counter(), time.process_time()
+    model.train()
+    while done < steps:
+        for x, y in loader:
+            optimizer.zero_grad(set_to_none=True)
+            criterion(model(x), y).backward()
+            optimizer.step()
+            done += 1
+            if done == steps:
+                break
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
+    model.eval()
+    with torch.no_grad():
+        logits = model(torch.from_numpy(data["xte"][:, None]))
+    accuracy = float((logits.argmax(-1).numpy() == data["yte"]).mean())
+    return dict(framework="opacus", test_accuracy=accuracy,
+                epsilon=float(engine.get_epsilon(hyper["delta"])),
+                accountant=f"Opacus {engine.accountant.mechanism()}", steps=done,
+                seconds=seconds, cpu_seconds=cpu_seconds,
+                threads=f"torch {torch.get_num_threads()} threads")  # fmt: skip
+
+
+TRAINERS = {"dpjax": train_dpjax, "opacus": train_opacus}
+
+
+# --------------------------------------------------------------------------- run and report
+
+
+def load(setting: str, n_train: int | None, n_test: int | None) -> dict:
+    """MNIST's train/test files, preprocessed as ``setting`` does."""
+    from experiments.data import load_mnist
+
+    xtr, ytr = load_mnist("train")
+    xte, yte = load_mnist("test")
+    norm = SETTINGS[setting]["normalise"]
+    return dict(xtr=images(xtr[:n_train], norm), ytr=ytr[:n_train].astype(np.int32),
+                xte=images(xte[:n_test], norm), yte=yte[:n_test].astype(np.int64))  # fmt: skip
+
+
+def measure(setting: str, size: str, seed: int = 0, frameworks=FRAMEWORKS, data=None) -> list:
+    """Train ``setting`` at ``size`` in each framework (one after the other); the rows."""
+    spec, hyper = SIZES[size], SETTINGS[setting]
+    data = load(setting, spec["n_train"], spec["n_test"]) if data is None else data
+    steps = steps_for(setting, size, len(data["ytr"]))
+    rows = []
+    for framework in frameworks:
+        row = TRAINERS[framework](setting, data, steps=steps, seed=seed)
+        row.update(setting=setting, size=size, seed=seed, n_train=len(data["ytr"]),
+                   epochs=steps * hyper["batch_size"] / len(data["ytr"]),
+                   sampling_rate=hyper["batch_size"] / len(data["ytr"]))  # fmt: skip
+        print(f"[opacus_mnist] {row}", file=sys.stderr, flush=True)
+        rows.append(row)
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = [
+        TITLE,
+        "",
+        "| setting | scale | framework | test accuracy % | ε (δ = 1e-5) | steps (epochs) "
+        "| wall s | CPU s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        scale = "quick: NOT the paper's protocol" if r["size"] != "full" else "full"
+        lines.append(
+            f"| {SETTINGS[r['setting']]['label']} | {scale} | {r['framework']} "
+            f"| {100 * r['test_accuracy']:.2f} | {r['epsilon']:.3f} ({r['accountant']}) "
+            f"| {r['steps']} ({r['epochs']:.2f}) | {r['seconds']:.0f} | {r['cpu_seconds']:.0f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def skipped(reason: str) -> dict:
+    print(f"[opacus_mnist] SKIPPED: {reason}", file=sys.stderr, flush=True)
+    return dict(report_md=f"{TITLE}\n\n**SKIPPED: {reason}**\n",
+                verdict=f"SKIPPED ({reason.split('.')[0]})")  # fmt: skip
+
+
+def run(out_dir: pathlib.Path, *, full: bool = False, seed: int = 0, size: str | None = None,
+        settings: tuple[str, ...] = tuple(SETTINGS)):  # fmt: skip
+    """Both settings in both frameworks at ``size`` (quick unless ``full``); writes
+    ``opacus_mnist.json``. Torch/opacus or MNIST missing: a SKIPPED section saying which."""
+    from experiments.data import DataMissingError
+    from experiments.report import write_json
+
+    size = "full" if full else (size or "quick")
+    try:
+        import opacus  # noqa: F401
+        import torch  # noqa: F401
+    except ImportError as error:
+        return skipped(
+            f"torch/opacus are not installed ({error}). pip install -e '.[bench-torch]' "
+            "(or `make bench-torch`)"
+        )
+    out_dir = pathlib.Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        rows = [row for setting in settings for row in measure(setting, size, seed)]
+    except DataMissingError as error:
+        return skipped(f"the MNIST files are missing. {error}")
+    write_json(out_dir / "opacus_mnist.json", dict(size=size, settings=SETTINGS, rows=rows))
+    verdict = "; ".join(
+        f"{r['setting']}/{r['framework']} {100 * r['test_accuracy']:.2f}% in {r['seconds']:.0f} s"
+        for r in rows
+    )
+    return dict(report_md=markdown(rows), verdict=f"{size}: {verdict}", rows=rows)

@@ -1,0 +1,88 @@
+"""Time to accuracy beside Opacus: both frameworks get the same model, preprocessing and step
+count; without torch the experiment says so. Tiny synthetic fixtures only (no MNIST files)."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from experiments import opacus_mnist, registry
+
+
+def test_both_frameworks_run_the_same_number_of_steps_as_the_papers_epochs():
+    """⌈epochs·n/b⌉: one epoch at the quick scale, the papers' 40 and 15 epochs at full."""
+    assert opacus_mnist.steps_for("tb_cnn", "quick", 60_000) == 118  # 60 000/512 = 117.2
+    assert opacus_mnist.steps_for("opacus_example", "quick", 60_000) == 250  # q = 0.004
+    assert opacus_mnist.steps_for("tb_cnn", "full", 60_000) == 4688
+    assert opacus_mnist.steps_for("opacus_example", "full", 60_000) == 3750
+    example = opacus_mnist.SETTINGS["opacus_example"]
+    assert example["batch_size"] / 60_000 == 0.004 and example["noise_multiplier"] == 1.3
+    assert (example["l2_clip_norm"], example["learning_rate"], example["momentum"]) == (
+        1.5, 0.25, 0.0,
+    )  # fmt: skip
+
+
+def test_preprocessing_is_to_tensor_then_the_examples_normalisation():
+    x = np.array([[[0, 255]]], np.uint8)
+    np.testing.assert_allclose(opacus_mnist.images(x, False), [[[0.0, 1.0]]])
+    np.testing.assert_allclose(
+        opacus_mnist.images(x, True), [[[-0.1307 / 0.3081, (1 - 0.1307) / 0.3081]]], rtol=1e-6
+    )
+
+
+def test_without_torch_the_section_says_skipped_and_how_to_install(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
+    summary = opacus_mnist.run(tmp_path)
+    assert summary["verdict"].startswith("SKIPPED")
+    assert "bench-torch" in summary["report_md"]
+    assert not (tmp_path / "opacus_mnist.json").exists()
+    assert "opacus_mnist" in registry.BY_NAME_ONLY and "opacus_mnist" not in registry.ORDER
+
+
+def _synthetic(setting: str, n_train: int = 300, n_test: int = 100) -> dict:
+    rng = np.random.default_rng(0)
+
+    def part(n):
+        y = rng.integers(0, 10, n)
+        x = rng.integers(0, 50, (n, 28, 28)).astype(np.uint8)
+        for k in range(10):
+            x[y == k, 2 * k : 2 * k + 3, :] = 255
+        return opacus_mnist.images(x, opacus_mnist.SETTINGS[setting]["normalise"]), y
+
+    xtr, ytr = part(n_train)
+    xte, yte = part(n_test)
+    return dict(xtr=xtr, ytr=ytr.astype(np.int32), xte=xte, yte=yte)
+
+
+@pytest.mark.torch
+def test_the_torch_and_flax_models_have_the_same_layers():
+    """Same parameter shapes (up to the layout: OIHW vs HWIO, out×in vs in×out) and output."""
+    import jax
+    import torch
+    from flax import nnx
+
+    for setting in opacus_mnist.SETTINGS:
+        jax_model = opacus_mnist.build_jax_model(setting, jax.random.key(0))
+        torch_model = opacus_mnist.build_torch_model(setting)
+        jax_sizes = sorted(
+            int(np.size(v)) for v in jax.tree.leaves(nnx.state(jax_model, nnx.Param))
+        )
+        torch_sizes = sorted(p.numel() for p in torch_model.parameters())
+        assert jax_sizes == torch_sizes
+        assert torch_model(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
+        assert jax_model(np.zeros((2, 28, 28, 1), np.float32)).shape == (2, 10)
+
+
+@pytest.mark.torch
+def test_smoke_scale_runs_both_frameworks_with_the_same_steps():
+    data = _synthetic("opacus_example")
+    rows = opacus_mnist.measure("opacus_example", "smoke", data=data)
+    assert [r["framework"] for r in rows] == ["dpjax", "opacus"]
+    for row in rows:
+        assert row["steps"] == 3 and row["seconds"] > 0 and row["cpu_seconds"] > 0
+        assert 0 < row["epsilon"] < float("inf") and 0 <= row["test_accuracy"] <= 1
+    assert "| dpjax |" in opacus_mnist.markdown(rows) and "| opacus |" in opacus_mnist.markdown(
+        rows
+    )
