@@ -536,7 +536,9 @@ class PrivacyOdometer:
         """
         if isinstance(release, ev.PrivacyEvent):
             _, curve = rdp_curve([release], orders=self.orders)
-            cost = np.where(np.isnan(curve), np.inf, curve)
+            # NaN (a failed evaluation) as +inf; a negative value (the rounding of a
+            # divergence that is ≥ 0) as 0, as the filter does: never a credit
+            cost = np.where(np.isnan(curve), np.inf, np.maximum(curve, 0.0))
         else:
             cost = np.asarray(_cost_vector("release", release, len(self.orders)))
         total = self._spent + cost
