@@ -30,6 +30,7 @@ _CHUNK_VALUES = 2**21  # normal draws per chunk (memory: ~100 MB of float64 temp
 _GRID_STEP = 2e-3  # resolution of the ε grid on which the interval is read
 _MAX_GRID_POINTS = 50_000  # a coarser grid (top loss / 5e4) beyond losses of 100
 _MAX_SAMPLES = 10**8  # two float64 arrays of this length: 1.6 GB
+_MAX_DRAWS = 10**10  # normal draws per direction (minutes of CPU)
 
 
 class MonteCarloEpsilon(NamedTuple):
@@ -80,12 +81,13 @@ def _kl_bound(mean: np.ndarray, n: int, log_inv_alpha: float, upper: bool) -> np
 
 def _hockey_stick_means(losses: np.ndarray, grid: np.ndarray) -> np.ndarray:
     """mean over samples of (1 − e^{ε − L})₊ at every ε of ``grid`` (sorted losses, suffix
-    sums of e^{−L}; exact up to rounding)."""
+    log-sum-exps of −L; exact up to rounding). Σ_{L > ε} e^{ε − L} is formed as
+    e^{ε + ln Σ e^{−L}} (exponent ≤ ln(count)): e^ε alone overflows beyond ε ≈ 709."""
     order = np.sort(losses)
-    tail_exp = np.concatenate([np.cumsum(np.exp(-order[::-1]))[::-1], [0.0]])
+    log_tail = np.concatenate([np.logaddexp.accumulate(-order[::-1])[::-1], [-np.inf]])
     first = np.searchsorted(order, grid, side="right")  # losses > ε start here
     above = order.size - first
-    return np.maximum(above - np.exp(grid) * tail_exp[first], 0.0) / order.size
+    return np.maximum(above - np.exp(grid + log_tail[first]), 0.0) / order.size
 
 
 def _generator(key: jax.Array) -> np.random.Generator:
@@ -180,7 +182,10 @@ def monte_carlo_epsilon(
         :class:`MonteCarloEpsilon`: the estimate, its interval, and the sample size.
 
     Raises:
-        ValueError: an argument out of range (named), or the parameter of the other sampling.
+        ValueError: an argument out of range (named), the parameter of the other sampling,
+            a noise_multiplier so small that the privacy losses overflow float64, more than
+            2²¹ normal draws per sample (steps_per_epoch × epochs, or steps) or more than 10¹⁰
+            per direction (num_samples × those).
 
     Example:
         >>> import jax
@@ -218,10 +223,13 @@ def monte_carlo_epsilon(
         def draw(k, present):
             return _poisson_losses(k, sigma, q, steps, n, present)
 
+    _check_draws(n, t * epochs if sampling == "balls_in_bins" else steps, sampling)
     key_p, key_q = jax.random.split(key)
     remove = draw(_generator(key_p), True)  # L under P: the P‖Q direction
     add = -draw(_generator(key_q), False)  # ln(dQ/dP) under Q: the Q‖P direction
     top = max(float(remove.max()), float(add.max()), 0.0)
+    if not math.isfinite(top):  # (2x − 1)/2σ² overflowed float64
+        _validate.fail("noise_multiplier", sigma, "large enough for finite privacy losses")
     step = max(_GRID_STEP, top / _MAX_GRID_POINTS)  # coarser only for losses above 100
     grid = np.arange(0.0, top + 2 * step, step)
     log_inv = math.log(4.0 / (1.0 - level))
@@ -240,6 +248,20 @@ def monte_carlo_epsilon(
         num_samples=n,
         sampling=sampling,
     )
+
+
+def _check_draws(num_samples: int, per_sample: int, sampling: str) -> None:
+    """Refuse a run whose normal draws would not fit memory or reasonable time (it hung)."""
+    name = "steps_per_epoch" if sampling == "balls_in_bins" else "steps"
+    what = "steps_per_epoch × epochs" if sampling == "balls_in_bins" else "steps"
+    if per_sample > _CHUNK_VALUES:
+        _validate.fail(name, f"{what} = {per_sample}", f"at most {_CHUNK_VALUES} draws per sample")
+    if num_samples * per_sample > _MAX_DRAWS:
+        _validate.fail(
+            "num_samples",
+            f"{num_samples} × {per_sample} draws ({what})",
+            f"at most {_MAX_DRAWS:.0e} normal draws per direction",
+        )
 
 
 def _first_at_most(grid: np.ndarray, curve: np.ndarray, delta: float) -> float:

@@ -206,6 +206,11 @@ class BallsInBinsSampler(ReadOnlyAfterInit):
         """The event of ``steps`` DP-SGD steps on these batches with noise σ·C on the sum,
         its cap included (the accountants add the truncation slack to δ).
 
+        It charges ⌈steps/t⌉ epochs: the steps must run epoch by epoch from the start of an
+        epoch. A run that abandons an epoch part-way (a resume that draws a fresh epoch) touches
+        more epochs than that: record one event per stretch of steps run on one epoch draw
+        (the accountant does not merge them).
+
         Raises:
             ValueError: ``noise_multiplier`` ≤ 0 (σ = 0 is not private), bad ``steps``.
         """

@@ -364,7 +364,9 @@ def sharded_clipped_grad(grad_fn: ClippedGrad, layout: MeshLayout) -> ShardedCli
         ``sensitivity`` of ``grad_fn``.
 
     Raises:
-        ValueError: ``grad_fn`` not from ``clipped_grad``, or per-layer clipping.
+        ValueError: ``grad_fn`` not from ``clipped_grad``, per-layer or automatic clipping,
+            or built with ``rows_per_release`` (a mesh call's sum is released as it is: its
+            shrink does not cover adding several calls' sums).
 
     Formal guarantees:
         See the module docstring: sensitivity C under add/remove-one (2C replace-one) on every
@@ -377,6 +379,12 @@ def sharded_clipped_grad(grad_fn: ClippedGrad, layout: MeshLayout) -> ShardedCli
     if grad_fn.per_layer or grad_fn.gamma is not None:
         _validate.fail(
             "grad_fn", grad_fn, "a clipped_grad with flat clipping (no per_layer, no automatic)"
+        )
+    if grad_fn.rows_per_release is not None:  # its shrink would not cover the extra rounding
+        _validate.fail(
+            "grad_fn",
+            f"a clipped_grad with rows_per_release={grad_fn.rows_per_release}",
+            "a clipped_grad without rows_per_release on a mesh (each call is one released sum)",
         )
     if not isinstance(layout, MeshLayout):
         _validate.fail("layout", layout, "a MeshLayout from dpjax.dp_sgd.mesh_layout")

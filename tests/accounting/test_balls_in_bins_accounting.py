@@ -164,6 +164,29 @@ def test_monte_carlo_interval_covers_dp_accounting_poisson_pld():
     assert not r.epsilon_low <= wrong <= r.epsilon_high
 
 
+def _gaussian_epsilon(mu: float, delta: float) -> float:
+    """ε(δ) of the Gaussian mechanism with Δ/σ = μ (Balle & Wang 2018, Theorem 8), its e^ε
+    term in log space so that ε beyond 709 is reachable."""
+    from scipy import special
+
+    def gap(e):
+        return special.ndtr(mu / 2 - e / mu) - math.exp(e + special.log_ndtr(-mu / 2 - e / mu))
+
+    return optimize.brentq(lambda e: gap(e) - delta, 0.0, 10.0 * mu * mu)
+
+
+def test_monte_carlo_interval_covers_an_epsilon_beyond_the_float64_exp_range():
+    """σ = 0.02, t = 1 (one Gaussian release, μ = 50): ε(0.01) ≈ 1365 > 709, where e^ε
+    overflows. The interval must still cover the closed form (it read [inf, inf]) and reject
+    the ε of a wrong scale (σ = 0.025: ε ≈ 893)."""
+    r = monte_carlo_epsilon(
+        noise_multiplier=0.02, steps=1, steps_per_epoch=1, delta=1e-2,
+        key=jax.random.key(0), num_samples=2000,
+    )  # fmt: skip
+    assert r.epsilon_low <= _gaussian_epsilon(50.0, 1e-2) <= r.epsilon_high < math.inf
+    assert not r.epsilon_low <= _gaussian_epsilon(40.0, 1e-2) <= r.epsilon_high
+
+
 def test_monte_carlo_is_reproducible_and_reports_its_sample_size():
     kw = dict(noise_multiplier=1.0, steps=3, steps_per_epoch=3, delta=0.05, num_samples=500)
     a = monte_carlo_epsilon(key=jax.random.key(3), **kw)
@@ -175,6 +198,9 @@ def test_monte_carlo_is_reproducible_and_reports_its_sample_size():
     ("bad", "name"),
     [
         (dict(noise_multiplier=0.0), "noise_multiplier"),
+        (dict(noise_multiplier=1e-200), "noise_multiplier"),  # infinite privacy losses
+        (dict(steps=2**22, steps_per_epoch=2**22), "steps_per_epoch"),  # 32 MB per sample: hung
+        (dict(steps=10**6, steps_per_epoch=10**6, num_samples=10**5), "num_samples"),
         (dict(delta=1.0), "delta"),
         (dict(num_samples=10), "num_samples"),
         (dict(confidence=1.0), "confidence"),

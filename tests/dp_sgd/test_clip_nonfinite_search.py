@@ -39,11 +39,20 @@ def _bad_batches(target: H.Target, seed: int):
             yield f"{name}/{where}", x, y, row
 
 
-@pytest.mark.parametrize("method", H.METHODS_DEFAULT)
-@pytest.mark.parametrize(
-    "kind, dtype",
-    [("dense", "f32"), ("seq8", "f32"), ("smallseq", "f32"), ("dense", "bf16")],
-)
+# vmap's per-example gradient is model-agnostic: its dense cases guard it by default and its
+# sequence twins run in the slow suite; ghost (per-layer norms) keeps every model by default.
+_NONFINITE_CASES = [
+    pytest.param(kind, dtype, method, marks=pytest.mark.slow if slow else ())
+    for kind, dtype in [("dense", "f32"), ("seq8", "f32"), ("smallseq", "f32"), ("dense", "bf16")]
+    for method, slow in [
+        ("vmap", kind != "dense"),
+        ("ghost", False),
+        ("auto", True),  # H.METHODS_DEFAULT: "auto" searches run in the slow suite
+    ]
+]
+
+
+@pytest.mark.parametrize("kind, dtype, method", _NONFINITE_CASES)
 def test_nonfinite_example_does_not_poison_the_sum(kind, dtype, method):
     target = H.make_target(kind, dtype, dtype)
     fn = H.jitted_grad_fn(target, method)

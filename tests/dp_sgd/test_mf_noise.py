@@ -319,7 +319,9 @@ def test_band_mf_is_refused_at_user_level_and_with_adaptive_clipping():
         _private(BandMF(bands=2), l2_clip_norm=clip)
 
 
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize(
+    "dtype", [jnp.bfloat16, pytest.param(jnp.float16, marks=pytest.mark.slow)]
+)  # float16 shares bfloat16's float32 draw-and-cast path: its twin runs in the slow suite
 def test_low_precision_updates_get_float32_correlated_noise(dtype):
     """bf16/fp16 models: the correlated noise is drawn and solved in float32 (the sound
     sampler's law and reach, not the 128-value bf16 draw) and cast back once, like

@@ -238,3 +238,35 @@ def test_the_shrink_factor_is_the_same_on_every_mesh_shape_and_covers_two_roundi
     assert len(set(shrinks.values())) == 1
     two_roundings = _certified.summation_shrink(256, stages=2, depth=2 * (8 + 1) + 2)
     assert shrinks[(1, 1)] == two_roundings < base.summation_shrink(256) < 1.0
+
+
+def test_a_mesh_refuses_a_clipped_grad_built_to_be_accumulated():
+    """``rows_per_release`` promises that the clip norm covers adding several calls' sums;
+    the mesh path certifies one call's two roundings only (its shrink ignored the promise:
+    0.99994 for 256 rows, where 4096 accumulated rows need ≤ 0.9991), so it must refuse."""
+    layout = sharded.mesh_layout(_mesh((2, 2)), {"w": P("model")})
+    base = dpjax.clipped_grad(
+        lambda p, x: jnp.sum(p["w"] * x), l2_clip_norm=1.0, rows_per_release=4096
+    )
+    with pytest.raises(ValueError, match="rows_per_release"):
+        sharded.sharded_clipped_grad(base, layout)
+
+
+def test_make_private_refuses_ghost_clipping_on_a_mesh():
+    """The mesh path materialises the per-example gradients: clipping="ghost" ran silently
+    as vmap (memory the caller chose ghost to avoid), so it is refused by name."""
+    layout = sharded.mesh_layout(_mesh((2, 2)), {"w": P("model")})
+    with pytest.raises(ValueError, match="clipping"):
+        dpjax.make_private(
+            lambda w, ex: jnp.sum(w["w"] * ex),
+            optimizer=optax.sgd(0.1),
+            l2_clip_norm=1.0,
+            dataset_size=1000,
+            batch_size=8,
+            steps=1,
+            noise_multiplier=1.0,
+            delta=1e-5,
+            key=jax.random.key(0),
+            clipping="ghost",
+            layout=layout,
+        )

@@ -277,8 +277,9 @@ def make_private(
             ``jax.device_put(params, layout.param_shardings())``. The per-example norms are
             summed over the shards once in a fixed order, the noise of each shard is drawn on
             its devices (the same release on every mesh shape), and σ, q, C and ε are those of
-            the one-device run. Example-level DP with a fixed C, no BandMF noise and no
-            ``physical_batch_size`` (refused otherwise).
+            the one-device run. Example-level DP with a fixed C, no BandMF noise, no
+            ``physical_batch_size`` and no ghost clipping (refused otherwise: the mesh
+            materialises the per-example gradients, sharded).
         budget: None, or a :class:`~dpjax.accounting.PrivacyFilter` (RDP, or zCDP for q = 1)
             shared by everything released from the data set: every step is charged to it
             BEFORE it runs (the Poisson subsampled Gaussian's RDP at the filter's orders),
@@ -287,7 +288,9 @@ def make_private(
             :class:`~dpjax.accounting.BudgetExhaustedError` and changes nothing.
             :meth:`~PrivateTraining.public_state` then reports the filter's (ε, δ) (see
             "Formal guarantees"). Needs ``noise_multiplier`` (not ``target_epsilon``), and
-            no ``noise=BandMF``.
+            no ``noise=BandMF``. The filter is not part of the training state: save
+            ``filter.state_dict()`` with every checkpoint and, on restart, pass
+            ``PrivacyFilter.from_state_dict(saved)`` (a new filter would restart the budget).
 
     Returns:
         A :class:`PrivateTraining` with ``noise_multiplier``, ``sampling_rate``, ``steps``,
@@ -453,6 +456,8 @@ def make_private(
         physical_batch_size = _validate.positive_int("physical_batch_size", physical_batch_size)
     _check_layout(layout, physical_batch_size, grouping, noise, l2_clip_norm)
     _check_budget(budget, target_epsilon, noise_multiplier, noise)
+    if layout is not None and clipping == "ghost":  # the mesh materialises per-example grads
+        _validate.fail("clipping", clipping, '"auto" or "vmap" with layout= (a sharded run)')
     if layout is not None and layered:  # the sharded path clips flat at one C
         name = "per_layer" if per_layer else "clip_rule"
         _validate.fail(name, per_layer if per_layer else clip_rule, "its default with layout=")
