@@ -132,7 +132,8 @@ class PrivacyFilter:
         a release not charged (an evaluation on private data, a metric of a private batch),
         a release charged after it happened, a cost understated by the caller, the filter's
         state lost or reset between releases (the budget then restarts: keep one filter for
-        the whole life of the data set's budget). The reported ε depends on the BUDGET, not
+        the whole life of the data set's budget; save :meth:`state_dict` with every checkpoint
+        and restore it with :meth:`from_state_dict`). The reported ε depends on the BUDGET, not
         on what was spent: when the costs are chosen adaptively, the spent total is not itself
         a guarantee (use :class:`PrivacyOdometer` for a running ε). Tight PLD composition is
         not valid under adaptive parameters (module docstring), so none is offered here.
@@ -361,6 +362,58 @@ class PrivacyFilter:
         amount = _validate.non_negative("amount", amount)
         self._reserved += Fraction(amount)
 
+    # ---- checkpoints
+
+    def state_dict(self) -> dict[str, Any]:
+        """The filter as JSON-ready data, spent totals exact (``"p/q"`` strings).
+
+        Save it with every checkpoint and restore it with :meth:`from_state_dict` when a run
+        restarts: a new filter would start from a full budget and the guarantee would not
+        cover the releases made before the restart.
+        """
+        return {
+            "kind": self.kind,
+            "orders": list(self.orders),
+            "budget": list(self.budget),
+            "delta": self.delta,
+            "spent": [str(s) for s in self._spent],
+            "reserved": str(self._reserved),
+            "releases": self._releases,
+            "refused": self._refused,
+        }
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> PrivacyFilter:
+        """The filter saved by :meth:`state_dict`, with its spent totals and reserved δ.
+
+        Raises:
+            ValueError: a malformed ``state`` (a spent total or reserved δ negative or not a
+                rational, a spent total past the budget, a bad budget or kind).
+        """
+        try:
+            out = cls(
+                kind=state["kind"],
+                budget=state["budget"],
+                delta=state["delta"],
+                orders=state["orders"],
+            )
+            spent = [Fraction(s) for s in state["spent"]]
+            reserved = Fraction(state["reserved"])
+            releases, refused = int(state["releases"]), int(state["refused"])
+        except (KeyError, TypeError, ValueError, ZeroDivisionError) as err:
+            _validate.fail("state", state, f"a PrivacyFilter.state_dict() ({err})")
+        if (
+            len(spent) != len(out.budget)
+            or any(not 0 <= s <= b for s, b in zip(spent, out._budget_exact, strict=True))
+            or reserved < 0
+            or releases < 0
+            or refused < 0
+        ):
+            _validate.fail("state", state, "spent totals in [0, budget] and a reserved δ ≥ 0")
+        out._spent, out._reserved = spent, reserved
+        out._releases, out._refused = releases, refused
+        return out
+
     # ---- reports
 
     @property
@@ -483,7 +536,9 @@ class PrivacyOdometer:
         """
         if isinstance(release, ev.PrivacyEvent):
             _, curve = rdp_curve([release], orders=self.orders)
-            cost = np.where(np.isnan(curve), np.inf, curve)
+            # NaN (a failed evaluation) as +inf; a negative value (the rounding of a
+            # divergence that is ≥ 0) as 0, as the filter does: never a credit
+            cost = np.where(np.isnan(curve), np.inf, np.maximum(curve, 0.0))
         else:
             cost = np.asarray(_cost_vector("release", release, len(self.orders)))
         total = self._spent + cost

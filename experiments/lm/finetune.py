@@ -112,19 +112,42 @@ def check_suffix_padding(mask: np.ndarray) -> None:
 
 
 def lower_hidden_states(config, lower_params, tokens, batch: int = 32) -> np.ndarray:
-    """Hidden states (n, T, D) after the frozen lower blocks, computed once (public weights)."""
+    """Hidden states (n, T, D) after the frozen lower blocks, computed once (public weights).
+
+    The blocks run under ``lax.scan`` over their stacked weights: XLA compiles ONE block, not
+    ``n_lower`` unrolled copies (the same function; float32 rounding may differ by fusion)."""
     n_lower = sum(1 for k in lower_params if k.startswith("blocks_"))
-    net = model.LowerBlocks(config, n_lower)
-    # the weights are an ARGUMENT of the compiled function, not constants folded into it
-    run = jax.jit(jax.vmap(lambda p, t: net.apply({"params": p}, t), in_axes=(None, 0)))
+    run = _lower_runner(config)
+    stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves),
+                           *[lower_params[f"blocks_{i}"] for i in range(n_lower)])  # fmt: skip
+    embedding = lower_params["embed"]["embedding"]
     out = []
     for start in range(0, len(tokens), batch):
         chunk = np.asarray(tokens[start : start + batch])
         size = len(chunk)
         if size < batch:  # one compiled shape
             chunk = np.concatenate([chunk, np.repeat(chunk[-1:], batch - size, 0)])
-        out.append(np.asarray(run(lower_params, jnp.asarray(chunk)))[:size])
+        out.append(np.asarray(run(embedding, stacked, jnp.asarray(chunk)))[:size])
     return np.concatenate(out).astype(np.float32)
+
+
+_LOWER_RUNNERS: dict = {}
+
+
+def _lower_runner(config):
+    """``run(embedding, stacked_blocks, tokens (B, T)) -> (B, T, D)``, jitted once per config;
+    the weights are ARGUMENTS of the compiled function, not constants folded into it."""
+    if config not in _LOWER_RUNNERS:
+        block = model.Block(config)
+
+        def one(embedding, stacked, tokens):
+            def body(x, p):
+                return block.apply({"params": p}, x), None
+
+            return jax.lax.scan(body, jnp.take(embedding, tokens, axis=0), stacked)[0]
+
+        _LOWER_RUNNERS[config] = jax.jit(jax.vmap(one, in_axes=(None, None, 0)))
+    return _LOWER_RUNNERS[config]
 
 
 def window_model(config, n_lower: int) -> model.Llama:
@@ -146,6 +169,9 @@ def example_loss_fn(net):
     return loss
 
 
+_NLL_RUNNERS: dict = {}
+
+
 def sequence_nll(net, params, x, y, mask, batch: int = 32) -> tuple[float, float]:
     """(summed NLL over real target tokens, number of real targets) on held-out sequences."""
 
@@ -154,7 +180,9 @@ def sequence_nll(net, params, x, y, mask, batch: int = 32) -> tuple[float, float
         nll = -jnp.take_along_axis(logp, y1[:, None], axis=-1)[:, 0]
         return jnp.sum(jnp.where(m1 > 0, nll, 0.0))
 
-    run = jax.jit(jax.vmap(one, in_axes=(None, 0, 0, 0)))
+    run = _NLL_RUNNERS.get(net)
+    if run is None:  # one compiled evaluation per window model (the params are arguments)
+        run = _NLL_RUNNERS[net] = jax.jit(jax.vmap(one, in_axes=(None, 0, 0, 0)))
     total, count = 0.0, float(np.sum(mask))
     for start in range(0, len(y), batch):
         sl = slice(start, start + batch)

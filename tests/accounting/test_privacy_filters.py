@@ -208,3 +208,30 @@ def test_odometer_matches_the_time_uniform_gaussian_bound():
     # never below the fixed-time (non-adaptive) RDP conversion of the same curve
     curve = [sum(a / (2 * s**2) for s in sigmas) for a in orders]
     assert odo.epsilon >= rdp.compute_epsilon(list(orders), curve, DELTA)[0]
+
+
+def test_a_restored_filter_keeps_what_was_spent_before_the_restart():
+    # a run that restarts from a checkpoint must not get its budget back: the filter's exact
+    # spent totals and reserved δ survive a JSON round trip, and it refuses where the
+    # original would (exactly: dyadic costs, the last one fills the budget to the bit)
+    import json
+
+    f = PrivacyFilter.zcdp(rho=0.5, delta=DELTA)
+    assert f.try_spend(0.125) and f.try_spend(0.25)
+    f.reserve_delta(1e-9)
+    g = PrivacyFilter.from_state_dict(json.loads(json.dumps(f.state_dict())))
+    assert g.spent == f.spent and g.releases == 2 and g.delta_total == f.delta_total
+    assert g.max_releases(0.125) == f.max_releases(0.125) == 1
+    assert not g.try_spend(0.126) and g.try_spend(0.125) and not g.try_spend(1e-300)
+    bad = dict(f.state_dict(), spent=["1/1"])  # spent past the budget ρ = 0.5
+    with pytest.raises(ValueError, match="^state must be"):
+        PrivacyFilter.from_state_dict(bad)
+
+
+def test_the_odometer_never_records_a_negative_rdp_value():
+    # the evaluated RDP of a weak subsampled Gaussian rounds slightly below 0 at some orders
+    # (a divergence is ≥ 0): the odometer, like the filter, charges it as 0, never as a credit
+    event = PoissonSampledGaussianEvent(noise_multiplier=1e8, sampling_rate=1e-9)
+    odo = PrivacyOdometer(delta=DELTA)
+    odo.record(event)
+    assert min(odo.spent) >= 0.0

@@ -121,3 +121,39 @@ def test_budget_arguments_are_checked():
             budget=f,
         )
     assert f.releases == 0
+
+
+def test_a_step_jitted_over_a_closed_over_state_is_refused():
+    # a user loop `jax.jit(lambda w, d: private.step(w, state, d))` sees a concrete state at
+    # trace time: the charge happened once, when jit traced it, and every later call (new
+    # params, new data: a new release) would run uncharged. Traced params or data are refused.
+    f = PrivacyFilter.renyi(orders=ORDERS, budget=[10.0, 10.0, 10.0], delta=DELTA)
+    private = private_with(f, 1.0, 5, seed=4)
+    w0 = jnp.zeros(DIM)
+    state = private.init(w0)
+    jitted = jax.jit(lambda w, d: private.step(w, state, d)[0])
+    with pytest.raises(ValueError, match="^params must be a concrete params"):
+        jitted(w0, data())
+    assert f.releases == 0
+
+
+def test_every_epsilon_fit_shows_is_the_filters_guarantee():
+    # with a shared filter, the ε of this object's own steps leaves out everything charged
+    # before (and is no guarantee of an adaptive interaction): the history, the CSV log and
+    # the progress bar must show the filter's ε, never that smaller number
+    from dpjax.dp_sgd import CSVLogger
+
+    f = PrivacyFilter.renyi(orders=ORDERS, budget=8.0 * one_step_rdp(1.2, 0.1), delta=DELTA)
+    assert f.try_spend([float(v) for v in 4.0 * one_step_rdp(1.2, 0.1)])  # earlier releases
+    private = private_with(f, 1.2, 2, seed=5)
+    logged = []
+    _, state, history = private.fit(
+        jnp.zeros(DIM),
+        data(),
+        progress=False,
+        callbacks=[CSVLogger(lambda step, values: logged.append(values["epsilon"]))],
+    )
+    assert int(state.step) == 2
+    assert private.epsilon(state) < f.epsilon  # the plan's ε of 2 steps: not the guarantee
+    assert history["epsilon"] == [f.epsilon] * len(history["step"])
+    assert logged and logged == [f.epsilon] * len(logged)

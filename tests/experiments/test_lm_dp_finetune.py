@@ -123,3 +123,16 @@ def test_user_level_run_is_accounted_per_character():
     )
     pld = dp_accounting.pld.PLDAccountant().compose(event)
     assert pld.get_epsilon(finetune_lm.DELTA) == pytest.approx(3.0, abs=0.05)
+
+
+def test_scanned_lower_blocks_match_the_unrolled_model():
+    with jax.enable_x64(False):
+        params = jax.tree.map(jnp.asarray, to_flax(SMALL, synthetic_params(SMALL)))
+        n_lower = SMALL.n_blocks - 1
+        lower, _ = model.split_params(params, n_lower)
+        tokens = np.random.default_rng(0).integers(0, SMALL.vocab, (3, 7)).astype(np.int32)
+        scanned = lmft.lower_hidden_states(SMALL, lower, tokens, batch=2)  # a padded batch
+        net = model.LowerBlocks(SMALL, n_lower)
+        unrolled = np.stack([np.asarray(net.apply({"params": lower}, t)) for t in tokens])
+        assert scanned.shape == unrolled.shape
+        np.testing.assert_allclose(scanned, unrolled, rtol=1e-5, atol=1e-5)

@@ -288,7 +288,9 @@ def make_private(
             :class:`~dpjax.accounting.BudgetExhaustedError` and changes nothing.
             :meth:`~PrivateTraining.public_state` then reports the filter's (ε, δ) (see
             "Formal guarantees"). Needs ``noise_multiplier`` (not ``target_epsilon``), and
-            no ``noise=BandMF``.
+            no ``noise=BandMF``. The filter is not part of the training state: save
+            ``filter.state_dict()`` with every checkpoint and, on restart, pass
+            ``PrivacyFilter.from_state_dict(saved)`` (a new filter would restart the budget).
 
     Returns:
         A :class:`PrivateTraining` with ``noise_multiplier``, ``sampling_rate``, ``steps``,

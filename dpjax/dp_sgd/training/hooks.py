@@ -156,8 +156,12 @@ class FitRun:
 
     @property
     def epsilon(self) -> float:
-        """ε of the steps run so far at the plan's δ (one cached accounting call)."""
+        """ε of the steps run so far at the plan's δ (one cached accounting call); with
+        ``make_private(budget=filter)`` the filter's ε, the only guarantee of an adaptive
+        interaction (the steps' own ε leaves out the other releases charged to it)."""
         private = self.private
+        if private.budget is not None:
+            return private.budget.epsilon
         return private._epsilon_of_phases(private._phases(self.state), private.delta)
 
     def stop(self, reason: str) -> None:
@@ -397,7 +401,8 @@ class CSVLogger(Callback):
 
     The loss is the mean training loss of the step's private batch, without noise: NOT
     private (the log is for the data holder). ε is the ε of the steps run (one cached
-    accounting call per row; ``epsilon=False`` leaves the column out).
+    accounting call per row; ``epsilon=False`` leaves the column out), or with
+    ``make_private(budget=filter)`` the filter's ε (the adaptive interaction's guarantee).
 
     Args:
         path: the CSV file (overwritten), or any callable ``log(step, values)`` that writes

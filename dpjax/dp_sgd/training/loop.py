@@ -425,7 +425,10 @@ class PrivateTraining(PhaseAccounting, Stepping, Resuming, ReadOnlyAfterInit):
         data = jax.tree.map(jnp.asarray, data)  # on the device once, not at every step
         history = _hooks.TrainingHistory(
             {"step": [], "loss": []},
-            lambda t: self._epsilon_of_phases(after(t - done), self.delta),
+            # with a budget: the filter's ε (the steps' own ε is no adaptive guarantee)
+            (lambda t: self.budget.epsilon)
+            if self.budget is not None
+            else (lambda t: self._epsilon_of_phases(after(t - done), self.delta)),
         )
         run = _hooks.FitRun(self, params, state, history, done)
         run.last_step = done + todo

@@ -100,7 +100,7 @@ class Stepping:
         self._check_params(params)
         self._check_data(data)
         self._refuse_past_strategy(state)
-        self._charge_budget(state)
+        self._charge_budget(state, params, data)
         digest = None
         if self.noise is not None:  # banded MF: the rows must keep the first step's order
             record = _row_order.record_of(state.opt_state)
@@ -114,7 +114,7 @@ class Stepping:
             params, opt_state = self._void_unless_this_plan(state.plan, (params, opt_state))
         return params, PrivateState(count, key, opt_state, state.plan), metrics
 
-    def _charge_budget(self, state: Any) -> None:
+    def _charge_budget(self, state: Any, params: Any, data: Any) -> None:
         """Charge this step to ``make_private``'s ``budget`` BEFORE it runs (host-side).
 
         Raises:
@@ -123,13 +123,16 @@ class Stepping:
         """
         if self.budget is None:
             return
-        if not _validate.is_concrete(state.step):
-            _validate.fail(
-                "state",
-                "a state traced by jax.jit",
-                "a concrete state when make_private has a budget (each step is charged to "
-                "the filter on the host before it runs; call step outside your own jit)",
-            )
+        # params and data too: a jit over a closed-over concrete state would charge once, at
+        # trace time, and then run every later call (new params, new data) uncharged
+        for name, value in (("state", state), ("params", params), ("data", data)):
+            if not all(_validate.is_concrete(x) for x in jax.tree.leaves(value)):
+                _validate.fail(
+                    name,
+                    f"a {name} traced by jax.jit",
+                    f"a concrete {name} when make_private has a budget (each step is charged "
+                    "to the filter on the host before it runs; call step outside your own jit)",
+                )
         self.budget.spend(self._step_event)
 
     def _void_unless_this_plan(self, ledger: jax.Array, released: Any) -> Any:
