@@ -466,8 +466,8 @@ def test_ghost_clipping_ignores_masked_tokens(monkeypatch):
     check_masked_tokens_change_nothing(masked_token_loss, mask=example_mask)
     real = ghost._ghost_jitted
 
-    def ignoring_example_mask(loss_fn, nan_safe, params, batch, clip, keep):
-        return real(loss_fn, nan_safe, params, batch, clip, jnp.ones_like(keep))
+    def ignoring_example_mask(loss_fn, nan_safe, params, batch, clip, keep, *rest):
+        return real(loss_fn, nan_safe, params, batch, clip, jnp.ones_like(keep), *rest)
 
     with monkeypatch.context() as m:
         m.setattr(ghost, "_ghost_jitted", ignoring_example_mask)

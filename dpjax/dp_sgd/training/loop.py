@@ -158,10 +158,11 @@ class PrivateTraining(PhaseAccounting, Stepping, Resuming, ReadOnlyAfterInit):
         )
         #: one step's event, charged to ``budget`` before the step runs (the untruncated
         #: Poisson subsampled Gaussian; the truncation slack is reserved in the filter)
-        self._step_event = PoissonSampledGaussianEvent(
-            noise_multiplier=float(noise_multiplier), sampling_rate=float(self.sampling_rate)
-        )
-        if budget is not None:
+        self._step_event = None
+        if budget is not None:  # make_private refuses a budget with σ = 0
+            self._step_event = PoissonSampledGaussianEvent(
+                noise_multiplier=float(noise_multiplier), sampling_rate=float(self.sampling_rate)
+            )
             budget.reserve_delta(budget_slack)
         self._epsilons: dict[tuple[int, float], float] = {}
         self._composed: dict[tuple[Any, float], float] = {}
