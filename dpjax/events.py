@@ -69,6 +69,22 @@ class PrivacyEvent:
         for name in names:
             object.__setattr__(self, name, _validate.integer(name, getattr(self, name)))
 
+    def _check_padded_cap(self) -> None:
+        """A padded sampler's ``dataset_size`` n and cap m: both None, or 1 ≤ m ≤ n."""
+        size, cap = self.dataset_size, self.max_batch_size  # type: ignore[attr-defined]
+        if (size is None) != (cap is None):
+            _validate.fail(
+                "max_batch_size",
+                cap,
+                "given together with dataset_size (a padded sampler) or both None",
+            )
+        if size is not None:
+            self._coerce_int("dataset_size", "max_batch_size")
+            size = _validate.positive_int("dataset_size", self.dataset_size)  # type: ignore[attr-defined]
+            cap = _validate.positive_int("max_batch_size", self.max_batch_size)  # type: ignore[attr-defined]
+            if cap > size:
+                _validate.fail("max_batch_size", cap, f"at most dataset_size={size}")
+
 
 @dataclasses.dataclass(frozen=True)
 class GaussianEvent(PrivacyEvent):
@@ -155,20 +171,8 @@ class PoissonSampledGaussianEvent(PrivacyEvent):
         self._coerce_float("noise_multiplier", "sampling_rate")
         _validate.positive("noise_multiplier", self.noise_multiplier)
         _validate.probability("sampling_rate", self.sampling_rate)
-        if (self.dataset_size is None) != (self.max_batch_size is None):
-            _validate.fail(
-                "max_batch_size",
-                self.max_batch_size,
-                "given together with dataset_size (a padded sampler) or both None",
-            )
+        self._check_padded_cap()
         _check_privacy_unit(self.privacy_unit)
-        if self.dataset_size is not None:
-            self._coerce_int("dataset_size", "max_batch_size")
-            _validate.positive_int("dataset_size", self.dataset_size)
-            _validate.positive_int("max_batch_size", self.max_batch_size)
-            if self.max_batch_size > self.dataset_size:
-                n = self.dataset_size
-                _validate.fail("max_batch_size", self.max_batch_size, f"at most dataset_size={n}")
 
     @property
     def truncated(self) -> bool:
@@ -281,19 +285,7 @@ class BallsInBinsGaussianEvent(PrivacyEvent):
         self._coerce_int("steps_per_epoch")
         _validate.positive("noise_multiplier", self.noise_multiplier)
         _validate.positive_int("steps_per_epoch", self.steps_per_epoch)
-        if (self.dataset_size is None) != (self.max_batch_size is None):
-            _validate.fail(
-                "max_batch_size",
-                self.max_batch_size,
-                "given together with dataset_size (a padded sampler) or both None",
-            )
-        if self.dataset_size is not None:
-            self._coerce_int("dataset_size", "max_batch_size")
-            _validate.positive_int("dataset_size", self.dataset_size)
-            _validate.positive_int("max_batch_size", self.max_batch_size)
-            if self.max_batch_size > self.dataset_size:
-                n = self.dataset_size
-                _validate.fail("max_batch_size", self.max_batch_size, f"at most dataset_size={n}")
+        self._check_padded_cap()
 
     @property
     def epochs(self) -> int:

@@ -31,6 +31,7 @@ from dpjax.dp_sgd.samplers import (
     SIZING_EPSILON,
     PaddedBatch,
     _binomial_cap,
+    _event_noise_multiplier,
     _run_plan,
 )
 from dpjax.events import BallsInBinsGaussianEvent
@@ -214,10 +215,7 @@ class BallsInBinsSampler(ReadOnlyAfterInit):
         Raises:
             ValueError: ``noise_multiplier`` ≤ 0 (σ = 0 is not private), bad ``steps``.
         """
-        if _validate.non_negative("noise_multiplier", noise_multiplier) == 0.0:
-            _validate.fail(
-                "noise_multiplier", noise_multiplier, "> 0 for a privacy event (σ = 0: ε = inf)"
-            )
+        _event_noise_multiplier(noise_multiplier)
         return BallsInBinsGaussianEvent(
             noise_multiplier=noise_multiplier,
             steps_per_epoch=self.steps_per_epoch,

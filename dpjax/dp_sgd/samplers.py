@@ -61,6 +61,17 @@ SIZING_EPSILON = 10.0
 _MAX_INDEX = 2**31 - 1  # jax.random draws int32 indices
 
 
+def _event_noise_multiplier(noise_multiplier: float) -> float:
+    """σ for a sampler's privacy event: σ > 0 (σ = 0 is the clip-only baseline, ε = inf)."""
+    if _validate.non_negative("noise_multiplier", noise_multiplier) == 0.0:
+        _validate.fail(
+            "noise_multiplier",
+            noise_multiplier,
+            "> 0 for a privacy event (σ = 0 is the clip-only baseline: NOT private, ε = inf)",
+        )
+    return float(noise_multiplier)
+
+
 class PaddedBatch(NamedTuple):
     """Indices of one batch padded to a fixed length.
 
@@ -402,12 +413,7 @@ class PoissonSampler(ReadOnlyAfterInit):
             ValueError: ``noise_multiplier = 0`` (the clip-only baseline is not private: it has
                 no event; :func:`dpjax.accounting.dp_sgd_epsilon` reports ε = inf for it).
         """
-        if _validate.non_negative("noise_multiplier", noise_multiplier) == 0.0:
-            _validate.fail(
-                "noise_multiplier",
-                noise_multiplier,
-                "> 0 for a privacy event (σ = 0 is the clip-only baseline: NOT private, ε = inf)",
-            )
+        _event_noise_multiplier(noise_multiplier)
         return PoissonSampledGaussianEvent(
             noise_multiplier=noise_multiplier,
             sampling_rate=self.sampling_rate,
