@@ -11,7 +11,7 @@ import optax
 import pytest
 
 import dpjax
-from dpjax.dp_sgd.transforms import add_gaussian_noise
+from dpjax.dp_sgd.transforms import _gaussian_noise_at_runtime_stddev, add_gaussian_noise
 
 N, B = 64, 8
 
@@ -111,3 +111,21 @@ def test_public_needs_a_loss_that_takes_it_and_numeric_leaves():
         _private(_closed_loss(jnp.ones((3, 2))), 1.0, public={"w0": jnp.ones((3, 2))})
     with pytest.raises(ValueError, match="public"):
         _private(_public_loss, 1.0, public={"w0": "weights"})
+
+
+@pytest.mark.parametrize("x64", [False, True])
+def test_runtime_sigma_c_noise_is_bit_identical_to_the_constant_path(x64):
+    """σ·C = 0.7·1.1 is no float32 number: both paths round it the same way (no less noise)."""
+
+    sigma_c = 0.7 * 1.1
+    with jax.enable_x64(x64):
+        updates = {"w": jnp.arange(6.0, dtype=jnp.float32).reshape(2, 3)}
+        key = jax.random.key(3)
+        const = add_gaussian_noise(sigma_c, key=key)
+        runtime = _gaussian_noise_at_runtime_stddev(sigma_c, key=key)
+        want, _ = const.update(updates, const.init(updates), updates)
+        s = np.asarray(sigma_c, jax.dtypes.canonicalize_dtype(np.float64))
+        got, _ = jax.jit(lambda u, st, s: runtime.update(u, st, u, noise_stddev=s))(
+            updates, runtime.init(updates), s
+        )
+    assert np.asarray(got["w"]).tobytes() == np.asarray(want["w"]).tobytes()
