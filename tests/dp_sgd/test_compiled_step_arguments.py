@@ -29,11 +29,11 @@ def _public_loss(w, x, public):
     return jnp.sum((x @ (public["w0"] + w)) ** 2)
 
 
-def _private(loss, sigma, key=1, public=None, optimizer=None, cap=None):
+def _private(loss, sigma, key=1, public=None, optimizer=None, cap=None, clipping="ghost"):
     return dpjax.make_private(
         loss, optimizer=optimizer or optax.sgd(0.5), l2_clip_norm=1.0, dataset_size=N,
         batch_size=B, delta=1e-5, key=jax.random.key(key), steps=2, noise_multiplier=sigma,
-        clipping="ghost", public=public, max_batch_size=cap,
+        clipping=clipping, public=public, max_batch_size=cap,
     )  # fmt: skip
 
 
@@ -116,7 +116,6 @@ def test_public_needs_a_loss_that_takes_it_and_numeric_leaves():
 @pytest.mark.parametrize("x64", [False, True])
 def test_runtime_sigma_c_noise_is_bit_identical_to_the_constant_path(x64):
     """σ·C = 0.7·1.1 is no float32 number: both paths round it the same way (no less noise)."""
-
     sigma_c = 0.7 * 1.1
     with jax.enable_x64(x64):
         updates = {"w": jnp.arange(6.0, dtype=jnp.float32).reshape(2, 3)}
@@ -129,3 +128,23 @@ def test_runtime_sigma_c_noise_is_bit_identical_to_the_constant_path(x64):
             updates, runtime.init(updates), s
         )
     assert np.asarray(got["w"]).tobytes() == np.asarray(want["w"]).tobytes()
+
+
+def _two_layer_public_loss(w, x, public):
+    hidden = jnp.tanh(x @ (public["w0"] + w))
+    return jnp.sum((hidden @ public["v"]) ** 2)
+
+
+def test_ghost_norms_with_public_weights_match_per_example_gradients():
+    """Public weights before and after the trained layer: ghost clips as vmap does."""
+    rng = np.random.default_rng(2)
+    public = {"w0": jnp.asarray(rng.normal(size=(3, 2)), jnp.float32),
+              "v": jnp.asarray(3.0 * rng.normal(size=(2, 4)), jnp.float32)}  # fmt: skip
+    w = jnp.zeros((3, 2), jnp.float32)
+    out = {
+        c: _private(_two_layer_public_loss, 1.0, public=public, clipping=c).fit(
+            w, _data(), steps=1, progress=False
+        )[0]
+        for c in ("ghost", "vmap")
+    }
+    np.testing.assert_allclose(np.asarray(out["ghost"]), np.asarray(out["vmap"]), atol=1e-5)
