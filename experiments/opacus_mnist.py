@@ -406,11 +406,12 @@ def run(out_dir: pathlib.Path, *, full: bool = False, seed: int = 0, size: str |
         )
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    commit = code_commit()
     try:
         rows = [row for setting in settings for row in measure(setting, size, seed, frameworks)]
     except DataMissingError as error:
         return skipped(f"the MNIST files are missing. {error}")
-    payload = dict(size=size, commit=code_commit(), settings=SETTINGS, rows=rows)
+    payload = dict(size=size, commit=commit, settings=SETTINGS, rows=rows)
     write_json(out_dir / "opacus_mnist.json", payload)
     verdict = "; ".join(
         f"{r['setting']}/{r['framework']} {100 * r['test_accuracy']:.2f}% in {r['seconds']:.0f} s"

@@ -68,9 +68,13 @@ def _clean(value):
     return value
 
 
+CODE = (":(top)dpjax", ":(top)experiments/*.py")  # every Python file below experiments/
+
+
 def code_commit() -> str | None:
-    """The git commit of this checkout (``+dirty`` appended when tracked files differ from it),
-    or None outside a git checkout: stored with a run's results so they name the code that ran."""
+    """The git commit of this checkout (``+dirty`` appended when a tracked Python file of
+    ``dpjax/`` or ``experiments/`` differs from it), or None outside a git checkout: stored
+    with a run's results so they name the code that ran (call it when the run starts)."""
     import subprocess
 
     def git(*args: str) -> str:
@@ -81,7 +85,7 @@ def code_commit() -> str | None:
     try:
         head, changed = (
             git("rev-parse", "HEAD"),
-            git("status", "--porcelain", "--untracked-files=no"),
+            git("status", "--porcelain", "--untracked-files=no", "--", *CODE),
         )
     except (OSError, subprocess.CalledProcessError):
         return None
