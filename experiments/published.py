@@ -79,7 +79,7 @@ ROWS: tuple[dict, ...] = (
     dict(paper=OPACUS, dataset="MNIST", model="SampleConvNet, non-private", epsilon=None,
          published=98.94, key="opacus_mnist/opacus_example_nonprivate",
          command=f"{OPACUS_EXAMPLE_CMD} opacus_example_nonprivate",
-         why="20 epochs × 3 seeds not run here"),
+         why="20 epochs × 3 seeds not run here", time_key="time/opacus_example_nonprivate"),
     dict(paper=OPACUS, dataset="MNIST", model="SampleConvNet", epsilon=6.86, published=97.09,
          key="opacus_mnist/opacus_example_sigma0.7",
          command=f"{OPACUS_EXAMPLE_CMD} opacus_example_sigma0.7",
@@ -309,18 +309,21 @@ def table(measured: list[dict]) -> str:
         eps_dpjax = "∞" if got["epsilon"] is None else f"{got['epsilon']:.3f}"
         lines.append(
             f"{head} | {_mean_sd(got['accuracies'])}{_opacus_beside(timed)} "
-            f"| {verdict(row['published'], got['accuracies'])}{_partial(got)} | {eps_dpjax} "
+            f"| {verdict(row['published'], got['accuracies'])}{_remarks(got)} | {eps_dpjax} "
             f"| {got['protocol']} (`{got['command']}`) | {wall} | {_run_on(got)} |"
         )
     return "\n".join(lines) + "\n"
 
 
-def _partial(got: dict) -> str:
-    """The "PARTIAL: k of 3 seeds (why)" mark of a row with fewer seeds than a row needs."""
-    if len(got["accuracies"]) >= SEEDS_FOR_A_ROW:
-        return ""
-    why = f": {got['note']}" if got.get("note") else ""
-    return f"; PARTIAL: {len(got['accuracies'])} of {SEEDS_FOR_A_ROW} seeds{why}"
+def _remarks(got: dict) -> str:
+    """The "PARTIAL: k of 3 seeds" mark of a row with fewer seeds than a row needs, then its
+    recorded note (why it is partial, or a measured reason it lies below the paper)."""
+    parts = []
+    if len(got["accuracies"]) < SEEDS_FOR_A_ROW:
+        parts.append(f"PARTIAL: {len(got['accuracies'])} of {SEEDS_FOR_A_ROW} seeds")
+    if got.get("note"):
+        parts.append(got["note"])
+    return "".join(f"; {part}" for part in parts)
 
 
 def _opacus_beside(timed: dict | None) -> str:
@@ -482,9 +485,12 @@ def projections(measured: list[dict]) -> list[str]:
     scaled to the paper's epochs and three seeds (dpjax's; JIT compilation counted once per
     epoch, so an upper bound)."""
     lines = []
+    full = {row["key"] for row in measured}
     for row in measured:
         setting = row["key"].removeprefix("time/")
         if not row["key"].startswith("time/") or row["protocol"] == "full":
+            continue
+        if f"opacus_mnist/{setting}" in full:  # the paper's protocol was run: no projection
             continue
         mine = row["frameworks"]["dpjax"]
         epochs = paper_epochs(setting)

@@ -246,7 +246,7 @@ def test_full_opacus_example_runs_fill_their_rows_with_seeds_commit_and_opacus_b
     assert "✓ 95% CI [94.39, 94.83] ∋ paper" in eps_116 and "PARTIAL" not in eps_116
     assert "code abc123def456" in eps_116 and "| 1.050 |" in eps_116
     (baseline,) = [ln for ln in lines if "non-private" in ln]
-    assert "99.01 (1 seed)" in baseline and f"PARTIAL: 1 of 3 seeds: {why}" in baseline
+    assert "99.01 (1 seed)" in baseline and f"PARTIAL: 1 of 3 seeds; {why}" in baseline
     assert "| ∞ |" in baseline and "✓" not in baseline and "✗" not in baseline
     others = [ln for ln in lines if published.OPACUS in ln and ("6.86" in ln or "2.91" in ln)]
     assert len(others) == 2 and all("not run here" in ln for ln in others)
@@ -262,3 +262,14 @@ def test_record_refuses_sources_of_two_commits_or_a_note_for_no_row(tmp_path):
         published.record(first, second, results_file=tmp_path / "r.json")
     with pytest.raises(ValueError, match="notes must name recorded rows"):
         published.record(first, results_file=tmp_path / "r.json", notes={"nope": "x"})
+
+
+def test_no_projection_for_a_setting_whose_full_protocol_was_run():
+    """The reduced run's "would take ≈ h, not run here" line goes once the full row exists."""
+    quick = dict(key="time/opacus_example", protocol="quick", epochs=1.0,
+                 frameworks=dict(dpjax=dict(cpu_seconds=40.0, wall_seconds=100.0)))  # fmt: skip
+    full = dict(key="opacus_mnist/opacus_example", protocol="full")
+    (line,) = [ln for ln in published.projections([quick]) if ln]
+    assert line.startswith("- opacus_example: the paper's 15 epochs × 3 seeds")
+    assert "≈ 0.5 h of CPU" in line  # 40 s · 15 · 3 = 1 800 s
+    assert published.projections([quick, full]) == []
