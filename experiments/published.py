@@ -83,11 +83,13 @@ ROWS: tuple[dict, ...] = (
     dict(paper=OPACUS, dataset="MNIST", model="SampleConvNet", epsilon=6.86, published=97.09,
          key="opacus_mnist/opacus_example_sigma0.7",
          command=f"{OPACUS_EXAMPLE_CMD} opacus_example_sigma0.7",
-         why="45 epochs × 3 seeds ≈ 1.6 h of CPU at the measured epoch cost"),
+         why="45 epochs × 3 seeds ≈ 1.6 h of CPU at the 43 s of CPU an epoch measured for "
+         "σ = 1.3 here; not run"),
     dict(paper=OPACUS, dataset="MNIST", model="SampleConvNet", epsilon=2.91, published=96.78,
          key="opacus_mnist/opacus_example_sigma1.1",
          command=f"{OPACUS_EXAMPLE_CMD} opacus_example_sigma1.1",
-         why="60 epochs × 3 seeds ≈ 2.1 h of CPU at the measured epoch cost"),
+         why="60 epochs × 3 seeds ≈ 2.1 h of CPU at the 43 s of CPU an epoch measured for "
+         "σ = 1.3 here; not run"),
     dict(paper=OPACUS, dataset="MNIST", model="SampleConvNet", epsilon=1.16, published=94.63,
          key="opacus_mnist/opacus_example", command=f"{OPACUS_EXAMPLE_CMD} opacus_example",
          why="15 epochs not run here", time_key="time/opacus_example"),
@@ -210,11 +212,12 @@ def record(*sources: pathlib.Path, results_file: pathlib.Path | None = None,
            notes: dict[str, str] | None = None) -> list[dict]:  # fmt: skip
     """Merge the rows measured in ``sources`` into ``results_file`` (default
     :data:`RESULTS_FILE`), each stamped with today's date, this machine (with ``machine_note``,
-    e.g. "CPU, 2 cores, shared") and the commit of the code that ran (the sources' ``commit``,
-    else ``commit``); a row with the same key is replaced. Sources are ``scatternet.json`` files
-    of runs of one scale (e.g. one per seed: their runs are pooled) and/or ``opacus_mnist.json``
-    files (time to accuracy; dpjax's accuracy over seeds at the full scale). ``notes`` maps a
-    row's key to a sentence stored with it (e.g. why it has fewer seeds than a row needs)."""
+    e.g. "CPU, 2 cores, shared") and the commit(s) of the code that ran (the sources'
+    ``commit``, all of them when seeds ran at different commits, else ``commit``); a row with
+    the same key is replaced. Sources are ``scatternet.json`` files of runs of one scale (e.g.
+    one per seed: their runs are pooled) and/or ``opacus_mnist.json`` files (time to accuracy;
+    dpjax's accuracy over seeds at the full scale). ``notes`` maps a row's key to a sentence
+    stored with it (e.g. why it has fewer seeds than a row needs)."""
     by_name: dict[str, list[dict]] = {}
     for source in sources:
         name = pathlib.Path(source).name
@@ -225,9 +228,7 @@ def record(*sources: pathlib.Path, results_file: pathlib.Path | None = None,
         by_name.setdefault(name, []).append(json.loads(pathlib.Path(source).read_text()))
     if not by_name:
         raise ValueError("sources must name at least one results file")
-    commits = {p.get("commit") for ps in by_name.values() for p in ps} - {None}
-    if len(commits) > 1:
-        raise ValueError(f"sources must come from one commit of the code; got {sorted(commits)}")
+    commits = sorted({p.get("commit") for ps in by_name.values() for p in ps} - {None})
     new = []
     for name, payloads in by_name.items():
         if len({p["size"] for p in payloads}) != 1:
@@ -239,7 +240,7 @@ def record(*sources: pathlib.Path, results_file: pathlib.Path | None = None,
         new += make_rows(pooled, f"python -m experiments {experiment}{flag}")
     here = machine() + (f" ({machine_note})" if machine_note else "")
     stamp = dict(date=datetime.date.today().isoformat(), machine=here)
-    code = next(iter(commits)) if commits else commit
+    code = ", ".join(commits) if commits else commit  # seeds run at several commits: all
     new = [row | stamp | ({"commit": code} if code else {}) for row in new]
     notes = notes or {}
     unknown = set(notes) - {row["key"] for row in new}
@@ -334,7 +335,8 @@ def _opacus_beside(timed: dict | None) -> str:
 
 
 def _run_on(got: dict) -> str:
-    commit = f", code {got['commit'][:12]}" if got.get("commit") else ""
+    commits = ", ".join(c.strip()[:12] for c in got.get("commit", "").split(",") if c.strip())
+    commit = f", code {commits}" if commits else ""
     return f"{got['date']}, {got['machine']}{commit}"
 
 

@@ -254,12 +254,18 @@ def test_full_opacus_example_runs_fill_their_rows_with_seeds_commit_and_opacus_b
     assert "| opacus_example | full | opacus | 94.48 |" in timing[3]
 
 
-def test_record_refuses_sources_of_two_commits_or_a_note_for_no_row(tmp_path):
+def test_seeds_run_at_two_commits_name_both_and_a_note_must_name_a_row(tmp_path):
     (tmp_path / "b").mkdir()
     first = _full_opacus_json(tmp_path / "opacus_mnist.json")
     second = _full_opacus_json(tmp_path / "b" / "opacus_mnist.json", commit="fedcba")
-    with pytest.raises(ValueError, match="one commit"):
-        published.record(first, second, results_file=tmp_path / "r.json")
+    payload = json.loads(second.read_text())
+    for row in payload["rows"]:
+        row["seed"] += 10  # other seeds, so the two files pool
+    second.write_text(json.dumps(payload))
+    rows = published.record(first, second, results_file=tmp_path / "r.json")
+    assert {r["commit"] for r in rows} == {"abc123def4567890, fedcba"}
+    line = next(ln for ln in published.table(rows).splitlines() if "| 1.16 |" in ln)
+    assert "code abc123def456, fedcba |" in line and "(6 seeds)" in line
     with pytest.raises(ValueError, match="notes must name recorded rows"):
         published.record(first, results_file=tmp_path / "r.json", notes={"nope": "x"})
 
