@@ -46,7 +46,7 @@ OPACUS = "Opacus MNIST example"
 AUTO_S = "Tramèr & Boneh 2021 (flat C); AUTO-S: Bu et al. 2023"
 AUTO_CMD = "python -m experiments.scatternet --full --clip-rule automatic --dataset mnist"
 # One seed S of a setting of Opacus's example (experiments.opacus_mnist.SETTINGS), dpjax's side.
-OPACUS_EXAMPLE_CMD = (
+OPACUS_EXAMPLE_CMD = (  # also the command of the recorded rows (S: each seed)
     "python -m experiments.opacus_mnist --full --framework dpjax --seed S --setting"
 )
 # Every row of the table, in order: (paper, data set, model, ε, published accuracy %, key of
@@ -162,7 +162,7 @@ def rows_from_opacus_mnist(payload: dict, command: str) -> list[dict]:
         out += _time_row(setting, mine, payload["size"], command)
         dpjax = [r for r in mine if r["framework"] == "dpjax"]
         if payload["size"] == "full" and dpjax:
-            out.append(_accuracy_row(setting, dpjax, command))
+            out.append(_accuracy_row(setting, dpjax))
     return out
 
 
@@ -186,7 +186,7 @@ def _time_row(setting: str, rows: list[dict], size: str, command: str) -> list[d
                  command=command)]  # fmt: skip
 
 
-def _accuracy_row(setting: str, runs: list[dict], command: str) -> dict:
+def _accuracy_row(setting: str, runs: list[dict]) -> dict:
     """dpjax's full-protocol accuracies of ``setting`` over its seeds (one run per seed)."""
     seeds = [r["seed"] for r in runs]
     if len(set(seeds)) != len(seeds):
@@ -197,7 +197,7 @@ def _accuracy_row(setting: str, runs: list[dict], command: str) -> dict:
                 runs[0]["epsilon"] is not None else None, steps=runs[0]["steps"],
                 wall_seconds=[r["seconds"] for r in runs],
                 cpu_seconds=[r["cpu_seconds"] for r in runs],
-                command=command + f" --framework dpjax --setting {setting}")  # fmt: skip
+                command=f"{OPACUS_EXAMPLE_CMD} {setting}")  # fmt: skip
 
 
 # What ``record`` reads: file name -> (rows maker, experiment name).

@@ -245,6 +245,7 @@ def test_full_opacus_example_runs_fill_their_rows_with_seeds_commit_and_opacus_b
     assert "94.61 ± 0.09 (3 seeds); Opacus 94.48 (seed 0)" in eps_116
     assert "✓ 95% CI [94.39, 94.83] ∋ paper" in eps_116 and "PARTIAL" not in eps_116
     assert "code abc123def456" in eps_116 and "| 1.050 |" in eps_116
+    assert f"(`{published.OPACUS_EXAMPLE_CMD} opacus_example`)" in eps_116  # runnable
     (baseline,) = [ln for ln in lines if "non-private" in ln]
     assert "99.01 (1 seed)" in baseline and f"PARTIAL: 1 of 3 seeds; {why}" in baseline
     assert "| ∞ |" in baseline and "✓" not in baseline and "✗" not in baseline
