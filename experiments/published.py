@@ -181,6 +181,8 @@ def _time_row(setting: str, rows: list[dict], size: str, command: str) -> list[d
         for name, r in runs.items()
     }  # fmt: skip
     first = runs["dpjax"]
+    if size == "full":  # one setting and seed, both frameworks
+        command = f"python -m experiments.opacus_mnist --full --setting {setting} --seed {both[0]}"
     return [dict(key=f"time/{setting}", protocol=size, steps=first["steps"],
                  epochs=first["epochs"], seed=both[0], frameworks=frameworks,
                  command=command)]  # fmt: skip

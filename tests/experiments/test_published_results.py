@@ -253,6 +253,7 @@ def test_full_opacus_example_runs_fill_their_rows_with_seeds_commit_and_opacus_b
     assert len(others) == 2 and all("not run here" in ln for ln in others)
     timing = published.time_table(published.load_results(results)).splitlines()
     assert "| opacus_example | full | opacus | 94.48 |" in timing[3]
+    assert rows[0]["command"].endswith("opacus_mnist --full --setting opacus_example --seed 0")
 
 
 def test_seeds_run_at_two_commits_name_both_and_a_note_must_name_a_row(tmp_path):
