@@ -513,8 +513,8 @@ PLOT_FILE = "published.png"
 
 def plot_points(measured: list[dict]) -> list[dict]:
     """The points of the accuracy-against-ε plot: every paper's (ε, accuracy) with a finite ε,
-    and dpjax's measured rows at dpjax's ε (full protocol: mean and 95% CI; reduced scale:
-    the one run, marked reduced)."""
+    and dpjax's measured rows at dpjax's ε (full protocol: mean and 95% CI, or the one seed
+    marked as such; reduced scale: the one run, marked reduced)."""
     from experiments.erm_adult import mean_ci
 
     by_key = {row["key"]: row for row in measured}
@@ -526,7 +526,10 @@ def plot_points(measured: list[dict]) -> list[dict]:
         points.append(dict(dataset=row["dataset"], source="paper", label=name,
                            epsilon=row["epsilon"], accuracy=row["published"]))  # fmt: skip
         got = by_key.get(row["key"])
-        if got is not None:
+        if got is not None and len(got["accuracies"]) < 2:  # no CI from one seed
+            points.append(dict(dataset=row["dataset"], source="dpjax, 1 seed", label=name,
+                               epsilon=got["epsilon"], accuracy=got["accuracies"][0]))  # fmt: skip
+        elif got is not None:
             mean, low, high = mean_ci(got["accuracies"])
             points.append(dict(dataset=row["dataset"], source="dpjax", label=name,
                                epsilon=got["epsilon"], accuracy=mean, low=low,
@@ -541,7 +544,8 @@ def plot_points(measured: list[dict]) -> list[dict]:
 
 def plot(path: pathlib.Path, measured: list[dict]) -> str | None:
     """Accuracy against ε, one panel per data set: the papers' points (open) and dpjax's
-    (filled, 95% CI bars; crosses for reduced-scale runs). None without matplotlib."""
+    (filled, 95% CI bars; diamonds for one seed; crosses for reduced-scale runs), legends below
+    the panels. None without matplotlib."""
     from experiments.report import _plt
 
     plt = _plt()
@@ -550,7 +554,7 @@ def plot(path: pathlib.Path, measured: list[dict]) -> str | None:
     points = plot_points(measured)
     datasets = list(dict.fromkeys(p["dataset"] for p in points))
     labels = list(dict.fromkeys(p["label"] for p in points))
-    fig, axes = plt.subplots(1, len(datasets), figsize=(5.2 * len(datasets), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(datasets), figsize=(6 * len(datasets), 4), squeeze=False)
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
     for ax, dataset in zip(axes[0], datasets, strict=True):
@@ -567,6 +571,9 @@ def plot(path: pathlib.Path, measured: list[dict]) -> str | None:
                 ax.errorbar(p["epsilon"], p["accuracy"], capsize=3, fmt="o", color=color,
                             yerr=[[p["accuracy"] - p["low"]], [p["high"] - p["accuracy"]]],
                             label=p["label"] and f"{p['label']}: dpjax (95% CI)")  # fmt: skip
+            elif p["source"] == "dpjax, 1 seed":
+                ax.plot(p["epsilon"], p["accuracy"], "D", color=color, ms=6,
+                        label=p["label"] and f"{p['label']}: dpjax, 1 seed (partial)")  # fmt: skip
             else:
                 ax.plot(p["epsilon"], p["accuracy"], "x", color=color, ms=8,
                         label=p["label"] and f"{p['label']}: dpjax, reduced")  # fmt: skip
@@ -577,10 +584,10 @@ def plot(path: pathlib.Path, measured: list[dict]) -> str | None:
         ax.margins(y=0.15)
         ax.set_xlabel("ε at δ = 1e-5 (paper: its accountant; dpjax: PLD)")
         ax.set_title(dataset)
-        ax.legend(fontsize=6, loc="best")
+        ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.28))  # below
     axes[0][0].set_ylabel("test accuracy %")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return pathlib.Path(path).name
 

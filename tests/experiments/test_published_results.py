@@ -281,3 +281,13 @@ def test_no_projection_for_a_setting_whose_full_protocol_was_run():
     assert line.startswith("- opacus_example: the paper's 15 epochs × 3 seeds")
     assert "≈ 0.5 h of CPU" in line  # 40 s · 15 · 3 = 1 800 s
     assert published.projections([quick, full]) == []
+
+
+def test_a_one_seed_row_is_plotted_as_one_seed_without_a_ci(tmp_path):
+    one = dict(key="opacus_mnist/opacus_example", protocol="full", accuracies=[94.24],
+               epsilon=0.834)  # fmt: skip
+    (point,) = [p for p in published.plot_points([one]) if p["source"] != "paper"]
+    assert point["source"] == "dpjax, 1 seed" and "low" not in point
+    assert (point["epsilon"], point["accuracy"]) == (0.834, 94.24)
+    pytest.importorskip("matplotlib")
+    assert published.plot(tmp_path / "p.png", [one]) == "p.png"
