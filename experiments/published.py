@@ -84,12 +84,12 @@ ROWS: tuple[dict, ...] = (
          key="opacus_mnist/opacus_example_sigma0.7",
          command=f"{OPACUS_EXAMPLE_CMD} opacus_example_sigma0.7",
          why="45 epochs × 3 seeds ≈ 1.6 h of CPU at the 43 s of CPU an epoch measured for "
-         "σ = 1.3 here; not run"),
+         "σ = 1.3 here"),
     dict(paper=OPACUS, dataset="MNIST", model="SampleConvNet", epsilon=2.91, published=96.78,
          key="opacus_mnist/opacus_example_sigma1.1",
          command=f"{OPACUS_EXAMPLE_CMD} opacus_example_sigma1.1",
          why="60 epochs × 3 seeds ≈ 2.1 h of CPU at the 43 s of CPU an epoch measured for "
-         "σ = 1.3 here; not run"),
+         "σ = 1.3 here"),
     dict(paper=OPACUS, dataset="MNIST", model="SampleConvNet", epsilon=1.16, published=94.63,
          key="opacus_mnist/opacus_example", command=f"{OPACUS_EXAMPLE_CMD} opacus_example",
          why="15 epochs not run here", time_key="time/opacus_example"),
