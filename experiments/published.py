@@ -312,10 +312,19 @@ def table(measured: list[dict]) -> str:
         eps_dpjax = "∞" if got["epsilon"] is None else f"{got['epsilon']:.3f}"
         lines.append(
             f"{head} | {_mean_sd(got['accuracies'])}{_opacus_beside(timed)} "
-            f"| {verdict(row['published'], got['accuracies'])}{_remarks(got)} | {eps_dpjax} "
+            f"| {_holds(row['published'], got['accuracies'])}{_remarks(got)} | {eps_dpjax} "
             f"| {got['protocol']} (`{got['command']}`) | {wall} | {_run_on(got)} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _holds(published: float, values: list[float]) -> str:
+    """The "holds" cell: :func:`verdict` with three seeds or more; with fewer, no pass or fail
+    (a partial row), its CI shown for information."""
+    said = verdict(published, values)
+    if len(values) >= SEEDS_FOR_A_ROW or not said.startswith(("✓", "✗")):
+        return said
+    return f"— (no verdict with {len(values)} seeds: {said[2:]})"
 
 
 def _remarks(got: dict) -> str:
