@@ -476,7 +476,9 @@ def _time_section(measured: list[dict]) -> list[str]:
         "models and hyperparameters). Wall and process CPU time of the training loop "
         "(dpjax's JIT compilation included; data loading and evaluation excluded), test "
         "accuracy of the final model. ε is each framework's own accountant for the same σ "
-        "and steps (Opacus samples at q = 1/⌈n/b⌉, 0.7 % below b/n for batch 512).",
+        "and steps (Opacus samples at q = 1/⌈n/b⌉, 0.7 % below b/n for batch 512). The "
+        "non-private baseline is plain SGD on both sides (optax; torch without the "
+        "`PrivacyEngine`): no clipping, no noise, ε = ∞.",
         "",
         body,
         *projections(measured),
