@@ -178,6 +178,9 @@ import jax, jax.numpy as jnp, numpy as np
 import dpjax
 from tests.dp_sgd import adv_harness as H
 
+# rounding claims of compiled code: run on the users' -O3 code (tests/conftest.py)
+pytestmark = pytest.mark.codegen
+
 assert not jax.config.jax_enable_x64
 V, D, T = 7, int(sys.argv[1]), int(sys.argv[2])
 rng = np.random.default_rng(15)

@@ -157,6 +157,9 @@ def test_support_ends_of_neighbours_agree_without_x64():
 import jax, jax.numpy as jnp
 from dpjax import mechanisms as M
 from dpjax._random import constant_bits_key
+
+# rounding claims of compiled code: run on the users' -O3 code (tests/conftest.py)
+pytestmark = pytest.mark.codegen
 assert not jax.config.jax_enable_x64
 kw = dict(sensitivity=0.1, epsilon=1.0, lower=0.0, upper=10.0)
 print(M.bounded_laplace_scale(**kw),

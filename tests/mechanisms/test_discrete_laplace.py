@@ -132,6 +132,9 @@ import jax, jax.numpy as jnp, numpy as np
 from dpjax import mechanisms as M
 from dpjax.mechanisms import discrete
 
+# rounding claims of compiled code: run on the users' -O3 code (tests/conftest.py)
+pytestmark = pytest.mark.codegen
+
 def pairs(d, g, sens, bound, dtype):
     fmax = float(np.finfo(dtype).max)
     mid = np.array([(i + 0.5) * g for i in range(d)])
