@@ -32,6 +32,9 @@ import pytest
 import dpjax
 from tests.dp_sgd import adv_harness as H
 
+# rounding claims of compiled code: run on the users' -O3 code (tests/conftest.py)
+pytestmark = pytest.mark.codegen
+
 
 def _assert_within_clip(attack: H.Attack, what: str, clip: float = H.C) -> None:
     """The claim (≤ C(1 + 1e-6), finite), and non-vacuity: the search reached the clip (≥ C/2)."""
@@ -88,9 +91,6 @@ def test_integer_features_random_search(kind, method):
 
 _X64_OFF_SCRIPT = """
 import json, jax, jax.numpy as jnp, numpy as np, dpjax
-
-# rounding claims of compiled code: run on the users' -O3 code (tests/conftest.py)
-pytestmark = pytest.mark.codegen
 out = {}
 for method in ("vmap", "ghost", "auto"):
     gf = dpjax.clipped_grad(lambda w, x, y: 0.5 * (jnp.dot(x, w) - y) ** 2, l2_clip_norm=1.0,

@@ -18,6 +18,9 @@ from dpjax.dp_sgd import transforms
 from dpjax.dp_sgd.transforms import laplace_dp_sgd_theta
 from tests.helpers import assert_distribution
 
+# rounding claims of compiled code: run on the users' -O3 code (tests/conftest.py)
+pytestmark = pytest.mark.codegen
+
 
 def normal_cdf(scale):
     return lambda x: stats.norm.cdf(x, scale=scale)
@@ -425,9 +428,6 @@ _X64_OFF_CODE = """
 import jax, jax.numpy as jnp, numpy as np
 from dpjax import _noise
 from dpjax.dp_sgd import transforms
-
-# rounding claims of compiled code: run on the users' -O3 code (tests/conftest.py)
-pytestmark = pytest.mark.codegen
 kw = dict(l1_sensitivity=1.0, epsilon=1.0, rho=0.5, kappa=0.0)
 seen = []
 original = _noise.check_scale_representable

@@ -10,6 +10,9 @@ from dpjax import mechanisms as M
 from dpjax.mechanisms.bounded_laplace import _truncated_laplace
 from tests.helpers import assert_distribution
 
+# rounding claims of compiled code: run on the users' -O3 code (tests/conftest.py)
+pytestmark = pytest.mark.codegen
+
 N = 100_000
 L, U = 0.0, 10.0
 
@@ -157,9 +160,6 @@ def test_support_ends_of_neighbours_agree_without_x64():
 import jax, jax.numpy as jnp
 from dpjax import mechanisms as M
 from dpjax._random import constant_bits_key
-
-# rounding claims of compiled code: run on the users' -O3 code (tests/conftest.py)
-pytestmark = pytest.mark.codegen
 assert not jax.config.jax_enable_x64
 kw = dict(sensitivity=0.1, epsilon=1.0, lower=0.0, upper=10.0)
 print(M.bounded_laplace_scale(**kw),

@@ -12,6 +12,9 @@ import pytest
 from dpjax import mechanisms as M
 from dpjax.mechanisms import discrete
 
+# rounding claims of compiled code: run on the users' -O3 code (tests/conftest.py)
+pytestmark = pytest.mark.codegen
+
 # ------------------------------------------------------------------------------------------------
 # ``discrete_laplace``: the law its sampler realises, dtypes, grid.
 #
@@ -131,9 +134,6 @@ import itertools, math
 import jax, jax.numpy as jnp, numpy as np
 from dpjax import mechanisms as M
 from dpjax.mechanisms import discrete
-
-# rounding claims of compiled code: run on the users' -O3 code (tests/conftest.py)
-pytestmark = pytest.mark.codegen
 
 def pairs(d, g, sens, bound, dtype):
     fmax = float(np.finfo(dtype).max)

@@ -10,6 +10,9 @@ from scipy import integrate, stats
 from dpjax import mechanisms as M
 from tests.helpers import assert_distribution
 
+# rounding claims of compiled code: run on the users' -O3 code (tests/conftest.py)
+pytestmark = pytest.mark.codegen
+
 N = 100_000
 
 
@@ -313,9 +316,6 @@ def test_float32_collapse_case_keeps_noise_without_x64():
     code = """
 import jax, jax.numpy as jnp, numpy as np
 from dpjax import mechanisms as M
-
-# rounding claims of compiled code: run on the users' -O3 code (tests/conftest.py)
-pytestmark = pytest.mark.codegen
 assert not jax.config.jax_enable_x64
 x = jnp.asarray(np.r_[np.zeros(910), np.ones(91)], jnp.float32)
 p = M.smooth_noise_parameters(epsilon=1.0)
