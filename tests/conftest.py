@@ -24,7 +24,8 @@ if "xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
 # (checked: jit(a * b + c) in float32 equals the FMA on every element at -O3, on 77 % at -O0).
 # `--xla_llvm_disable_expensive_passes` or `--xla_cpu_parallel_codegen_split_count=1` alone keep
 # the users' bits but save nothing (measured). So a test whose claim is about rounding in compiled
-# code (certified bounds, float32 clipping within C, sampler support ends, rounding direction)
+# code (certified bounds, float32 clipping within C, sampler support ends, rounding direction,
+# bit equality of two different compiled programs)
 # carries the `codegen` marker: under fast compiles it is skipped (`pytest_collection_modifyitems`)
 # and `make test` runs it in a second pass with DPJAX_TEST_FAST_COMPILE=0, on the users' code.
 # Subprocesses started by a test (README blocks, the multi-process test) inherit XLA_FLAGS.
