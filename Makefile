@@ -63,15 +63,15 @@ docs: $(VENV)/.installed-docs
 ## passes: everything compiled at LLVM -O0 (the suite is compile-bound), then the `codegen` tests
 ## (rounding claims of compiled code) on the users' -O3 code generation (tests/conftest.py).
 test: $(VENV)/.installed-dev
-	$(PY) -m pytest -m "not slow and not torch and not codegen" -q $(XDIST)
-	DPJAX_TEST_FAST_COMPILE=0 $(PY) -m pytest -m "codegen and not slow and not torch" -q $(XDIST)
+	DPJAX_TEST_FAST_COMPILE=1 $(PY) -m pytest -m "not slow and not torch and not codegen" -q $(XDIST)
+	$(PY) -m pytest -m "codegen and not slow and not torch" -q $(XDIST)
 
 ## The heavy statistical suites (audits with many trials, full-scale checks).
 test-slow: $(VENV)/.installed-dev
-	DPJAX_TEST_FAST_COMPILE=0 $(PY) -m pytest -m "slow and not torch" -q $(XDIST)
+	$(PY) -m pytest -m "slow and not torch" -q $(XDIST)
 
 test-all: $(VENV)/.installed-dev
-	DPJAX_TEST_FAST_COMPILE=0 $(PY) -m pytest -q $(XDIST)
+	$(PY) -m pytest -q $(XDIST)
 
 lint: $(VENV)/.installed-dev
 	$(PY) -m ruff check dpjax tests experiments benchmarks

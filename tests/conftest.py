@@ -5,8 +5,9 @@
 * float64 enabled (x64): the ERM solvers and excess-risk measurements need it (their privacy
   proofs rest on exact minimisation); float32 paths are tested with explicit float32 arrays.
 
-It also compiles with LLVM at -O0 except for the `codegen` tests (see FAST_COMPILE_FLAGS) and gives
-each pytest run a persistent compilation cache (see `pytest_configure`).
+It also gives each pytest run a persistent compilation cache (see `pytest_configure`) and, when
+DPJAX_TEST_FAST_COMPILE=1 (the first pass of `make test`), compiles with LLVM at -O0 and skips the
+`codegen` tests (see FAST_COMPILE_FLAGS).
 """
 
 import os
@@ -16,7 +17,8 @@ import tempfile
 os.environ.setdefault("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=4"
-# Fast compiles (on by default in the tests; DPJAX_TEST_FAST_COMPILE=0 turns them off): LLVM at -O0
+# Fast compiles (off by default, so a plain `pytest` runs every test on the users' code generation;
+# DPJAX_TEST_FAST_COMPILE=1, set by the first pass of `make test`, turns them on): LLVM at -O0
 # (XLA's own HLO passes, fusion included, still run). The suite is compile-bound; measured on
 # tests/dp_sgd/test_make_private.py + test_noise_transforms.py, one process: 81 -> 64 CPU-s (-21 %).
 # The price: at -O3 the CPU backend contracts a * b + c into one FMA (one rounding), at -O0 it does
@@ -27,10 +29,10 @@ if "xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
 # code (certified bounds, float32 clipping within C, sampler support ends, rounding direction,
 # bit equality of two different compiled programs)
 # carries the `codegen` marker: under fast compiles it is skipped (`pytest_collection_modifyitems`)
-# and `make test` runs it in a second pass with DPJAX_TEST_FAST_COMPILE=0, on the users' code.
+# and `make test` runs it in a second pass without the switch, on the users' code.
 # Subprocesses started by a test (README blocks, the multi-process test) inherit XLA_FLAGS.
 FAST_COMPILE_SWITCH = "DPJAX_TEST_FAST_COMPILE"
-FAST_COMPILE = os.environ.get(FAST_COMPILE_SWITCH, "1") != "0"
+FAST_COMPILE = os.environ.get(FAST_COMPILE_SWITCH, "0") == "1"
 FAST_COMPILE_FLAGS = (
     "--xla_backend_optimization_level=0",
     "--xla_llvm_disable_expensive_passes=true",
@@ -101,7 +103,7 @@ def pytest_collection_modifyitems(config, items):
     if not FAST_COMPILE:
         return
     skip = pytest.mark.skip(
-        reason=f"rounding claim of compiled code: run with {FAST_COMPILE_SWITCH}=0 (make test does)"
+        reason=f"rounding claim of compiled code: unset {FAST_COMPILE_SWITCH} (make test does)"
     )
     for item in items:
         if item.get_closest_marker("codegen"):
