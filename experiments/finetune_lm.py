@@ -24,6 +24,15 @@ parts of the top ``window`` blocks, the final norm and the head ("full" = all of
 the full scale the window is all 30 blocks). The head (the tied embedding table) stays frozen
 in every mode: see :mod:`experiments.lm.finetune` for why.
 
+Compilation. The frozen (public) part of the window reaches the DP step through
+``make_private(public=...)``: an argument of the compiled step, never differentiated, clipped,
+noised or counted in d. σ·C is an argument too (passed by the step from its own plan), the
+runs of a mode at every ε share one padded cap (``max_batch_size``: the cap of ε = 8, above
+each run's own), and JAX's persistent compilation cache lives in a temporary folder for the
+run: every run of a mode (each ε, each seed) lowers to the same step, so XLA compiles it once
+per mode instead of once per (mode, ε, seed). Seeds: DP-LoRA at every ε and the scratch model
+at ε = 8 (the headline comparison) over ``seeds``; the other cells over ``other_seeds``.
+
 Nothing was tuned on the test plays: the step sizes (Adam 1e-3 for the adapters and norms,
 1e-4 for pretrained weights, 3e-3 for the scratch model), clip norm, rank (8), window and
 schedule were fixed before the first run, by the CPU budget (quick) and common practice
@@ -51,12 +60,12 @@ LEARNING_RATES = {"lora": 1e-3, "norm": 1e-3, "last_blocks": 1e-4, "full": 1e-4,
 SIZES = {
     # make reproduce: 2 CPU cores
     "quick": dict(seq_len=16, window=1, last_blocks=1, train_plays=("macbeth", "othello"),
-                  windows_per_user=2, test_windows=32, batch=8, steps=4, seeds=1,
-                  epsilons=(1.0, 3.0, 8.0), timing_batch=8),
+                  windows_per_user=2, test_windows=32, batch=8, steps=4, seeds=3,
+                  other_seeds=1, epsilons=(1.0, 3.0, 8.0), timing_batch=8),
     # a GPU: all 30 blocks trainable, every play but the test ones
     "full": dict(seq_len=128, window=30, last_blocks=2, train_plays=None, windows_per_user=8,
-                 test_windows=512, batch=256, steps=200, seeds=3, epsilons=(1.0, 3.0, 8.0),
-                 timing_batch=64),
+                 test_windows=512, batch=256, steps=200, seeds=3, other_seeds=3,
+                 epsilons=(1.0, 3.0, 8.0), timing_batch=64),
 }  # fmt: skip
 
 
@@ -123,35 +132,65 @@ def _perplexity(net, params, part: dict, x=None) -> float:
     return math.exp(total / count)
 
 
-def make_private_run(net, frozen, n: int, *, epsilon, spec, lr, seed, user_ids=None):
+_LOSSES: dict = {}
+
+
+def public_loss(net):
+    """``loss(trainable, example, public)``: the window's loss with its frozen (public) part
+    given as ``public`` — :func:`dpjax.make_private` passes it to the compiled step as an
+    argument, so the 30 M frozen weights are not constants folded into it. One function per
+    window model, so every run of a mode lowers to the same step."""
+    if net not in _LOSSES:
+        from dpjax.dp_sgd import finetune as ft
+        from experiments.lm import finetune as lmft
+
+        base = lmft.example_loss_fn(net)
+
+        def loss(trainable, example, public=None):  # None: nothing frozen (scratch)
+            return base(trainable if public is None else ft.combine(trainable, public), example)
+
+        _LOSSES[net] = loss
+    return _LOSSES[net]
+
+
+def make_private_run(net, frozen, n: int, *, epsilon, spec, lr, seed, user_ids=None,
+                     max_batch_size=None):  # fmt: skip
     """The :func:`dpjax.make_private` object of one run: example level (ghost clipping, q =
     batch/n over windows) or, with ``user_ids``, user level (q = b_u/U over the U characters,
-    b_u = batch·U/n users expected per batch: the same expected number of windows)."""
+    b_u = batch·U/n users expected per batch: the same expected number of windows).
+    ``max_batch_size``: the padded cap shared by the runs at every ε (the cap of the largest
+    ε, ≥ each run's own), so one compiled step serves them all."""
     import jax
     import optax
 
     import dpjax
-    from dpjax.dp_sgd import finetune as ft
-    from experiments.lm import finetune as lmft
 
-    loss = ft.trainable_loss(lmft.example_loss_fn(net), frozen)
     batch = spec["batch"]
     if user_ids is not None:
         batch = max(1, round(batch * len(np.unique(user_ids)) / n))
     return dpjax.make_private(
-        loss, optimizer=optax.adam(lr), l2_clip_norm=CLIP, dataset_size=n, batch_size=batch,
-        delta=DELTA, key=jax.random.key(10_000 + seed), steps=spec["steps"],
+        public_loss(net), optimizer=optax.adam(lr), l2_clip_norm=CLIP, dataset_size=n,
+        batch_size=batch, delta=DELTA, key=jax.random.key(10_000 + seed), steps=spec["steps"],
         target_epsilon=epsilon, clipping="vmap" if user_ids is not None else "ghost",
-        user_ids=user_ids,
+        user_ids=user_ids, public=frozen if jax.tree.leaves(frozen) else None,
+        max_batch_size=max_batch_size,
     )  # fmt: skip
 
 
-def _dp_run(net, trainable, frozen, data: dict, *, epsilon, spec, lr, seed, user_ids=None):
+def shared_cap(net, frozen, n: int, spec, lr) -> int:
+    """The padded cap of the largest ε (the largest of the runs' caps)."""
+    return make_private_run(net, frozen, n, epsilon=max(spec["epsilons"]), spec=spec, lr=lr,
+                            seed=0).max_batch_size  # fmt: skip
+
+
+def _dp_run(net, trainable, frozen, data: dict, *, epsilon, spec, lr, seed, user_ids=None,
+            max_batch_size=None):  # fmt: skip
     import jax
     import jax.numpy as jnp
 
     private = make_private_run(net, frozen, len(data["y"]), epsilon=epsilon, spec=spec, lr=lr,
-                               seed=seed, user_ids=user_ids)  # fmt: skip
+                               seed=seed, user_ids=user_ids,
+                               max_batch_size=max_batch_size)  # fmt: skip
     batch = private.expected_batch_size
     rows = {k: jnp.asarray(data[k]) for k in ("x", "y", "mask")}
     with jax.numpy_dtype_promotion("standard"):
@@ -167,18 +206,16 @@ def _non_private_run(net, trainable, frozen, data: dict, *, spec, lr, seed):
     import jax.numpy as jnp
     import optax
 
-    from dpjax.dp_sgd import finetune as ft
-    from experiments.lm import finetune as lmft
-
-    loss = ft.trainable_loss(lmft.example_loss_fn(net), frozen)
+    loss = public_loss(net)
     tx = optax.adam(lr)
     rows = {k: jnp.asarray(data[k]) for k in ("x", "y", "mask")}
     n = len(data["y"])
 
     @jax.jit
-    def step(p, s, idx):
+    def step(p, s, idx, public):  # the frozen part an argument, not a constant
         batch = jax.tree.map(lambda a: a[idx], rows)
-        g = jax.grad(lambda q: jnp.mean(jax.vmap(loss, in_axes=(None, 0))(q, batch)))(p)
+        per_example = jax.vmap(loss, in_axes=(None, 0, None))
+        g = jax.grad(lambda q: jnp.mean(per_example(q, batch, public)))(p)
         u, s = tx.update(g, s, p)
         return optax.apply_updates(p, u), s
 
@@ -186,7 +223,8 @@ def _non_private_run(net, trainable, frozen, data: dict, *, spec, lr, seed):
     state = tx.init(trainable)
     with jax.numpy_dtype_promotion("standard"):
         for _ in range(spec["steps"]):
-            trainable, state = step(trainable, state, rng.integers(0, n, spec["batch"]))
+            idx = rng.integers(0, n, spec["batch"])
+            trainable, state = step(trainable, state, idx, frozen)
     return trainable
 
 
@@ -197,6 +235,10 @@ def _mode_parts(prep: Prepared, mode: str, spec: dict, seed: int):
 
     return lmft.mode_parts(mode, prep.window_params, rank=RANK, last_blocks=spec["last_blocks"],
                            key=jax.random.key(500 + seed))  # fmt: skip
+
+
+def _everything(path, _=None) -> bool:
+    return True
 
 
 def _mean_ci(values) -> tuple[float, float, float]:
@@ -214,27 +256,27 @@ def step_cost(net, trainable, frozen, data: dict, batch: int, seq_len: int) -> d
     import jax.numpy as jnp
 
     from dpjax import clipped_grad
-    from dpjax.dp_sgd import finetune as ft
-    from experiments.lm import finetune as lmft
 
-    loss = ft.trainable_loss(lmft.example_loss_fn(net), frozen)
+    loss = public_loss(net)
     rows = {k: jnp.asarray(data[k][:batch]) for k in ("x", "y", "mask")}
 
-    def dp(p, b):
-        total, _ = clipped_grad(loss, l2_clip_norm=CLIP, backend="ghost")(p, b)
+    def dp(p, b, public):
+        bound = lambda q, ex: loss(q, ex, public)  # noqa: E731
+        total, _ = clipped_grad(bound, l2_clip_norm=CLIP, backend="ghost")(p, b)
         return total
 
-    def plain(p, b):
-        return jax.grad(lambda q: jnp.sum(jax.vmap(loss, in_axes=(None, 0))(q, b)))(p)
+    def plain(p, b, public):
+        per_example = jax.vmap(loss, in_axes=(None, 0, None))
+        return jax.grad(lambda q: jnp.sum(per_example(q, b, public)))(p)
 
     out = {}
     for name, fn in (("dp", dp), ("non_private", plain)):
-        compiled = jax.jit(fn).lower(trainable, rows).compile()
+        compiled = jax.jit(fn).lower(trainable, rows, frozen).compile()
         memory = compiled.memory_analysis()
-        jax.block_until_ready(compiled(trainable, rows))
+        jax.block_until_ready(compiled(trainable, rows, frozen))
         start, reps = time.perf_counter(), 3
         for _ in range(reps):
-            jax.block_until_ready(compiled(trainable, rows))
+            jax.block_until_ready(compiled(trainable, rows, frozen))
         seconds = (time.perf_counter() - start) / reps
         out[name] = dict(seconds=seconds, tokens_per_s=batch * seq_len / seconds,
                          memory_mb=(memory.temp_size_in_bytes + memory.argument_size_in_bytes)
@@ -243,6 +285,26 @@ def step_cost(net, trainable, frozen, data: dict, batch: int, seq_len: int) -> d
 
 
 def evaluate(size: str = "quick", seed: int = 0) -> dict:
+    """All rows, with JAX's persistent compilation cache in a temporary folder for the run:
+    every run of a mode (each ε, each seed) lowers to the same step (σ·C, the frozen weights
+    and the key are arguments; one padded cap per mode), so XLA compiles it once."""
+    import tempfile
+
+    import jax
+
+    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
+    saved = {name: getattr(jax.config, name) for name in names}
+    with tempfile.TemporaryDirectory(prefix="dpjax_finetune_lm_xla_") as folder:
+        jax.config.update(names[0], folder)
+        jax.config.update(names[1], 0.0)
+        try:
+            return _evaluate(size, seed)
+        finally:
+            for name, value in saved.items():
+                jax.config.update(name, value)
+
+
+def _evaluate(size: str, seed: int) -> dict:
     import jax
 
     from dpjax.accounting.composition import group_privacy
@@ -258,17 +320,22 @@ def evaluate(size: str = "quick", seed: int = 0) -> dict:
     rows: list[dict] = []
     zero_shot = _perplexity(net, prep.window_params, prep.test)
     rows.append(dict(mode="zero-shot", level="-", target_epsilon=0.0, d=0, ppl=[zero_shot]))
-    seeds = range(seed, seed + spec["seeds"])
+    seeds = range(seed, seed + spec["seeds"])  # DP-LoRA (the headline rows)
+    other_seeds = range(seed, seed + spec["other_seeds"])  # the other modes, scratch
     timing = {}
+    n = len(prep.train["y"])
     for mode in lmft.MODES:
-        d = ft.num_params(_mode_parts(prep, mode, spec, seed)[0])
+        trainable, frozen = _mode_parts(prep, mode, spec, seed)
+        d = ft.num_params(trainable)
+        cap = shared_cap(net, frozen, n, spec, LEARNING_RATES[mode])
         for eps in spec["epsilons"]:
             ppl, info = [], None
-            for s in seeds:
+            for s in seeds if mode == "lora" else other_seeds:
                 trainable, frozen = _mode_parts(prep, mode, spec, s)
                 start = time.perf_counter()
                 trained, info = _dp_run(net, trainable, frozen, prep.train, epsilon=eps,
-                                        spec=spec, lr=LEARNING_RATES[mode], seed=s)  # fmt: skip
+                                        spec=spec, lr=LEARNING_RATES[mode], seed=s,
+                                        max_batch_size=cap)  # fmt: skip
                 timing[f"{mode} ε={eps:g}"] = time.perf_counter() - start
                 ppl.append(_perplexity(net, ft.combine(trained, frozen), prep.test))
             rows.append(dict(mode=mode, level="example", target_epsilon=eps, d=d, ppl=ppl,
@@ -278,20 +345,24 @@ def evaluate(size: str = "quick", seed: int = 0) -> dict:
     scratch_net = model.Llama(lmft.scratch_config(config))
     scratch_data = dict(prep.train, x=prep.scratch_tokens["train"][:, :-1])
     scratch_test = dict(prep.test, x=prep.scratch_tokens["test"][:, :-1])
+    init = lmft.scratch_params(config, jax.random.key(700), spec["seq_len"])
+    scratch_cap = shared_cap(scratch_net, ft.partition(init, _everything)[1], n, spec,
+                             LEARNING_RATES["scratch"])  # fmt: skip
     for eps in spec["epsilons"]:
         ppl = []
-        for s in seeds:
+        for s in seeds if eps == max(spec["epsilons"]) else other_seeds:  # CI at the headline ε
             init = lmft.scratch_params(config, jax.random.key(700 + s), spec["seq_len"])
-            trainable, frozen = ft.partition(init, lambda path, _=None: True)
+            trainable, frozen = ft.partition(init, _everything)
             trained, info = _dp_run(scratch_net, trainable, frozen, scratch_data, epsilon=eps,
-                                    spec=spec, lr=LEARNING_RATES["scratch"], seed=s)  # fmt: skip
-            ppl.append(_perplexity(scratch_net, trained, scratch_test))
-        rows.append(dict(mode="scratch", level="example", target_epsilon=eps, d=ft.num_params(init),
-                         ppl=ppl, **info))  # fmt: skip
+                                    spec=spec, lr=LEARNING_RATES["scratch"], seed=s,
+                                    max_batch_size=scratch_cap)  # fmt: skip
+            ppl.append(_perplexity(scratch_net, ft.combine(trained, frozen), scratch_test))
+        rows.append(dict(mode="scratch", level="example", target_epsilon=eps,
+                         d=ft.num_params(trainable), ppl=ppl, **info))  # fmt: skip
         print(f"[finetune_lm] scratch ε={eps:g}: ppl {np.mean(ppl):.2f}", flush=True)
     # the ceiling: non-private LoRA
     ppl = []
-    for s in seeds:
+    for s in other_seeds:
         trainable, frozen = _mode_parts(prep, "lora", spec, s)
         trained = _non_private_run(net, trainable, frozen, prep.train, spec=spec,
                                    lr=LEARNING_RATES["lora"], seed=s)  # fmt: skip
@@ -301,7 +372,7 @@ def evaluate(size: str = "quick", seed: int = 0) -> dict:
     # user level: a user is a (play, speaker); LoRA at the largest ε
     eps = max(spec["epsilons"])
     ppl = []
-    for s in seeds:
+    for s in other_seeds:
         trainable, frozen = _mode_parts(prep, "lora", spec, s)
         trained, info = _dp_run(net, trainable, frozen, prep.train, epsilon=eps, spec=spec,
                                 lr=LEARNING_RATES["lora"], seed=s,
@@ -363,21 +434,33 @@ def markdown(result: dict) -> str:
         f"{result['n_test']} windows ({result['test_tokens']:.0f} tokens) of the held-out plays "
         f"{', '.join(TEST_PLAYS)}. The {result['n_lower']} lower blocks are public and frozen: "
         f"their activations were computed once ({result['seconds_lower']:.0f} s); the modes "
-        f"train parts of the top {spec['window']} blocks + final norm + head. DP: "
+        f"train parts of the top {spec['window']} block(s) and the final norm (the head stays "
+        "frozen). DP: "
         f"make_private, Poisson batch {spec['batch']} (expected), {spec['steps']} steps, C = "
         f"{CLIP:g}, ghost clipping, Adam, δ = {DELTA:g} (add/remove one window; user level: "
         "one character). Norm-only replaces DP-BiTFiT: Llama has no biases. Size "
-        f"`{result['size']}`, {spec['seeds']} seed(s) per cell, device {result['device']}.",
+        f"`{result['size']}`: {spec['seeds']} seeds for DP-LoRA at every ε and for the scratch "
+        f"model at ε = {max(spec['epsilons']):g}, {spec['other_seeds']} elsewhere (95% CI: t "
+        "over seeds; the zero-shot model is deterministic); device "
+        f"{result['device']}, {result.get('seconds', float('nan')):.0f} s wall, "
+        f"{result.get('cpu_seconds', float('nan')):.0f} CPU-s."
+        + (
+            " A setting of our own sized for 2 CPU cores (not a paper's): 4 noisy steps move "
+            "the model little; `--full` (all 30 blocks, windows of 128, batch 256, 200 steps, "
+            "3 seeds everywhere) is sized for a GPU and has not been run (no GPU was available)."
+            if result["size"] == "quick"
+            else ""
+        ),
         "",
-        "| mode | level | d | ε | σ | held-out perplexity (95% CI) |",
-        "|---|---|---:|---:|---:|---|",
+        "| mode | level | d | ε | σ | seeds | held-out perplexity (95% CI) |",
+        "|---|---|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         eps = "—" if r["target_epsilon"] in (0.0, math.inf) else f"{r.get('epsilon', 0):.2f}"
         sigma = f"{r['sigma']:.2f}" if "sigma" in r else "—"
         ci = "" if math.isnan(r["ci_low"]) else f" [{r['ci_low']:.2f}, {r['ci_high']:.2f}]"
         lines.append(f"| {r['mode']} | {r['level']} | {r['d']} | {eps} | {sigma} | "
-                     f"{r['ppl_mean']:.2f}{ci} |")  # fmt: skip
+                     f"{len(r['ppl'])} | {r['ppl_mean']:.2f}{ci} |")  # fmt: skip
     g = result["group_privacy"]
     lines += [
         "",
@@ -426,7 +509,7 @@ def run(out_dir: pathlib.Path, *, full: bool = False, seed: int = 0, size: str |
     size = "full" if full else (size or "quick")
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     try:
         result = evaluate(size, seed)
     except DataMissingError as error:
@@ -435,6 +518,7 @@ def run(out_dir: pathlib.Path, *, full: bool = False, seed: int = 0, size: str |
         return dict(report_md=f"## finetune_lm\n\n**SKIPPED: {error} (pip install gguf "
                     "transformers)**\n", verdict=f"SKIPPED ({error})")  # fmt: skip
     result["seconds"] = time.perf_counter() - start
+    result["cpu_seconds"] = time.process_time() - cpu  # every thread of this process
     write_json(out_dir / "finetune_lm.json", dict(seed=seed, **result))
     v = verdict(result)
     return dict(report_md=markdown(result), rows=result["rows"],

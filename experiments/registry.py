@@ -45,8 +45,8 @@ EXPERIMENTS: dict[str, str] = {
 BY_NAME_ONLY: tuple[str, ...] = ("mnist_cnn", "opacus_mnist")
 
 # Submitted first when `--jobs` > 1 (the longest at the quick scale: rates ~460 s, utility ~470,
-# finetune ~150 with its text half, audit ~120; finetune_lm ~510 s when `make data` has put the
-# model file in place, else it is skipped at once), so no core idles at the end.
+# finetune ~150 with its text half, audit ~120; finetune_lm ~500 s, ~300 CPU-s, when `make data`
+# has put the model file in place, else it is skipped at once), so no core idles at the end.
 LONGEST_FIRST: tuple[str, ...] = ("rates", "finetune_lm", "utility", "finetune", "audit")
 
 # The rate reproduction is the main job: it runs first and its table heads REPORT.md.

@@ -17,6 +17,13 @@ the loss as constants: never differentiated, clipped, noised or updated)::
     trainable, state, _ = private.fit(trainable, data)
     params = combine(trainable, frozen)                       # the fine-tuned model
 
+A large frozen part (a pre-trained language model) is better passed as an ARGUMENT of the
+compiled step than closed over as a constant (XLA then compiles the step once and fast, and
+runs that differ only in σ or the key share it)::
+
+    loss = lambda t, example, public: loss_fn(combine(t, public), example)
+    private = dpjax.make_private(loss, public=frozen, ...)
+
 LoRA (Hu et al. 2022, "LoRA: low-rank adaptation of large language models") adds to a dense
 layer ``x ↦ x·W₀ + b`` a low-rank update ``(α/r)·(x·A)·B`` with A ∈ R^{d_in×r} (random) and
 B ∈ R^{r×d_out} (zeros, so the adapted model starts as the pre-trained one);

@@ -455,6 +455,45 @@ def add_gaussian_noise(stddev: float, *, key: jax.Array) -> optax.GradientTransf
     return optax.GradientTransformation(init_fn, update_fn)
 
 
+def _gaussian_noise_at_runtime_stddev(
+    stddev: float, *, key: jax.Array
+) -> optax.GradientTransformationExtraArgs:
+    """:func:`add_gaussian_noise` whose std reaches the compiled update as an ARGUMENT.
+
+    For :class:`~dpjax.dp_sgd.PrivateTraining` only (private): ``update(updates, state,
+    params, noise_stddev=s)`` adds ``s·Z``, where ``s`` is a traced scalar that the caller
+    passes at every update. The host-side checks (non-negative, non-vanishing, a dtype that
+    holds 9.2·stddev) use ``stddev``, the value the caller must pass as ``s``:
+    ``PrivateTraining.step`` passes its own σ·C (the σ its ledger records), never a
+    user-supplied value. Same key: bit-identical to :func:`add_gaussian_noise` (the scale
+    is cast to the noise dtype before the product in both), but one compiled step serves
+    every σ of the same shapes (the persistent compilation cache can reuse it across ε).
+    """
+    _validate.non_negative("stddev", stddev)
+    key = _check_key(key)
+    impl = _key_impl(key)
+    shapes = _ParamShapes()
+
+    def init_fn(params: Any) -> NoiseState:
+        shapes.record(params)
+        return _init_noise_state(key)
+
+    def update_fn(updates: Any, state: NoiseState, params: Any = None, *, noise_stddev: Any,
+                  **extra_args: Any):  # fmt: skip
+        del extra_args
+        shapes.check(updates, params)
+        refuse_concrete_nonfinite_sums(updates)
+        _refuse_noise_beyond_dtype(updates, stddev)
+        _noise.check_scale_representable(stddev, jnp.float32)
+        next_key, noise_key, release = _checked_next_keys(updates, state, impl)
+        noisy = _noise.tree_add_iid_noise(
+            noise_key, _fusion_barrier(updates), _normal, noise_stddev
+        )
+        return release(noisy), NoiseState(key=next_key, count=optax.safe_increment(state.count))
+
+    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
 def _refuse_noise_beyond_dtype(updates: Any, stddev: float) -> None:
     """Refuse updates whose dtype cannot hold the noise (e.g. float16 with σ·C ≥ 7120).
 

@@ -203,9 +203,18 @@ def test_make_private_adds_sum_noise_before_dividing_by_the_public_normaliser(mo
             batch_size=16, steps=2, noise_multiplier=1.3, delta=1e-5, key=jax.random.key(key),
         )  # fmt: skip
 
-    real = loop.add_gaussian_noise
-    with monkeypatch.context() as m:  # noise σ·C on the mean: σ·C·B before the ÷ B
-        m.setattr(loop, "add_gaussian_noise", lambda s, key: real(s * 16.0, key=key))
+    real = loop._gaussian_noise_at_runtime_stddev  # the plain step's noise (σ·C an argument)
+
+    def over_noised(s, key):  # noise σ·C on the mean: σ·C·B before the ÷ B
+        tx = real(s * 16.0, key=key)
+
+        def update(u, state, params=None, *, noise_stddev, **extra):
+            return tx.update(u, state, params, noise_stddev=noise_stddev * 16.0)
+
+        return optax.GradientTransformationExtraArgs(tx.init, update)
+
+    with monkeypatch.context() as m:
+        m.setattr(loop, "_gaussian_noise_at_runtime_stddev", over_noised)
         with pytest.raises(AssertionError):
             check_mean_noise_scale(*released_noise(lambda: build(1)))
     noise, normaliser, sum_std = released_noise(build)

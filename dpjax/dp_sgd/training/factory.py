@@ -139,7 +139,14 @@ def _resolve_noise(
 
 
 def _sampler_for_slack(
-    n: int, requested_q: float, *, steps: int, epsilon: float, delta: float, calibrated: bool
+    n: int,
+    requested_q: float,
+    *,
+    steps: int,
+    epsilon: float,
+    delta: float,
+    calibrated: bool,
+    max_batch_size: int | None = None,
 ) -> PoissonSampler:
     """A PoissonSampler whose cap keeps the truncation slack of ``steps`` steps ≤ SLACK·δ.
 
@@ -151,6 +158,13 @@ def _sampler_for_slack(
     private = math.isfinite(epsilon)
     tail = budget / (steps * (1.0 + (math.exp(epsilon) if private else 1.0)))
     cap = min(n, _binomial_cap(n + 1, q, tail))
+    if max_batch_size is not None:  # a larger cap only lowers the truncation slack
+        given = _validate.positive_int("max_batch_size", max_batch_size)
+        if not cap <= given <= n:
+            _validate.fail("max_batch_size", max_batch_size, f"in [{cap}, n={n}] (the "
+                           f"smallest cap keeping the truncation slack ≤ {SLACK_FRACTION:g}·δ "
+                           "here, up to the number of records)")  # fmt: skip
+        cap = given
     sampler = PoissonSampler(dataset_size=n, sampling_rate=requested_q, max_batch_size=cap)
     if private and sampler.delta_slack(steps, epsilon) > budget:
         if calibrated:
@@ -188,6 +202,8 @@ def make_private(
     gamma: float = DEFAULT_GAMMA,
     layout: Any = None,
     budget: PrivacyFilter | None = None,
+    public: Any = None,
+    max_batch_size: int | None = None,
 ) -> PrivateTraining:
     r"""DP-SGD in one call: Poisson sampling, per-example clipping, noise once, accounting.
 
@@ -291,6 +307,15 @@ def make_private(
             no ``noise=BandMF``. The filter is not part of the training state: save
             ``filter.state_dict()`` with every checkpoint and, on restart, pass
             ``PrivacyFilter.from_state_dict(saved)`` (a new filter would restart the budget).
+        public: None, or a pytree of PUBLIC arrays (e.g. the frozen pre-trained weights of
+            a fine-tuning run) passed to ``loss_fn(params, example, public=public)`` at every
+            step as an ARGUMENT of the compiled step (not a constant folded into it: a large
+            frozen model compiles once and fast). It is never differentiated, clipped, noised,
+            updated or counted in the noise dimension d (only ``params`` is). ``loss_fn``
+            must have a parameter named ``public``. See "Formal guarantees" for what it must be.
+        max_batch_size: None (the smallest padded cap whose truncation slack is ≤ 10⁻³·δ), or
+            a cap at least that and at most n (a larger cap only lowers the slack): runs at
+            several ε with one cap have the same shapes, so they share one compiled step.
 
     Returns:
         A :class:`PrivateTraining` with ``noise_multiplier``, ``sampling_rate``, ``steps``,
@@ -320,6 +345,13 @@ def make_private(
         sampler drops records only if more than ``max_batch_size`` are drawn; its cap is chosen
         so that the resulting slack (1 + e^ε)·T·p̄ (see :class:`~dpjax.dp_sgd.PoissonSampler`)
         is ≤ 10⁻³·δ, so ``epsilon(state)`` is an (ε, δ) guarantee with the slack included.
+        σ·C reaches the compiled update as an argument that ``step`` passes from the
+        object's own plan (the σ its ledger row records and ``epsilon`` charges); no caller
+        supplies it. With ``public``: the guarantee covers ``params`` as a function of the
+        private data, with ``public`` a constant of the mechanism — public params are assumed
+        public, i.e. fixed independently of the private records (pre-trained on disjoint data,
+        not chosen or tuned with them); a ``public`` fitted on the private data carries its
+        own privacy cost, which nothing here accounts.
         What it covers: the sequence of parameters θ₁, …, θ_t and
         :meth:`~PrivateTraining.public_state` (step count, optimizer moments with the noise
         states reduced to their counts, the plan ledger, (ε, δ)) — functions of the noisy sums
@@ -492,6 +524,7 @@ def make_private(
         epsilon=eps_bound,
         delta=delta,
         calibrated=target_epsilon is not None,
+        max_batch_size=max_batch_size,
     )
     if noise is not None:
         sampler = noise.sampler(sampler, n)
@@ -527,6 +560,7 @@ def make_private(
         layout=layout,
         budget=budget,
         budget_slack=reserved,
+        public=public,
     )
 
 

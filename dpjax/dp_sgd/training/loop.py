@@ -33,7 +33,12 @@ from dpjax.dp_sgd.training.accounting import PhaseAccounting
 from dpjax.dp_sgd.training.resume import Resuming
 from dpjax.dp_sgd.training.state import PrivateState, PublicState, _as_private_state
 from dpjax.dp_sgd.training.step import Stepping
-from dpjax.dp_sgd.transforms import add_gaussian_noise, normalize_by, public_opt_state
+from dpjax.dp_sgd.transforms import (
+    _gaussian_noise_at_runtime_stddev,
+    add_gaussian_noise,
+    normalize_by,
+    public_opt_state,
+)
 from dpjax.events import PoissonSampledGaussianEvent
 from dpjax.relation import ADD_OR_REMOVE_ONE
 
@@ -85,8 +90,12 @@ class PrivateTraining(PhaseAccounting, Stepping, Resuming, ReadOnlyAfterInit):
         layout: Any = None,
         budget: Any = None,
         budget_slack: float = 0.0,
+        public: Any = None,
     ):
         self.loss_fn = loss_fn
+        #: the PUBLIC pytree passed to ``loss_fn(params, example, public=...)`` (an argument
+        #: of the compiled step, never differentiated, clipped, noised or updated), or None
+        self.public = _check_public(public, loss_fn)
         #: the :class:`~dpjax.accounting.PrivacyFilter` every step is charged to, or None
         self.budget = budget
         #: the :class:`~dpjax.dp_sgd.MeshLayout` of sharded parameters, or None (one device)
@@ -118,6 +127,13 @@ class PrivateTraining(PhaseAccounting, Stepping, Resuming, ReadOnlyAfterInit):
         self._row_record = None if noise is None else _row_order.init_row_order(key)
         self._row_check = None if noise is None else _row_order.HostCheck()
         self._adaptive = isinstance(l2_clip_norm, adaptive_clip.AdaptiveClip)
+        #: σ·C, passed by ``step`` to the compiled update as an argument (plain DP-SGD: one
+        #: device, independent noise, fixed C); None: σ·C is a constant of the compiled step
+        self._runtime_stddev = (
+            float(noise_multiplier * l2_clip_norm)
+            if not self._adaptive and noise is None and layout is None
+            else None
+        )
         if self._adaptive:  # clip at 1 the loss ÷ C_t; noise σ_Δ; × C_t after the noise
             self._tx = adaptive_clip.AdaptiveUpdate(
                 l2_clip_norm,
@@ -178,6 +194,8 @@ class PrivateTraining(PhaseAccounting, Stepping, Resuming, ReadOnlyAfterInit):
             return self.noise.transform(self.noise_multiplier, self.l2_clip_norm, key=key)
         if self.layout is not None:
             return sharded.add_sharded_gaussian_noise(stddev, key=key, layout=self.layout)
+        if self._runtime_stddev is not None:  # σ·C an argument of the step (see step)
+            return _gaussian_noise_at_runtime_stddev(stddev, key=key)
         return add_gaussian_noise(stddev, key=key)
 
     def _plan_unit(self) -> dict[str, int]:
@@ -187,10 +205,18 @@ class PrivateTraining(PhaseAccounting, Stepping, Resuming, ReadOnlyAfterInit):
     # ---- the per-example loss, with or without its dropout key
 
     def _example_loss(self, params: Any, example: Any, *key_data: jax.Array) -> jax.Array:
+        extra = {} if self.public is None else {"public": self._traced_public()}
         if not self._uses_rng:
-            return self.loss_fn(params, example)
+            return self.loss_fn(params, example, **extra)
         rng = jax.random.wrap_key_data(key_data[0], impl=self._impl)
-        return self.loss_fn(params, example, rng=rng)
+        return self.loss_fn(params, example, rng=rng, **extra)
+
+    def _traced_public(self) -> Any:
+        """The public pytree as the argument of the step being traced (see ``_step_impl``)."""
+        public = self._host.get("public_in_trace")
+        if public is None:
+            raise RuntimeError("the loss with public= is evaluated only inside the DP step")
+        return public
 
     def _loss_over_clip_norm(self, params: Any, example: Any, clip_norm: Any, *key_data: Any):
         """The loss ÷ C_t (adaptive clipping: clipping its gradient at 1 clips at C_t)."""
@@ -502,3 +528,35 @@ def _progress_bar(total: int, enabled: bool) -> Any:
         )
         return None
     return tqdm(total=total, desc="DP-SGD", unit="step")
+
+
+def _check_public(public: Any, loss_fn: Callable) -> Any:
+    """``public`` as a pytree of JAX arrays (None: none), for a ``loss_fn`` that takes it.
+
+    Raises:
+        ValueError: ``public`` has no leaf or a non-numeric leaf, or ``loss_fn`` has no
+            parameter named ``public``.
+    """
+    if public is None:
+        return None
+    leaves = jax.tree.leaves(public)
+    if not leaves or not all(_is_numeric_array(x) for x in leaves):
+        _validate.fail("public", public, "None or a pytree of numeric arrays (one leaf or more)")
+    try:
+        takes = "public" in inspect.signature(loss_fn).parameters
+    except (TypeError, ValueError):
+        takes = False
+    if not takes:
+        _validate.fail(
+            "public",
+            "given for a loss_fn without a parameter named public",
+            "None, or a loss_fn(params, example, public) that receives it",
+        )
+    return jax.tree.map(jnp.asarray, public)
+
+
+def _is_numeric_array(x: Any) -> bool:
+    try:
+        return bool(jnp.issubdtype(jnp.result_type(x), jnp.number))
+    except TypeError:
+        return False

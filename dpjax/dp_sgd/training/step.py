@@ -12,6 +12,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from dpjax import _validate
 from dpjax.dp_sgd import adaptive_clip
@@ -105,8 +106,13 @@ class Stepping:
         if self.noise is not None:  # banded MF: the rows must keep the first step's order
             record = _row_order.record_of(state.opt_state)
             digest = self._row_check.digest(record, data, lambda: _steps_of(state))
+        # σ·C of THIS object's plan (the σ its ledger row records and epsilon charges), as
+        # an argument: one compiled step for every σ; never a value from the caller
+        stddev = None
+        if self._runtime_stddev is not None:  # float64 under x64, else rounded to float32
+            stddev = np.asarray(self._runtime_stddev, jax.dtypes.canonicalize_dtype(np.float64))
         params, (count, key, opt_state), metrics = self._jitted_step(
-            params, state.step, state.key, state.opt_state, data, digest
+            params, state.step, state.key, state.opt_state, data, digest, stddev, self.public
         )
         if digest is not None and _validate.is_concrete(digest):  # checked on the host: keep
             opt_state = _row_order.attach(opt_state, _row_order.RowOrder(record.key, digest))
@@ -199,7 +205,18 @@ class Stepping:
         opt: Any,
         data: Any,
         digest: jax.Array | None = None,
+        stddev: jax.Array | None = None,
+        public: Any = None,
     ):
+        """The traced update; ``public`` reaches the loss through :meth:`_traced_public` (an
+        argument of this compiled function, not a constant folded into it)."""
+        self._host["public_in_trace"] = public
+        try:
+            return self._traced_step(params, count, key_data, opt, data, digest, stddev)
+        finally:
+            self._host["public_in_trace"] = None
+
+    def _traced_step(self, params, count, key_data, opt, data, digest, stddev):
         key = jax.random.wrap_key_data(key_data, impl=self._impl)
         next_key, sample_key, dropout_key = jax.random.split(key, 3)
         if self.noise is None:
@@ -214,6 +231,8 @@ class Stepping:
         loss_sum, size, num_clipped, num_nonfinite, centred = stats
         if self._adaptive:
             updates, opt_state = self._tx.update(clipped_sum, opt, params, centred_count=centred)
+        elif stddev is not None:
+            updates, opt_state = self._tx.update(clipped_sum, opt, params, noise_stddev=stddev)
         else:
             updates, opt_state = self._tx.update(clipped_sum, opt, params)
         params = _apply_updates(params, updates)
