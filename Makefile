@@ -59,9 +59,12 @@ docs: $(VENV)/.installed-docs
 	$(PY) -m sphinx -b html -W --keep-going -E docs docs/_build/html
 	@echo "[docs] open docs/_build/html/index.html"
 
-## Run the default test suite (statistical heavy suites are marked `slow` and excluded).
+## Run the default test suite (statistical heavy suites are marked `slow` and excluded), in two
+## passes: everything compiled at LLVM -O0 (the suite is compile-bound), then the `codegen` tests
+## (rounding claims of compiled code) on the users' -O3 code generation (tests/conftest.py).
 test: $(VENV)/.installed-dev
-	$(PY) -m pytest -m "not slow and not torch" -q $(XDIST)
+	DPJAX_TEST_FAST_COMPILE=1 $(PY) -m pytest -m "not slow and not torch and not codegen" -q $(XDIST)
+	$(PY) -m pytest -m "codegen and not slow and not torch" -q $(XDIST)
 
 ## The heavy statistical suites (audits with many trials, full-scale checks).
 test-slow: $(VENV)/.installed-dev

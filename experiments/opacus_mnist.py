@@ -15,7 +15,13 @@ of the final model are recorded:
   linear 512 → 32, ReLU, linear 32 → 10), pixels normalised by MNIST's mean 0.1307 and sd
   0.3081, SGD without momentum; the README's (ε ≈ 1.2, δ = 1e-5) command
   ``-n=15 --lr=.25 --sigma=1.3 -c=1.5 -sr=0.004`` (sampling rate 0.004: expected batch 240,
-  250 steps an epoch; 15 epochs, 94.63 % ± 0.34 over 10 runs).
+  250 steps an epoch; 15 epochs, 94.63 % ± 0.34 over 10 runs);
+* the README's other rows of the example, run one at a time (``--setting``):
+  ``opacus_example_sigma0.7`` (``-n=45 --lr=.25 --sigma=.7 -c=1.5``, 97.09 % at ε = 6.86),
+  ``opacus_example_sigma1.1`` (``-n 60 --lr=.15 --sigma=1.1 -c=1.0``, 96.78 % at ε = 2.91) and
+  ``opacus_example_nonprivate`` (``--disable-dp --n=20 --lr=.1``, 98.94 %): plain SGD over
+  reshuffled batches of 240, by optax on dpjax's side (no dpjax DP code) and by torch without
+  the ``PrivacyEngine`` on Opacus's.
 
 Same in both frameworks: the architecture (layer for layer), preprocessing, loss (mean
 cross-entropy over the expected batch), clip C, noise multiplier σ, Poisson sampling rate,
@@ -58,7 +64,32 @@ SETTINGS = {
         momentum=0.0, l2_clip_norm=1.5, noise_multiplier=1.3, epochs=15, delta=1e-5,
         published=94.63, published_note="94.63 % ± 0.34 at ε = 1.16 (10 runs), 15 epochs",
     ),
+    # The README's other rows (same model, preprocessing, q = 0.004, SGD without momentum):
+    "opacus_example_sigma0.7": dict(
+        label="Opacus MNIST example (SampleConvNet), σ = 0.7",
+        activation="relu", padding=3, normalise=True, batch_size=240, learning_rate=0.25,
+        momentum=0.0, l2_clip_norm=1.5, noise_multiplier=0.7, epochs=45, delta=1e-5,
+        published=97.09, published_note="97.09 % ± 0.17 at ε = 6.86 (10 runs), 45 epochs",
+    ),
+    "opacus_example_sigma1.1": dict(
+        label="Opacus MNIST example (SampleConvNet), σ = 1.1",
+        activation="relu", padding=3, normalise=True, batch_size=240, learning_rate=0.15,
+        momentum=0.0, l2_clip_norm=1.0, noise_multiplier=1.1, epochs=60, delta=1e-5,
+        published=96.78, published_note="96.78 % ± 0.21 at ε = 2.91 (10 runs), 60 epochs",
+    ),
+    # ``--disable-dp --n=20 --lr=.1 -sr=0.004``: plain SGD, no clipping, no noise; batches of
+    # 240 from a reshuffle of the training set each epoch (250 steps an epoch).
+    "opacus_example_nonprivate": dict(
+        label="Opacus MNIST example (SampleConvNet), non-private",
+        activation="relu", padding=3, normalise=True, batch_size=240, learning_rate=0.1,
+        momentum=0.0, l2_clip_norm=None, noise_multiplier=None, epochs=20, delta=None,
+        published=98.94, published_note="98.94 % ± 0.32, non-private (10 runs), 20 epochs",
+    ),
 }  # fmt: skip
+# What ``python -m experiments opacus_mnist`` runs (both frameworks, one seed): the two settings
+# of the time-to-accuracy table. The README's other rows run one at a time through
+# ``python -m experiments.opacus_mnist --setting NAME``.
+DEFAULT_SETTINGS = ("tb_cnn", "opacus_example")
 SIZES = {
     "smoke": dict(epochs=None, steps=3, n_train=2_000, n_test=500),
     "quick": dict(epochs=1, steps=None, n_train=None, n_test=None),
@@ -119,8 +150,36 @@ def _jax_example_loss(model, example):
     return optax.softmax_cross_entropy_with_integer_labels(logits, example["y"])
 
 
-def train_dpjax(setting: str, data: dict, *, steps: int, seed: int) -> dict:
-    """dpjax.make_private with the setting's hyperparameters; time, accuracy, ε (PLD)."""
+def is_private(setting: str) -> bool:
+    """Whether ``setting`` trains with DP-SGD (σ and C given) or plain SGD (the baseline)."""
+    return SETTINGS[setting]["noise_multiplier"] is not None
+
+
+def shuffled_batches(n: int, batch_size: int, steps: int, seed: int) -> np.ndarray:
+    """(steps, batch_size) indices: a fresh permutation of range(n) each epoch, cut into
+    ⌊n/batch_size⌋ batches (the remainder of an epoch dropped), for the non-private baseline."""
+    if not 0 < batch_size <= n:
+        raise ValueError(f"batch_size must be in [1, n = {n}]; got {batch_size}")
+    rng = np.random.default_rng(seed)
+    per_epoch = n // batch_size
+    epochs = -(-steps // per_epoch)
+    cuts = [rng.permutation(n)[: per_epoch * batch_size] for _ in range(epochs)]
+    return np.concatenate(cuts).reshape(-1, batch_size)[:steps]
+
+
+def _test_accuracy(model, data: dict) -> float:
+    import jax.numpy as jnp
+
+    xte = jnp.asarray(data["xte"][..., None])
+    predictions = np.concatenate(
+        [np.asarray(jnp.argmax(model(xte[i : i + 2000]), -1)) for i in range(0, len(xte), 2000)]
+    )
+    return float(np.mean(predictions == data["yte"]))
+
+
+def train_jax_nonprivate(setting: str, data: dict, *, steps: int, seed: int) -> dict:
+    """The non-private baseline on dpjax's side: the same flax model trained by plain optax SGD
+    (mean cross-entropy over shuffled batches; no clipping, no noise, no dpjax DP code)."""
     import jax
     import jax.numpy as jnp
     import optax
@@ -128,6 +187,48 @@ def train_dpjax(setting: str, data: dict, *, steps: int, seed: int) -> dict:
 
     import dpjax
 
+    hyper = SETTINGS[setting]
+    model = build_jax_model(setting, jax.random.key(seed))
+    loss_fn, params = dpjax.dp_sgd.nnx_loss(model, _jax_example_loss)
+    optimizer = optax.sgd(hyper["learning_rate"], momentum=hyper["momentum"] or None)
+    no_rng = jax.random.key(0)
+
+    @jax.jit
+    def step(params, opt_state, x, y):
+        def batch_loss(p):  # the model has no dropout: the per-example rng is unused
+            losses = jax.vmap(loss_fn, (None, 0, None))(p, {"x": x, "y": y}, no_rng)
+            return jnp.mean(losses)
+
+        grads = jax.grad(batch_loss)(params)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    order = shuffled_batches(len(data["ytr"]), hyper["batch_size"], steps, seed)
+    xtr, ytr = jnp.asarray(data["xtr"]), jnp.asarray(data["ytr"])
+    start, cpu = time.perf_counter(), time.process_time()
+    opt_state = optimizer.init(params)
+    for rows in order:
+        params, opt_state = step(params, opt_state, xtr[rows], ytr[rows])
+    jax.block_until_ready(params)
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
+    nnx.update(model, params)
+    return dict(framework="dpjax", test_accuracy=_test_accuracy(model, data), epsilon=None,
+                accountant="none (non-private)", steps=len(order), seconds=seconds,
+                cpu_seconds=cpu_seconds,
+                threads=f"XLA CPU, {jax.device_count()} device(s)")  # fmt: skip
+
+
+def train_dpjax(setting: str, data: dict, *, steps: int, seed: int) -> dict:
+    """dpjax.make_private with the setting's hyperparameters; time, accuracy, ε (PLD). A
+    non-private setting goes to :func:`train_jax_nonprivate`."""
+    import jax
+    import optax
+    from flax import nnx
+
+    import dpjax
+
+    if not is_private(setting):
+        return train_jax_nonprivate(setting, data, steps=steps, seed=seed)
     hyper = SETTINGS[setting]
     model_key, private_key = jax.random.split(jax.random.key(seed))
     model = build_jax_model(setting, model_key)
@@ -146,11 +247,7 @@ def train_dpjax(setting: str, data: dict, *, steps: int, seed: int) -> dict:
     jax.block_until_ready(params)
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
     nnx.update(model, params)
-    xte = jnp.asarray(data["xte"][..., None])
-    predictions = np.concatenate(
-        [np.asarray(jnp.argmax(model(xte[i : i + 2000]), -1)) for i in range(0, len(xte), 2000)]
-    )
-    return dict(framework="dpjax", test_accuracy=float(np.mean(predictions == data["yte"])),
+    return dict(framework="dpjax", test_accuracy=_test_accuracy(model, data),
                 epsilon=float(private.epsilon(state)), accountant="dpjax PLD",
                 steps=int(state.step), seconds=seconds, cpu_seconds=cpu_seconds,
                 threads=f"XLA CPU, {jax.device_count()} device(s)")  # fmt: skip
@@ -175,7 +272,8 @@ def build_torch_model(setting: str):
 
 def train_opacus(setting: str, data: dict, *, steps: int, seed: int) -> dict:
     """Opacus's PrivacyEngine (Poisson sampling at q = batch/n, its default accountant) with
-    the setting's hyperparameters, for ``steps`` steps; time, accuracy, ε (Opacus's)."""
+    the setting's hyperparameters, for ``steps`` steps; time, accuracy, ε (Opacus's). A
+    non-private setting trains the same torch model by plain SGD (reshuffled batches)."""
     import warnings
 
     import torch
@@ -186,19 +284,22 @@ def train_opacus(setting: str, data: dict, *, steps: int, seed: int) -> dict:
     model = build_torch_model(setting)
     xtr = torch.from_numpy(data["xtr"][:, None])
     ytr = torch.from_numpy(data["ytr"].astype(np.int64))
+    private = is_private(setting)
     loader = torch.utils.data.DataLoader(
-        torch.utils.data.TensorDataset(xtr, ytr), batch_size=hyper["batch_size"]
-    )
+        torch.utils.data.TensorDataset(xtr, ytr), batch_size=hyper["batch_size"],
+        shuffle=not private, drop_last=not private,
+    )  # fmt: skip
     optimizer = torch.optim.SGD(
         model.parameters(), lr=hyper["learning_rate"], momentum=hyper["momentum"]
     )
-    engine = PrivacyEngine()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model, optimizer, loader = engine.make_private(
-            module=model, optimizer=optimizer, data_loader=loader,
-            noise_multiplier=hyper["noise_multiplier"], max_grad_norm=hyper["l2_clip_norm"],
-        )  # fmt: skip
+    engine = PrivacyEngine() if private else None
+    if private:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model, optimizer, loader = engine.make_private(
+                module=model, optimizer=optimizer, data_loader=loader,
+                noise_multiplier=hyper["noise_multiplier"], max_grad_norm=hyper["l2_clip_norm"],
+            )  # fmt: skip
     criterion = torch.nn.CrossEntropyLoss()
     done = 0
     start, cpu = time.perf_counter(), time.process_time()
@@ -217,8 +318,9 @@ def train_opacus(setting: str, data: dict, *, steps: int, seed: int) -> dict:
         logits = model(torch.from_numpy(data["xte"][:, None]))
     accuracy = float((logits.argmax(-1).numpy() == data["yte"]).mean())
     return dict(framework="opacus", test_accuracy=accuracy,
-                epsilon=float(engine.get_epsilon(hyper["delta"])),
-                accountant=f"Opacus {engine.accountant.mechanism()}", steps=done,
+                epsilon=float(engine.get_epsilon(hyper["delta"])) if private else None,
+                accountant=f"Opacus {engine.accountant.mechanism()}" if private else
+                "none (non-private)", steps=done,
                 seconds=seconds, cpu_seconds=cpu_seconds,
                 threads=f"torch {torch.get_num_threads()} threads")  # fmt: skip
 
@@ -256,6 +358,10 @@ def measure(setting: str, size: str, seed: int = 0, frameworks=FRAMEWORKS, data=
     return rows
 
 
+def _epsilon(epsilon: float | None) -> str:
+    return "∞" if epsilon is None or not np.isfinite(epsilon) else f"{epsilon:.3f}"
+
+
 def markdown(rows: list[dict]) -> str:
     lines = [
         TITLE,
@@ -268,7 +374,7 @@ def markdown(rows: list[dict]) -> str:
         scale = "quick: NOT the paper's protocol" if r["size"] != "full" else "full"
         lines.append(
             f"| {SETTINGS[r['setting']]['label']} | {scale} | {r['framework']} "
-            f"| {100 * r['test_accuracy']:.2f} | {r['epsilon']:.3f} ({r['accountant']}) "
+            f"| {100 * r['test_accuracy']:.2f} | {_epsilon(r['epsilon'])} ({r['accountant']}) "
             f"| {r['steps']} ({r['epochs']:.2f}) | {r['seconds']:.0f} | {r['cpu_seconds']:.0f} |"
         )
     return "\n".join(lines) + "\n"
@@ -281,16 +387,25 @@ def skipped(reason: str) -> dict:
 
 
 def run(out_dir: pathlib.Path, *, full: bool = False, seed: int = 0, size: str | None = None,
-        settings: tuple[str, ...] = tuple(SETTINGS)):  # fmt: skip
-    """Both settings in both frameworks at ``size`` (quick unless ``full``); writes
-    ``opacus_mnist.json``. Torch/opacus or MNIST missing: a SKIPPED section saying which."""
+        settings: tuple[str, ...] = DEFAULT_SETTINGS,
+        frameworks: tuple[str, ...] = FRAMEWORKS):  # fmt: skip
+    """``settings`` (default: the two of the time-to-accuracy table) in ``frameworks`` (default
+    both) at ``size`` (quick unless ``full``); writes ``opacus_mnist.json`` with the commit of
+    the code that ran. Torch/opacus (when Opacus runs) or MNIST missing: a SKIPPED section."""
     from experiments.data import DataMissingError
-    from experiments.report import write_json
+    from experiments.report import code_commit, write_json
 
     size = "full" if full else (size or "quick")
+    unknown = [s for s in settings if s not in SETTINGS] + [f for f in frameworks
+                                                            if f not in FRAMEWORKS]  # fmt: skip
+    if unknown:
+        raise ValueError(f"settings must be in {tuple(SETTINGS)} and frameworks in {FRAMEWORKS}; "
+                         f"got {unknown}")  # fmt: skip
     try:
-        import opacus  # noqa: F401
         import torch  # noqa: F401
+
+        if "opacus" in frameworks:
+            import opacus  # noqa: F401
     except ImportError as error:
         return skipped(
             f"torch/opacus are not installed ({error}). pip install -e '.[bench-torch]' "
@@ -298,13 +413,39 @@ def run(out_dir: pathlib.Path, *, full: bool = False, seed: int = 0, size: str |
         )
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    commit = code_commit()
     try:
-        rows = [row for setting in settings for row in measure(setting, size, seed)]
+        rows = [row for setting in settings for row in measure(setting, size, seed, frameworks)]
     except DataMissingError as error:
         return skipped(f"the MNIST files are missing. {error}")
-    write_json(out_dir / "opacus_mnist.json", dict(size=size, settings=SETTINGS, rows=rows))
+    payload = dict(size=size, commit=commit, settings=SETTINGS, rows=rows)
+    write_json(out_dir / "opacus_mnist.json", payload)
     verdict = "; ".join(
         f"{r['setting']}/{r['framework']} {100 * r['test_accuracy']:.2f}% in {r['seconds']:.0f} s"
         for r in rows
     )
     return dict(report_md=markdown(rows), verdict=f"{size}: {verdict}", rows=rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m experiments.opacus_mnist [--full] [--setting S ...] [--framework F ...]
+    [--seed N] [--out DIR]``: one seed of the chosen settings; ``opacus_mnist.json`` in DIR."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m experiments.opacus_mnist")
+    parser.add_argument("--full", action="store_true", help="the papers' epochs")
+    parser.add_argument("--setting", choices=tuple(SETTINGS), action="append")
+    parser.add_argument("--framework", choices=FRAMEWORKS, action="append")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("out/opacus_mnist"))
+    args = parser.parse_args(argv)
+    result = run(args.out, full=args.full, seed=args.seed,
+                 settings=tuple(args.setting or DEFAULT_SETTINGS),
+                 frameworks=tuple(args.framework or FRAMEWORKS))  # fmt: skip
+    (args.out / "opacus_mnist.md").write_text(result["report_md"])
+    print(f"[opacus_mnist] {result['verdict']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -45,7 +45,10 @@ TB = "Tramèr & Boneh 2021"
 OPACUS = "Opacus MNIST example"
 AUTO_S = "Tramèr & Boneh 2021 (flat C); AUTO-S: Bu et al. 2023"
 AUTO_CMD = "python -m experiments.scatternet --full --clip-rule automatic --dataset mnist"
-OPACUS_CMD = "python examples/mnist.py -sr=0.004"  # in the Opacus repository
+# One seed S of a setting of Opacus's example (experiments.opacus_mnist.SETTINGS), dpjax's side.
+OPACUS_EXAMPLE_CMD = (  # also the command of the recorded rows (S: each seed)
+    "python -m experiments.opacus_mnist --full --framework dpjax --seed S --setting"
+)
 # Every row of the table, in order: (paper, data set, model, ε, published accuracy %, key of
 # the measured row in the results file, what to run when it was not run here).
 ROWS: tuple[dict, ...] = (
@@ -74,18 +77,22 @@ ROWS: tuple[dict, ...] = (
     dict(paper=TB, dataset="Fashion-MNIST", model="ScatterNet + CNN", epsilon=3.0,
          published=89.0, key=None, command=None, why="needs GPU; no dpjax experiment yet"),
     dict(paper=OPACUS, dataset="MNIST", model="SampleConvNet, non-private", epsilon=None,
-         published=98.94, key=None, command=f"{OPACUS_CMD} --disable-dp -n=20 --lr=.1",
-         why="needs GPU; no dpjax experiment yet (Opacus's command given)"),
+         published=98.94, key="opacus_mnist/opacus_example_nonprivate",
+         command=f"{OPACUS_EXAMPLE_CMD} opacus_example_nonprivate",
+         why="20 epochs × 3 seeds not run here", time_key="time/opacus_example_nonprivate"),
     dict(paper=OPACUS, dataset="MNIST", model="SampleConvNet", epsilon=6.86, published=97.09,
-         key=None, command=f"{OPACUS_CMD} -n=45 --lr=.25 --sigma=.7 -c=1.5",
-         why="needs GPU; no dpjax experiment yet (Opacus's command given)"),
+         key="opacus_mnist/opacus_example_sigma0.7",
+         command=f"{OPACUS_EXAMPLE_CMD} opacus_example_sigma0.7",
+         why="45 epochs × 3 seeds ≈ 1.6 h of CPU at the 43 s of CPU an epoch measured for "
+         "σ = 1.3 here"),
     dict(paper=OPACUS, dataset="MNIST", model="SampleConvNet", epsilon=2.91, published=96.78,
-         key=None, command=f"{OPACUS_CMD} -n 60 --lr=.15 --sigma=1.1 -c=1.0",
-         why="needs GPU; no dpjax experiment yet (Opacus's command given)"),
+         key="opacus_mnist/opacus_example_sigma1.1",
+         command=f"{OPACUS_EXAMPLE_CMD} opacus_example_sigma1.1",
+         why="60 epochs × 3 seeds ≈ 2.1 h of CPU at the 43 s of CPU an epoch measured for "
+         "σ = 1.3 here"),
     dict(paper=OPACUS, dataset="MNIST", model="SampleConvNet", epsilon=1.16, published=94.63,
-         key=None, command=f"{OPACUS_CMD} -n=15 --lr=.25 --sigma=1.3 -c=1.5",
-         why="15 epochs not run here (`python -m experiments opacus_mnist --full`)",
-         time_key="time/opacus_example"),
+         key="opacus_mnist/opacus_example", command=f"{OPACUS_EXAMPLE_CMD} opacus_example",
+         why="15 epochs not run here", time_key="time/opacus_example"),
 )  # fmt: skip
 
 
@@ -146,23 +153,53 @@ def _clip_settings(run: dict) -> dict:
 
 
 def rows_from_opacus_mnist(payload: dict, command: str) -> list[dict]:
-    """Time-to-accuracy rows (one per setting, both frameworks) from an ``opacus_mnist.json``."""
+    """Rows from ``opacus_mnist.json`` files (their rows pooled): per setting, a time-to-accuracy
+    row (``time/<setting>``: both frameworks, the first seed both ran) and, at the full scale,
+    dpjax's accuracy row over its seeds (``opacus_mnist/<setting>``, as the ScatterNet rows)."""
     out = []
     for setting in dict.fromkeys(r["setting"] for r in payload["rows"]):
-        runs = {r["framework"]: r for r in payload["rows"] if r["setting"] == setting}
-        frameworks = {
-            name: dict(accuracy=100 * r["test_accuracy"], epsilon=r["epsilon"],
-                       accountant=r["accountant"], wall_seconds=r["seconds"],
-                       cpu_seconds=r["cpu_seconds"], threads=r.get("threads"))
-            for name, r in runs.items()
-        }  # fmt: skip
-        first = next(iter(runs.values()))
-        out.append(
-            dict(key=f"time/{setting}", protocol=payload["size"], steps=first["steps"],
-                 epochs=first["epochs"], seed=first["seed"], frameworks=frameworks,
-                 command=command)
-        )  # fmt: skip
+        mine = [r for r in payload["rows"] if r["setting"] == setting]
+        out += _time_row(setting, mine, payload["size"], command)
+        dpjax = [r for r in mine if r["framework"] == "dpjax"]
+        if payload["size"] == "full" and dpjax:
+            out.append(_accuracy_row(setting, dpjax))
     return out
+
+
+def _time_row(setting: str, rows: list[dict], size: str, command: str) -> list[dict]:
+    """The time-to-accuracy row of ``setting``: both frameworks at the first seed both ran
+    (none when only one framework ran)."""
+    both = [s for s in dict.fromkeys(r["seed"] for r in rows)
+            if {r["framework"] for r in rows if r["seed"] == s} >= {"dpjax", "opacus"}]  # fmt: skip
+    if not both:
+        return []
+    runs = {r["framework"]: r for r in rows if r["seed"] == both[0]}
+    frameworks = {
+        name: dict(accuracy=100 * r["test_accuracy"], epsilon=r["epsilon"],
+                   accountant=r["accountant"], wall_seconds=r["seconds"],
+                   cpu_seconds=r["cpu_seconds"], threads=r.get("threads"))
+        for name, r in runs.items()
+    }  # fmt: skip
+    first = runs["dpjax"]
+    if size == "full":  # one setting and seed, both frameworks
+        command = f"python -m experiments.opacus_mnist --full --setting {setting} --seed {both[0]}"
+    return [dict(key=f"time/{setting}", protocol=size, steps=first["steps"],
+                 epochs=first["epochs"], seed=both[0], frameworks=frameworks,
+                 command=command)]  # fmt: skip
+
+
+def _accuracy_row(setting: str, runs: list[dict]) -> dict:
+    """dpjax's full-protocol accuracies of ``setting`` over its seeds (one run per seed)."""
+    seeds = [r["seed"] for r in runs]
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"sources must hold one dpjax run per seed of {setting}; got {seeds}")
+    return dict(key=f"opacus_mnist/{setting}", protocol="full",
+                accuracies=[100 * r["test_accuracy"] for r in runs], seeds=seeds,
+                epsilon=runs[0]["epsilon"], delta=runs[0].get("delta", 1e-5) if
+                runs[0]["epsilon"] is not None else None, steps=runs[0]["steps"],
+                wall_seconds=[r["seconds"] for r in runs],
+                cpu_seconds=[r["cpu_seconds"] for r in runs],
+                command=f"{OPACUS_EXAMPLE_CMD} {setting}")  # fmt: skip
 
 
 # What ``record`` reads: file name -> (rows maker, experiment name).
@@ -172,11 +209,17 @@ SOURCES = {
 }
 
 
-def record(*sources: pathlib.Path, results_file: pathlib.Path | None = None) -> list[dict]:
+def record(*sources: pathlib.Path, results_file: pathlib.Path | None = None,
+           commit: str | None = None, machine_note: str | None = None,
+           notes: dict[str, str] | None = None) -> list[dict]:  # fmt: skip
     """Merge the rows measured in ``sources`` into ``results_file`` (default
-    :data:`RESULTS_FILE`), each stamped with today's date and this machine; a row with the same
-    key is replaced. Sources are ``scatternet.json`` files of runs of one scale (e.g. one per
-    seed: their runs are pooled) and/or ``opacus_mnist.json`` files (time to accuracy)."""
+    :data:`RESULTS_FILE`), each stamped with today's date, this machine (with ``machine_note``,
+    e.g. "CPU, 2 cores, shared") and the commit(s) of the code that ran (the sources'
+    ``commit``, all of them when seeds ran at different commits, else ``commit``); a row with
+    the same key is replaced. Sources are ``scatternet.json`` files of runs of one scale (e.g.
+    one per seed: their runs are pooled) and/or ``opacus_mnist.json`` files (time to accuracy;
+    dpjax's accuracy over seeds at the full scale). ``notes`` maps a row's key to a sentence
+    stored with it (e.g. why it has fewer seeds than a row needs)."""
     by_name: dict[str, list[dict]] = {}
     for source in sources:
         name = pathlib.Path(source).name
@@ -187,6 +230,7 @@ def record(*sources: pathlib.Path, results_file: pathlib.Path | None = None) -> 
         by_name.setdefault(name, []).append(json.loads(pathlib.Path(source).read_text()))
     if not by_name:
         raise ValueError("sources must name at least one results file")
+    commits = sorted({p.get("commit") for ps in by_name.values() for p in ps} - {None})
     new = []
     for name, payloads in by_name.items():
         if len({p["size"] for p in payloads}) != 1:
@@ -196,8 +240,15 @@ def record(*sources: pathlib.Path, results_file: pathlib.Path | None = None) -> 
         make_rows, experiment = SOURCES[name]
         flag = " --full" if pooled["size"] == "full" else ""
         new += make_rows(pooled, f"python -m experiments {experiment}{flag}")
-    stamp = dict(date=datetime.date.today().isoformat(), machine=machine())
-    new = [row | stamp for row in new]
+    here = machine() + (f" ({machine_note})" if machine_note else "")
+    stamp = dict(date=datetime.date.today().isoformat(), machine=here)
+    code = ", ".join(commits) if commits else commit  # seeds run at several commits: all
+    new = [row | stamp | ({"commit": code} if code else {}) for row in new]
+    notes = notes or {}
+    unknown = set(notes) - {row["key"] for row in new}
+    if unknown:
+        raise ValueError(f"notes must name recorded rows; got {sorted(unknown)}")
+    new = [row | ({"note": notes[row["key"]]} if row["key"] in notes else {}) for row in new]
     old = load_results(results_file)
     keys = {row["key"] for row in new}
     merged = [row for row in old if row["key"] not in keys] + new
@@ -258,12 +309,46 @@ def table(measured: list[dict]) -> str:
             f"{w / 60:.1f} min" + (f" (CPU {c / 60:.1f} min)" if c is not None else "")
             for w, c in zip(got["wall_seconds"], cpu, strict=True)
         )
+        eps_dpjax = "∞" if got["epsilon"] is None else f"{got['epsilon']:.3f}"
         lines.append(
-            f"{head} | {_mean_sd(got['accuracies'])} "
-            f"| {verdict(row['published'], got['accuracies'])} | {got['epsilon']:.3f} "
-            f"| {got['protocol']} (`{got['command']}`) | {wall} | {got['date']}, {got['machine']} |"
+            f"{head} | {_mean_sd(got['accuracies'])}{_opacus_beside(timed)} "
+            f"| {_holds(row['published'], got['accuracies'])}{_remarks(got)} | {eps_dpjax} "
+            f"| {got['protocol']} (`{got['command']}`) | {wall} | {_run_on(got)} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _holds(published: float, values: list[float]) -> str:
+    """The "holds" cell: :func:`verdict` with three seeds or more; with fewer, no pass or fail
+    (a partial row), its CI shown for information."""
+    said = verdict(published, values)
+    if len(values) >= SEEDS_FOR_A_ROW or not said.startswith(("✓", "✗")):
+        return said
+    return f"— (no verdict with {len(values)} seeds: {said[2:]})"
+
+
+def _remarks(got: dict) -> str:
+    """The "PARTIAL: k of 3 seeds" mark of a row with fewer seeds than a row needs, then its
+    recorded note (why it is partial, or a measured reason it lies below the paper)."""
+    parts = []
+    if len(got["accuracies"]) < SEEDS_FOR_A_ROW:
+        parts.append(f"PARTIAL: {len(got['accuracies'])} of {SEEDS_FOR_A_ROW} seeds")
+    if got.get("note"):
+        parts.append(got["note"])
+    return "".join(f"; {part}" for part in parts)
+
+
+def _opacus_beside(timed: dict | None) -> str:
+    """Opacus's accuracy for the same full-protocol run, when it was run here."""
+    if timed is None or timed["protocol"] != "full" or "opacus" not in timed["frameworks"]:
+        return ""
+    return f"; Opacus {timed['frameworks']['opacus']['accuracy']:.2f} (seed {timed['seed']})"
+
+
+def _run_on(got: dict) -> str:
+    commits = ", ".join(c.strip()[:12] for c in got.get("commit", "").split(",") if c.strip())
+    commit = f", code {commits}" if commits else ""
+    return f"{got['date']}, {got['machine']}{commit}"
 
 
 def baseline_comparisons(measured: list[dict]) -> list[str]:
@@ -333,7 +418,8 @@ def time_table(measured: list[dict]) -> str:
         for name, got in row["frameworks"].items():
             lines.append(
                 f"| {label} | {scale} | {name} | {got['accuracy']:.2f} "
-                f"| {got['epsilon']:.3f} ({got['accountant']}) "
+                f"| {'∞' if got['epsilon'] is None else format(got['epsilon'], '.3f')} "
+                f"({got['accountant']}) "
                 f"| {row['steps']} ({row['epochs']:.2f}) | {got['wall_seconds']:.0f} s "
                 f"| {got['cpu_seconds']:.0f} s | {row['date']}, {row['machine']} |"
             )
@@ -390,15 +476,23 @@ def _time_section(measured: list[dict]) -> list[str]:
         "models and hyperparameters). Wall and process CPU time of the training loop "
         "(dpjax's JIT compilation included; data loading and evaluation excluded), test "
         "accuracy of the final model. ε is each framework's own accountant for the same σ "
-        "and steps (Opacus samples at q = 1/⌈n/b⌉, 0.7 % below b/n for batch 512).",
+        "and steps (Opacus samples at q = 1/⌈n/b⌉, 0.7 % below b/n for batch 512). The "
+        "non-private baseline is plain SGD on both sides (optax; torch without the "
+        "`PrivacyEngine`): no clipping, no noise, ε = ∞.",
         "",
         body,
         *projections(measured),
     ]
 
 
-PAPER_EPOCHS = {"tb_cnn": 40, "opacus_example": 15}  # Tramèr & Boneh; Opacus's README command
 SEEDS_FOR_A_ROW = 3
+
+
+def paper_epochs(setting: str) -> int:
+    """The paper's epochs for a setting of :mod:`experiments.opacus_mnist`."""
+    from experiments.opacus_mnist import SETTINGS
+
+    return SETTINGS[setting]["epochs"]
 
 
 def projections(measured: list[dict]) -> list[str]:
@@ -406,14 +500,18 @@ def projections(measured: list[dict]) -> list[str]:
     scaled to the paper's epochs and three seeds (dpjax's; JIT compilation counted once per
     epoch, so an upper bound)."""
     lines = []
+    full = {row["key"] for row in measured}
     for row in measured:
         setting = row["key"].removeprefix("time/")
         if not row["key"].startswith("time/") or row["protocol"] == "full":
             continue
+        if f"opacus_mnist/{setting}" in full:  # the paper's protocol was run: no projection
+            continue
         mine = row["frameworks"]["dpjax"]
-        scale = PAPER_EPOCHS[setting] * SEEDS_FOR_A_ROW / row["epochs"]
+        epochs = paper_epochs(setting)
+        scale = epochs * SEEDS_FOR_A_ROW / row["epochs"]
         lines.append(
-            f"- {setting}: the paper's {PAPER_EPOCHS[setting]} epochs × {SEEDS_FOR_A_ROW} "
+            f"- {setting}: the paper's {epochs} epochs × {SEEDS_FOR_A_ROW} "
             f"seeds would take dpjax ≈ {mine['cpu_seconds'] * scale / 3600:.1f} h of CPU, "
             f"≈ {mine['wall_seconds'] * scale / 3600:.1f} h wall at this run's share of the "
             "shared machine (measured above, scaled by the number of epochs): not run here."
@@ -426,8 +524,8 @@ PLOT_FILE = "published.png"
 
 def plot_points(measured: list[dict]) -> list[dict]:
     """The points of the accuracy-against-ε plot: every paper's (ε, accuracy) with a finite ε,
-    and dpjax's measured rows at dpjax's ε (full protocol: mean and 95% CI; reduced scale:
-    the one run, marked reduced)."""
+    and dpjax's measured rows at dpjax's ε (full protocol: mean and 95% CI, or the one seed
+    marked as such; reduced scale: the one run, marked reduced)."""
     from experiments.erm_adult import mean_ci
 
     by_key = {row["key"]: row for row in measured}
@@ -439,7 +537,10 @@ def plot_points(measured: list[dict]) -> list[dict]:
         points.append(dict(dataset=row["dataset"], source="paper", label=name,
                            epsilon=row["epsilon"], accuracy=row["published"]))  # fmt: skip
         got = by_key.get(row["key"])
-        if got is not None:
+        if got is not None and len(got["accuracies"]) < 2:  # no CI from one seed
+            points.append(dict(dataset=row["dataset"], source="dpjax, 1 seed", label=name,
+                               epsilon=got["epsilon"], accuracy=got["accuracies"][0]))  # fmt: skip
+        elif got is not None:
             mean, low, high = mean_ci(got["accuracies"])
             points.append(dict(dataset=row["dataset"], source="dpjax", label=name,
                                epsilon=got["epsilon"], accuracy=mean, low=low,
@@ -454,7 +555,8 @@ def plot_points(measured: list[dict]) -> list[dict]:
 
 def plot(path: pathlib.Path, measured: list[dict]) -> str | None:
     """Accuracy against ε, one panel per data set: the papers' points (open) and dpjax's
-    (filled, 95% CI bars; crosses for reduced-scale runs). None without matplotlib."""
+    (filled, 95% CI bars; diamonds for one seed; crosses for reduced-scale runs), legends below
+    the panels. None without matplotlib."""
     from experiments.report import _plt
 
     plt = _plt()
@@ -463,7 +565,7 @@ def plot(path: pathlib.Path, measured: list[dict]) -> str | None:
     points = plot_points(measured)
     datasets = list(dict.fromkeys(p["dataset"] for p in points))
     labels = list(dict.fromkeys(p["label"] for p in points))
-    fig, axes = plt.subplots(1, len(datasets), figsize=(5.2 * len(datasets), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(datasets), figsize=(6 * len(datasets), 4), squeeze=False)
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
     for ax, dataset in zip(axes[0], datasets, strict=True):
@@ -480,6 +582,9 @@ def plot(path: pathlib.Path, measured: list[dict]) -> str | None:
                 ax.errorbar(p["epsilon"], p["accuracy"], capsize=3, fmt="o", color=color,
                             yerr=[[p["accuracy"] - p["low"]], [p["high"] - p["accuracy"]]],
                             label=p["label"] and f"{p['label']}: dpjax (95% CI)")  # fmt: skip
+            elif p["source"] == "dpjax, 1 seed":
+                ax.plot(p["epsilon"], p["accuracy"], "D", color=color, ms=6,
+                        label=p["label"] and f"{p['label']}: dpjax, 1 seed (partial)")  # fmt: skip
             else:
                 ax.plot(p["epsilon"], p["accuracy"], "x", color=color, ms=8,
                         label=p["label"] and f"{p['label']}: dpjax, reduced")  # fmt: skip
@@ -490,10 +595,10 @@ def plot(path: pathlib.Path, measured: list[dict]) -> str | None:
         ax.margins(y=0.15)
         ax.set_xlabel("ε at δ = 1e-5 (paper: its accountant; dpjax: PLD)")
         ax.set_title(dataset)
-        ax.legend(fontsize=6, loc="best")
+        ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.28))  # below
     axes[0][0].set_ylabel("test accuracy %")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return pathlib.Path(path).name
 
@@ -511,13 +616,26 @@ def run(out_dir: pathlib.Path, *, full: bool = False, seed: int = 0):
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m experiments.published record [--commit C] [--machine-note TEXT]
+    [--note KEY=TEXT ...] DIR/{scatternet,opacus_mnist}.json ...``."""
+    import argparse
+
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) < 2 or argv[0] != "record":
+    if not argv or argv[0] != "record":
         print(
-            "usage: python -m experiments.published record DIR/{scatternet,opacus_mnist}.json ..."
+            "usage: python -m experiments.published record [--commit C] [--machine-note TEXT] "
+            "[--note KEY=TEXT] DIR/{scatternet,opacus_mnist}.json ..."
         )
         return 2
-    for row in record(*(pathlib.Path(a) for a in argv[1:])):
+    parser = argparse.ArgumentParser(prog="python -m experiments.published record")
+    parser.add_argument("sources", type=pathlib.Path, nargs="+")
+    parser.add_argument("--commit", help="the code's commit when the sources do not name it")
+    parser.add_argument("--machine-note", help='e.g. "CPU, 2 cores, shared"')
+    parser.add_argument("--note", action="append", default=[], help="KEY=TEXT")
+    args = parser.parse_args(argv[1:])
+    notes = dict(item.split("=", 1) for item in args.note)
+    rows = record(*args.sources, commit=args.commit, machine_note=args.machine_note, notes=notes)
+    for row in rows:
         print(f"[published] recorded {row['key']} ({row['protocol']})")
     return 0
 

@@ -68,6 +68,30 @@ def _clean(value):
     return value
 
 
+CODE = (":(top)dpjax", ":(top)experiments/*.py")  # every Python file below experiments/
+
+
+def code_commit() -> str | None:
+    """The git commit of this checkout (``+dirty`` appended when a tracked Python file of
+    ``dpjax/`` or ``experiments/`` differs from it), or None outside a git checkout: stored
+    with a run's results so they name the code that ran (call it when the run starts)."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        here = pathlib.Path(__file__).resolve().parent
+        done = subprocess.run(["git", *args], cwd=here, capture_output=True, text=True, check=True)
+        return done.stdout.strip()
+
+    try:
+        head, changed = (
+            git("rev-parse", "HEAD"),
+            git("status", "--porcelain", "--untracked-files=no", "--", *CODE),
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+dirty" if changed else "")
+
+
 def write_json(path: pathlib.Path, payload) -> pathlib.Path:
     """Write ``payload`` as indented JSON (NaN written as null) and return the path."""
     path.write_text(json.dumps(_clean(payload), indent=1) + "\n")

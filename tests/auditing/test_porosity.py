@@ -16,6 +16,9 @@ from scipy import stats
 from dpjax import mechanisms
 from dpjax.auditing import porosity
 
+# rounding claims of compiled code: run on the users' -O3 code (tests/conftest.py)
+pytestmark = pytest.mark.codegen
+
 N = 100_000
 GRID = dict(sensitivity=1.0, epsilon=1.0, bound=8.0, granularity=2.0**-6)
 

@@ -25,6 +25,9 @@ import dpjax
 from dpjax import _random as R
 from tests.helpers import assert_distribution
 
+# rounding claims of compiled code: run on the users' -O3 code (tests/conftest.py)
+pytestmark = pytest.mark.codegen
+
 BLOCK = 4096
 ULP32 = 2.0**-24
 

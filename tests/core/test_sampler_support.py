@@ -31,6 +31,9 @@ from dpjax import _random as R
 from dpjax.dp_sgd.transforms import NoiseState
 from tests.helpers import assert_distribution
 
+# rounding claims of compiled code: run on the users' -O3 code (tests/conftest.py)
+pytestmark = pytest.mark.codegen
+
 ZERO, ONE = 0, 0xFFFFFFFF
 
 

@@ -22,6 +22,9 @@ import pytest
 import dpjax
 from dpjax.dp_sgd.clipping import clipped_grad
 
+# rounding claims of compiled code: run on the users' -O3 code (tests/conftest.py)
+pytestmark = pytest.mark.codegen
+
 ROWS = 16
 
 

@@ -19,6 +19,9 @@ import pytest
 import dpjax
 from dpjax.dp_sgd import _certified, ghost, transforms
 
+# rounding claims of compiled code: run on the users' -O3 code (tests/conftest.py)
+pytestmark = pytest.mark.codegen
+
 C = 1.0
 SLACK = 1.0 + 1e-6  # the per-example certification's documented tolerance
 TRIALS = 12

@@ -16,8 +16,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from dpjax.dp_sgd import _certified, ghost
+
+# rounding claims of compiled code: run on the users' -O3 code (tests/conftest.py)
+pytestmark = pytest.mark.codegen
 
 TINY32 = float(np.finfo(np.float32).tiny)
 

@@ -16,6 +16,9 @@ import pytest
 
 from tests.dp_sgd import adv_harness as H
 
+# rounding claims of compiled code: run on the users' -O3 code (tests/conftest.py)
+pytestmark = pytest.mark.codegen
+
 _SLOW = pytest.mark.slow  # "auto" searches: the slow suite (H.METHODS_DEFAULT explains why)
 CASES = [
     pytest.param(kind, p_dtype, x_dtype, method, marks=_SLOW if method == "auto" else ())

@@ -32,6 +32,9 @@ import pytest
 import dpjax
 from tests.dp_sgd import adv_harness as H
 
+# rounding claims of compiled code: run on the users' -O3 code (tests/conftest.py)
+pytestmark = pytest.mark.codegen
+
 
 def _assert_within_clip(attack: H.Attack, what: str, clip: float = H.C) -> None:
     """The claim (≤ C(1 + 1e-6), finite), and non-vacuity: the search reached the clip (≥ C/2)."""

@@ -16,6 +16,9 @@ import pytest
 
 from tests.dp_sgd import adv_harness as H
 
+# rounding claims of compiled code: run on the users' -O3 code (tests/conftest.py)
+pytestmark = pytest.mark.codegen
+
 BAD_VALUES = {"nan": np.nan, "+inf": np.inf, "-inf": -np.inf, "overflow": 3e38}
 
 

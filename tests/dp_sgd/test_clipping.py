@@ -8,6 +8,9 @@ import pytest
 import dpjax
 from dpjax.dp_sgd.clipping import clip_pytree
 
+# rounding claims of compiled code: run on the users' -O3 code (tests/conftest.py)
+pytestmark = pytest.mark.codegen
+
 
 def linreg_loss(params, x, y):
     return 0.5 * (jnp.dot(params["w"], x) + params["b"] - y) ** 2

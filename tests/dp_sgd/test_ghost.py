@@ -525,6 +525,7 @@ def overflow_loss(p, x):
     return 1e-200 * jnp.sum(jnp.sin(1e-200 * (x @ p["w"])) * 1e200)
 
 
+@pytest.mark.codegen  # a rounding claim: runs on the users' -O3 code
 def test_overflowing_activations_ghost_equals_vmap(key):
     """Finding 8: ‖a‖²‖g‖² = inf·0 = NaN made ghost drop an example that vmap keeps."""
     k1, k2 = jax.random.split(key)
@@ -543,6 +544,7 @@ def test_overflowing_activations_ghost_equals_vmap(key):
     np.testing.assert_allclose(np.asarray(g_info.per_example_norms), ref_norms, rtol=1e-12)
 
 
+@pytest.mark.codegen  # a rounding claim: runs on the users' -O3 code
 def test_infinite_activations_are_dropped_alike(key):
     """One rule for non-finite examples: a non-finite certified bound → contribution 0, counted."""
     k1, k2 = jax.random.split(key)
@@ -755,6 +757,7 @@ def _contribution_of_first(batch: int, dtype, big: float) -> float:
     return float(np.sqrt(sum(np.sum(d * d) for d in diff)))
 
 
+@pytest.mark.codegen  # a rounding claim: runs on the users' -O3 code
 def test_retry_flip_float32():
     """Catches the accurate-retry cond letting one removed example move the sum > C (float32)."""
     with jax.enable_x64(False):
@@ -762,6 +765,7 @@ def test_retry_flip_float32():
     assert got <= 1.0, f"removing example 0 moved the sum by {got!r} > C = 1"
 
 
+@pytest.mark.codegen  # a rounding claim: runs on the users' -O3 code
 def test_retry_flip_float64():
     """Catches the accurate-retry cond letting one removed example move the sum > C (float64)."""
     got = _contribution_of_first(256, np.float64, 2.0**515)
@@ -772,6 +776,7 @@ def _gram_loss(params, x, v):
     return jnp.sum((x @ params["w"]) * v)
 
 
+@pytest.mark.codegen  # a rounding claim: runs on the users' -O3 code
 def test_retry_flip_gram_float32():
     """T = 2 Gram tap (K = 2048, N = 8: not materialised), float32 without x64, B = 64.
 
@@ -849,6 +854,7 @@ def test_clip_norms_that_underflow_the_bounds_are_refused(clip, per_layer):
         dpjax.clipped_grad(underflow_loss, l2_clip_norm=norm, per_layer=per_layer)
 
 
+@pytest.mark.codegen  # a rounding claim: runs on the users' -O3 code
 def test_the_worst_flushed_example_stays_below_the_smallest_clip_norm():
     """float32: a = g = 2⁻³²·e₁ flushes ‖a‖²‖g‖² = 2⁻¹²⁸ to 0 (unclipped), contribution
     2⁻⁶⁴ ≤ C = 2⁻⁴⁰: the floor on C covers the flush."""

@@ -24,6 +24,9 @@ from dpjax.dp_sgd._ghost_trace import DenseTap, EmbeddingTap
 from tests.dp_sgd import adv_harness as H
 from tests.dp_sgd.test_ghost import assert_close, reference, run
 
+# rounding claims of compiled code: run on the users' -O3 code (tests/conftest.py)
+pytestmark = pytest.mark.codegen
+
 
 def jitted_reference(loss_fn, params, batch, clip):
     """``tests.dp_sgd.test_ghost.reference`` with the per-example gradients from ONE jitted call.

@@ -18,6 +18,9 @@ from dpjax.dp_sgd import transforms
 from dpjax.dp_sgd.transforms import laplace_dp_sgd_theta
 from tests.helpers import assert_distribution
 
+# rounding claims of compiled code: run on the users' -O3 code (tests/conftest.py)
+pytestmark = pytest.mark.codegen
+
 
 def normal_cdf(scale):
     return lambda x: stats.norm.cdf(x, scale=scale)

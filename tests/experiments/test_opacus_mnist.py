@@ -86,3 +86,55 @@ def test_smoke_scale_runs_both_frameworks_with_the_same_steps():
     assert "| dpjax |" in opacus_mnist.markdown(rows) and "| opacus |" in opacus_mnist.markdown(
         rows
     )
+
+
+def test_the_readmes_other_rows_have_its_commands_settings():
+    """Opacus's examples/mnist_README.md: ``-n=45 --lr=.25 --sigma=.7 -c=1.5``, ``-n 60
+    --lr=.15 --sigma=1.1 -c=1.0`` and ``--disable-dp --n=20 --lr=.1``, all at -sr=0.004."""
+    settings = opacus_mnist.SETTINGS
+    got = {
+        name: tuple(settings[name][k] for k in
+                    ("epochs", "learning_rate", "noise_multiplier", "l2_clip_norm", "published"))
+        for name in ("opacus_example_sigma0.7", "opacus_example_sigma1.1",
+                     "opacus_example_nonprivate")
+    }  # fmt: skip
+    assert got == {
+        "opacus_example_sigma0.7": (45, 0.25, 0.7, 1.5, 97.09),
+        "opacus_example_sigma1.1": (60, 0.15, 1.1, 1.0, 96.78),
+        "opacus_example_nonprivate": (20, 0.1, None, None, 98.94),
+    }
+    assert opacus_mnist.steps_for("opacus_example_sigma0.7", "full", 60_000) == 45 * 250
+    assert opacus_mnist.steps_for("opacus_example_sigma1.1", "full", 60_000) == 60 * 250
+    assert opacus_mnist.steps_for("opacus_example_nonprivate", "full", 60_000) == 20 * 250
+    assert not opacus_mnist.is_private("opacus_example_nonprivate")
+    assert opacus_mnist.is_private("opacus_example_sigma0.7")
+    assert opacus_mnist.DEFAULT_SETTINGS == ("tb_cnn", "opacus_example")
+
+
+def test_shuffled_batches_visit_each_example_once_an_epoch():
+    """n = 10, batch 3: 3 batches an epoch (one example dropped), 7 steps = 2 epochs + 1."""
+    order = opacus_mnist.shuffled_batches(10, 3, 7, seed=0)
+    assert order.shape == (7, 3)
+    for epoch in (order[:3], order[3:6]):
+        assert len(set(epoch.ravel())) == 9 and set(epoch.ravel()) <= set(range(10))
+    assert not np.array_equal(order[:3], order[3:6])  # reshuffled each epoch
+    np.testing.assert_array_equal(order, opacus_mnist.shuffled_batches(10, 3, 7, seed=0))
+    with pytest.raises(ValueError, match="batch_size"):
+        opacus_mnist.shuffled_batches(10, 11, 1, seed=0)
+
+
+def test_run_refuses_an_unknown_setting_or_framework(tmp_path):
+    with pytest.raises(ValueError, match="settings must be in"):
+        opacus_mnist.run(tmp_path, settings=("opacus_example_sigma9",))
+    with pytest.raises(ValueError, match="frameworks"):
+        opacus_mnist.run(tmp_path, frameworks=("tensorflow",))
+
+
+@pytest.mark.torch
+def test_the_non_private_baseline_trains_without_noise_in_both_frameworks():
+    data = _synthetic("opacus_example_nonprivate")
+    rows = opacus_mnist.measure("opacus_example_nonprivate", "smoke", data=data)
+    for row in rows:
+        assert row["steps"] == 3 and row["epsilon"] is None
+        assert row["accountant"] == "none (non-private)" and 0 <= row["test_accuracy"] <= 1
+    assert "| ∞ (none (non-private)) |" in opacus_mnist.markdown(rows)

@@ -275,3 +275,49 @@ def test_automatic_clipping_spends_the_flat_runs_epsilon():
     assert events[0] == events[1]
     assert events[0].noise_multiplier == 3.04 and events[0].count == 560
     assert str(events[0].relation.value) == "add_or_remove_one"
+
+
+def test_trace_epochs_hands_fit_an_evaluation_every_epoch(monkeypatch):
+    """Cheap twin of the slow test below: with trace_epochs, fit gets one Evaluate callback
+    every ⌊n/b⌋ steps (n = 40, b = round(8192·40/60 000) = 5: every 8), none without."""
+    import dpjax
+
+    seen = []
+
+    class _Private:
+        def fit(self, params, data, *, callbacks, **_):
+            seen.append(callbacks)
+            raise _Reached
+
+    def tiny_prepare(dataset, data, *, key):
+        x, y = np.zeros((50, 5), np.float32), np.zeros(50, np.int32)
+        return dict(xtr=x[:40], ytr=y[:40], xte=x[40:], yte=y[40:]), []
+
+    monkeypatch.setattr(scatternet, "prepare", tiny_prepare)
+    monkeypatch.setattr(dpjax, "make_private", lambda loss, **kwargs: _Private())
+    for trace in (True, False):
+        with pytest.raises(_Reached):
+            scatternet.train_once("fashion-mnist", {}, steps=24, seed=0, trace_epochs=trace)
+    (evaluate,), none = seen
+    assert isinstance(evaluate, dpjax.dp_sgd.Evaluate) and none == []
+    assert evaluate.every == 8
+
+
+@pytest.mark.slow
+def test_trace_epochs_records_the_test_accuracy_of_each_epoch_and_keeps_the_last(monkeypatch):
+    """--trace-epochs: one test accuracy per epoch of ⌊n/b⌋ steps (n = 40, b = round(8192·40/
+    60 000) = 5: 8 steps an epoch, 24 steps = 3 epochs); the reported accuracy is the last."""
+    rng = np.random.default_rng(0)
+
+    def tiny_prepare(dataset, data, *, key):
+        y = rng.integers(0, 10, 50).astype(np.int32)
+        x = (np.eye(10, 5)[y] + 0.1 * rng.normal(size=(50, 5))).astype(np.float32)
+        return dict(xtr=x[:40], ytr=y[:40], xte=x[40:], yte=y[40:]), []
+
+    monkeypatch.setattr(scatternet, "prepare", tiny_prepare)
+    run = scatternet.train_once("fashion-mnist", {}, steps=24, seed=0, trace_epochs=True)
+    assert run["batch_size"] == 5 and run["steps"] == 24
+    trace = run["test_accuracy_by_epoch"]
+    assert len(trace) == 3 and trace[-1] == run["test_accuracy"]
+    plain = scatternet.train_once("fashion-mnist", {}, steps=24, seed=0)
+    assert "test_accuracy_by_epoch" not in plain

@@ -10,6 +10,9 @@ from dpjax import mechanisms as M
 from dpjax.mechanisms.bounded_laplace import _truncated_laplace
 from tests.helpers import assert_distribution
 
+# rounding claims of compiled code: run on the users' -O3 code (tests/conftest.py)
+pytestmark = pytest.mark.codegen
+
 N = 100_000
 L, U = 0.0, 10.0
 

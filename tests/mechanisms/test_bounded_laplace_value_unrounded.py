@@ -19,6 +19,9 @@ import pytest
 
 from dpjax import mechanisms
 
+# rounding claims of compiled code: run on the users' -O3 code (tests/conftest.py)
+pytestmark = pytest.mark.codegen
+
 LOWER, UPPER = 16_777_200.0, 16_777_240.0
 EPSILON = 1.0
 DRAWS = 60_000

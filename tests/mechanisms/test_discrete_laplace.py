@@ -12,6 +12,9 @@ import pytest
 from dpjax import mechanisms as M
 from dpjax.mechanisms import discrete
 
+# rounding claims of compiled code: run on the users' -O3 code (tests/conftest.py)
+pytestmark = pytest.mark.codegen
+
 # ------------------------------------------------------------------------------------------------
 # ``discrete_laplace``: the law its sampler realises, dtypes, grid.
 #

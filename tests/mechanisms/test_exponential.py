@@ -13,6 +13,9 @@ from dpjax.auditing import exact
 from dpjax.mechanisms._nonfinite import sanitise_scores
 from tests.helpers import assert_frequencies
 
+# rounding claims of compiled code: run on the users' -O3 code (tests/conftest.py)
+pytestmark = pytest.mark.codegen
+
 N = 100_000
 SCORES = np.array([15.0, 20.0, 25.0, 18.0, 22.0])
 

@@ -19,6 +19,9 @@ from dpjax import mechanisms
 from dpjax.auditing import estimators
 from dpjax.mechanisms import discrete
 
+# rounding claims of compiled code: run on the users' -O3 code (tests/conftest.py)
+pytestmark = pytest.mark.codegen
+
 PAIR = (np.float64(16_777_218.0), np.float64(16_777_219.0))
 
 

@@ -10,6 +10,9 @@ from scipy import integrate, stats
 from dpjax import mechanisms as M
 from tests.helpers import assert_distribution
 
+# rounding claims of compiled code: run on the users' -O3 code (tests/conftest.py)
+pytestmark = pytest.mark.codegen
+
 N = 100_000
 
 
