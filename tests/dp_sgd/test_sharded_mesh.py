@@ -292,3 +292,34 @@ def test_make_private_refuses_ghost_clipping_on_a_mesh():
             clipping="ghost",
             layout=layout,
         )
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_sharded_noise_on_low_precision_updates_is_float32_noise_cast_once(dtype):
+    """bfloat16/float16 updates given straight to ``add_sharded_gaussian_noise`` (make_private
+    hands it float32 sums): the noise is drawn and added in float32 and the sum cast once, so
+    the release is exactly the float32 release cast to the dtype. Not the 16-bit sampler: its
+    reach is 2.89 (bf16) / 3.49 (fp16) with at most 2^nmant + 1 values; n = 32768 draws of the
+    float32 sampler reach ≈ 4.1 (P(max < 3.5) ≈ 2e-7). The std is 1 within 5·√(1/2n) (≈ 2 %;
+    the 16-bit rounding moves it by < 0.4 %) and not 1.05. A stddev float16 cannot hold is
+    refused, as by add_gaussian_noise."""
+    layout = sharded.mesh_layout(_mesh((2, 2)), {"w": P("model")})
+    n = 32768
+
+    def noisy(updates):
+        tx = sharded.add_sharded_gaussian_noise(1.0, key=jax.random.key(3), layout=layout)
+        return tx.update(updates, tx.init(updates), updates)[0]["w"]
+
+    low = noisy({"w": jnp.zeros(n, dtype)})
+    wide = noisy({"w": jnp.zeros(n, jnp.float32)})
+    assert low.dtype == dtype and wide.dtype == jnp.float32
+    np.testing.assert_array_equal(np.asarray(low), np.asarray(wide.astype(dtype)))
+    values = np.asarray(low, np.float64)
+    assert np.max(np.abs(values)) > 3.5
+    assert np.unique(values).size > 1100  # 16-bit sampler: ≤ 1025 values
+    tol = 5 * np.sqrt(1 / (2 * n))
+    assert abs(values.std() - 1.0) < tol < abs(values.std() - 1.05)
+    big = sharded.add_sharded_gaussian_noise(1e4, key=jax.random.key(3), layout=layout)
+    half = {"w": jnp.zeros(8, jnp.float16)}
+    with pytest.raises(ValueError, match="stddev"):
+        big.update(half, big.init(half), half)
