@@ -7,6 +7,7 @@ per-example gradients and ``jax.shard_map`` collectives for the reductions; ther
 communication layer of dpjax's own::
 
     per-example grads g_i  (jit + with_sharding_constraint: rows on "data", leaf on "model")
+      -> one stored copy of g_i (an optimization barrier: the norms and the sum read it)
       -> per-shard ‖g_i‖² (certified upper bounds, on the device that holds the shard)
       -> all_gather over "model", added in device order: one U_i per example, the same on
          every device of the example's row            (norms summed ONCE, in a fixed order)
@@ -275,6 +276,11 @@ class ShardedClippedGrad(ReadOnlyAfterInit):
 
     def _local(self, leaves, mask, *, sharded, rows):
         lay = self.layout
+        # one stored value: the norms and the sum must read the same gradients (XLA may
+        # recompute a producer inside each consumer's fusion with excess precision in
+        # bf16/fp16, as in the vmap path); without it the norms and the sum saw different
+        # bfloat16 gradients and one example moved the clipped sum by 1.00044·C (1×1 mesh)
+        leaves = jax.lax.optimization_barrier(leaves)
         wide = _certified.wide_dtype()
         parts = [_certified.row_sq_norms(x, wide) for x in leaves]
         first = jax.lax.axis_index(lay.model_axis) == 0

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -501,3 +502,230 @@ def add_remove_difference(fn: Callable, params: Any, x: jax.Array, y: jax.Array,
 def combos(*axes: Sequence[Any]) -> list[tuple]:
     """The cross product of the axes, as a list (for parametrize)."""
     return list(itertools.product(*axes))
+
+
+# ----------------------------------------------------------------------------- low-precision blocks
+#
+# A structured search over ONE example's gradient in bfloat16 / float16, many examples per call:
+# in a batch of B rows of the linear model of :class:`BlockModel`, example i's gradient lives in
+# its own block i of every leaf (every other example is exactly 0 there, and x + 0 is exact in
+# any summation order), so block i of the released sum IS example i's contribution, rounding
+# included, and one call measures B contributions.
+
+
+def from_bits(dtype: Any, bits: Any) -> np.ndarray:
+    """Values of a 16-bit float dtype from their bit patterns."""
+    return np.asarray(bits, np.uint16).view(np.dtype(dtype))
+
+
+def _finite_exponents(dtype: Any) -> dict[str, int]:
+    """Biased exponents worth sweeping: subnormal, smallest normal, ≈ γ, 1/2, 1, 2^10, the top."""
+    info = jnp.finfo(dtype)
+    bias, top = int(info.maxexp) - 1, 2 * (int(info.maxexp) - 1)
+    return {
+        "subnormal": 0,
+        "min_normal": 1,
+        "gamma": bias - 7,
+        "half": bias - 1,
+        "one": bias,
+        "2^10": bias + 10,
+        "top": top,
+    }
+
+
+def _mantissas(dtype: Any, count: int) -> np.ndarray:
+    nmant = int(jnp.finfo(dtype).nmant)
+    every = np.arange(2**nmant, dtype=np.int64)
+    if every.size <= count:
+        return every
+    return np.unique(np.r_[every[:: every.size // count], every[-4:]])
+
+
+def one_hot_sweep(dtype: Any, width: int, count: int = 128) -> np.ndarray:
+    """(n, width): one non-zero coordinate (exact norm), ``count`` mantissas at every exponent
+    of :func:`_finite_exponents`, both signs, at every coordinate in turn."""
+    nmant = int(jnp.finfo(dtype).nmant)
+    rows = []
+    for k, biased in enumerate(_finite_exponents(dtype).values()):
+        m = _mantissas(dtype, count)
+        sign = (np.arange(m.size) % 2) << 15
+        vals = from_bits(dtype, sign | (biased << nmant) | m)
+        block = np.zeros((m.size, width), np.dtype(dtype))
+        block[np.arange(m.size), (np.arange(m.size) + k) % width] = vals
+        rows.append(block)
+    return np.concatenate(rows)
+
+
+def structured_rows(dtype: Any, width: int, rng: np.random.Generator, gamma: float) -> np.ndarray:
+    """(n, width) rows of the attack families other than the one-hot sweep (see the tests)."""
+    info = jnp.finfo(dtype)
+    dt = np.dtype(dtype)
+    top = float(info.max)
+    lo, hi = np.log2(float(info.tiny)), np.log2(top)
+    signs = lambda n: rng.choice([-1.0, 1.0], size=(n, width))  # noqa: E731
+    rows = []
+    # equal magnitudes in every coordinate: Σ x_j² rounds in every addition
+    mag = 2.0 ** rng.uniform(lo + 2, hi - 2, (48, 1))
+    rows.append(signs(48) * mag)
+    # one coordinate dominating, the others below its rounding in the sum of squares
+    big = 2.0 ** rng.uniform((lo + hi) / 2, hi - 1, (48, 1))
+    small = big * 2.0 ** -rng.choice([5, 8, 12, 13, 20, 30], size=(48, width))
+    dom = signs(48) * small
+    dom[:, 0] = big[:, 0]
+    rows.append(dom)
+    # norms near γ (the AUTO-S denominator ‖g‖ + γ with both terms alike)
+    g = rng.standard_normal((48, width))
+    rows.append(
+        g / np.linalg.norm(g, axis=1, keepdims=True) * gamma * 2.0 ** rng.uniform(-3, 3, (48, 1))
+    )
+    # near the dtype's max: the squared norm overflows float32 for bfloat16
+    rows.append(
+        np.array(
+            [
+                [top] + [0.0] * (width - 1),
+                [top] * width,
+                [top / np.sqrt(width)] * width,
+                [top / 2] * width,
+                [-top, top] + [0.0] * (width - 2),
+            ]
+        )
+    )
+    # random magnitudes over the whole range
+    rows.append(rng.standard_normal((64, width)) * 2.0 ** rng.uniform(lo, hi - 3, (64, 1)))
+    with np.errstate(over="ignore", invalid="ignore"):
+        finite = np.concatenate(rows).astype(dt)
+    # non-finite: NaN, +inf, -inf in one coordinate of otherwise ordinary rows
+    bad = rng.standard_normal((6, width)).astype(dt)
+    bad[np.arange(6), np.arange(6) % width] = np.array([np.nan, np.inf, -np.inf] * 2, dt)
+    return np.concatenate([finite, bad])
+
+
+def ulp_mutants(rows: np.ndarray, rng: np.random.Generator, per_row: int) -> np.ndarray:
+    """``per_row`` copies of every row with one or two coordinates moved by ±1…3 ulps (bits)."""
+    dt = rows.dtype
+    bits = np.repeat(rows.view(np.uint16).astype(np.int64), per_row, axis=0)
+    n, width = bits.shape
+    for _ in range(2):
+        col = rng.integers(width, size=n)
+        step = rng.choice([-3, -2, -1, 1, 2, 3], size=n)
+        moved = bits[np.arange(n), col]
+        magnitude = np.clip((moved & 0x7FFF) + step, 0, 0x7FFF)
+        bits[np.arange(n), col] = (moved & 0x8000) | magnitude
+    return bits.astype(np.uint16).view(dt)
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockModel:
+    """Linear leaves ``Σ_l ⟨w_l, x_l⟩`` of length B·width; example i writes only block i."""
+
+    leaves: tuple[str, ...]
+    rows: int
+    width: int
+    dtype: Any
+
+    def loss(self, p: dict, ex: dict) -> jax.Array:
+        return sum(jnp.dot(p[k], ex[k]) for k in self.leaves)
+
+    def params(self) -> dict:
+        return {k: jnp.zeros(self.rows * self.width, self.dtype) for k in self.leaves}
+
+    def batch(self, rows: np.ndarray) -> dict:
+        """``rows`` (B, L·width) of the dtype → the batch {leaf: (B, B·width)} (exact copies)."""
+        b, w = self.rows, self.width
+        out = {}
+        for j, k in enumerate(self.leaves):
+            x = np.zeros((b, b * w), np.dtype(self.dtype))
+            for i in range(b):
+                x[i, i * w : (i + 1) * w] = rows[i, j * w : (j + 1) * w]
+            out[k] = jnp.asarray(x)
+        return out
+
+    def contributions(self, sums: dict) -> np.ndarray:
+        """(B, L) squared ℓ2 norms of every example's block of every leaf (float64, exact
+        squares of float32 values, correctly rounded sums)."""
+        out = np.zeros((self.rows, len(self.leaves)))
+        for j, k in enumerate(self.leaves):
+            s = np.asarray(sums[k], np.float64).reshape(self.rows, self.width)
+            out[:, j] = [math.fsum(v * v) if np.all(np.isfinite(v)) else np.inf for v in s]
+        return out
+
+
+@dataclasses.dataclass
+class BlockWorst:
+    """The outcome of :func:`block_search`: the worst ratio contribution / bound and its row."""
+
+    ratio: float  # max over rows and leaves of ‖contribution_l‖ / bound_l (exactly checked)
+    total_ratio: float  # max over rows of ‖contribution‖ / total bound
+    row: np.ndarray
+    evaluated: int
+    finite: bool  # every released sum finite (non-finite rows included in the batches)
+
+
+def _exceeds_exactly(values: np.ndarray, bound: float) -> bool:
+    """Whether Σ v² > bound² in exact rational arithmetic (float32 values, float64 bound)."""
+    from fractions import Fraction
+
+    return sum(Fraction(float(v)) ** 2 for v in values) > Fraction(bound) ** 2
+
+
+def block_search(
+    release: Callable[[dict], dict],
+    model: BlockModel,
+    bounds: Sequence[float],
+    total_bound: float,
+    starts: np.ndarray,
+    seed: int,
+    generations: int = 6,
+    keep: int = 16,
+    per_row: int = 4,
+) -> BlockWorst:
+    """Evaluate ``starts`` (n, L·width), then ``generations`` rounds of ulp mutants of the
+    ``keep`` worst rows; ``release(batch) -> clipped sums`` of B = model.rows rows.
+
+    The ratio of a row is max_l ‖block_l‖ / bounds_l; a ratio within 1e-12 of 1 is settled in
+    exact rational arithmetic (a ratio above 1 means the bound is violated).
+    """
+    rng = np.random.default_rng(seed)
+    b, w, leaves = model.rows, model.width, model.leaves
+    bounds64 = np.asarray(bounds, np.float64)
+    state = {"evaluated": 0, "finite": True, "ratio": -1.0, "row": None}
+    worst_total = 0.0
+
+    def evaluate(rows: np.ndarray) -> np.ndarray:
+        nonlocal worst_total
+        pad = -rows.shape[0] % b
+        padded = np.concatenate([rows, np.zeros((pad, rows.shape[1]), rows.dtype)])
+        ratios = []
+        for start in range(0, padded.shape[0], b):
+            chunk = padded[start : start + b]
+            sums = release(model.batch(chunk))
+            state["finite"] &= tree_finite(sums)
+            sq = model.contributions(sums)
+            r = np.max(np.sqrt(sq) / bounds64, axis=1)
+            total = np.sqrt(np.sum(sq, axis=1)) / total_bound
+            for i in np.flatnonzero((r > 1 - 1e-12) | (total > 1 - 1e-12)):
+                blocks = [np.asarray(sums[k], np.float64)[i * w : (i + 1) * w] for k in leaves]
+                over = [_exceeds_exactly(v, c) for v, c in zip(blocks, bounds64, strict=True)]
+                if any(over) or _exceeds_exactly(np.concatenate(blocks), total_bound):
+                    r[i] = max(r[i], np.nextafter(1.0, 2.0))
+                    total[i] = max(total[i], np.nextafter(1.0, 2.0))
+            ratios.append(r)
+            worst_total = max(worst_total, float(np.max(total)))
+        state["evaluated"] += rows.shape[0]
+        ratios = np.concatenate(ratios)[: rows.shape[0]]
+        i = int(np.argmax(np.where(np.isnan(ratios), np.inf, ratios)))
+        if not ratios[i] <= state["ratio"]:  # NaN and inf count as the worst
+            state["ratio"], state["row"] = float(ratios[i]), rows[i]
+        return ratios
+
+    pool_rows, pool_ratio = starts, evaluate(starts)
+    for _ in range(generations):
+        order = np.argsort(-np.where(np.isfinite(pool_ratio), pool_ratio, -1.0))[:keep]
+        best_rows, best_ratio = pool_rows[order], pool_ratio[order]
+        mutants = ulp_mutants(best_rows, rng, per_row)
+        pool_rows = np.concatenate([best_rows, mutants])
+        pool_ratio = np.concatenate([best_ratio, evaluate(mutants)])
+    assert len(leaves) * w == starts.shape[1]
+    return BlockWorst(
+        state["ratio"], worst_total, state["row"], state["evaluated"], state["finite"]
+    )

@@ -3,10 +3,12 @@
 Prints one JSON line (further arguments: the mesh shapes, e.g. ``1x1 2x4``; default all of
 1×1, 8×1, 4×2, 2×4, 1×8). ``pieces``: per mesh shape, the clipped sum and the noisy release of
 the pieces path (``sharded_clipped_grad`` + ``add_sharded_gaussian_noise``) on a fixed batch,
-the release of the all-masked batch (pure noise), the releases without one example, and the
-per-device HLO buffers shaped like a whole leaf. ``make_private``: two ``make_private`` steps
-per mesh shape. ``process``: one process of a 2-process ``jax.distributed`` job (4 CPU devices
-each, a 4×2 mesh).
+the release of the all-masked batch (pure noise), the releases without one example, the
+per-device HLO buffers shaped like a whole leaf, and the add/remove search with bfloat16 and
+float16 parameters (:func:`low_precision`; ``2x4:bfloat16`` searches bfloat16 only, ``2x4:``
+neither).
+``make_private``: two ``make_private`` steps per mesh shape. ``process``: one process of a
+2-process ``jax.distributed`` job (4 CPU devices each, a 4×2 mesh).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import sys
 MESHES = [(1, 1), (8, 1), (4, 2), (2, 4), (1, 8)]
 BATCH, D_IN, HIDDEN = 16, 6, 24  # HIDDEN divisible by 1, 2, 4, 8
 CLIP, STD = 1.0, 3.0
+LOW_DTYPES = ("bfloat16", "float16")
 
 
 def loss(p, x, y):
@@ -67,7 +70,7 @@ def full_shapes(hlo: str) -> list[str]:
     return sorted({line.split("=")[0].strip() for line in hlo.splitlines() if needle in line})
 
 
-def pieces(shape, devices=None):
+def pieces(shape, devices=None, low=LOW_DTYPES):
     import jax
     import jax.numpy as jnp
 
@@ -92,6 +95,7 @@ def pieces(shape, devices=None):
     _, noise_only, _ = compiled(params, state, x, y, jnp.zeros(BATCH, bool))
     without = [compiled(params, state, x, y, mask.at[i].set(False))[1] for i in (0, 5)]
     return {
+        "low_precision": low_precision(shape, devices, low),
         "clipped": tolist(clipped),
         "noisy": tolist(noisy),
         "noise_only": tolist(noise_only),
@@ -100,6 +104,74 @@ def pieces(shape, devices=None):
         "out_specs": {k: str(v.sharding.spec) for k, v in noisy.items()},
         "full_shape_buffers": full_shapes(compiled.as_text()),
     }
+
+
+def low_precision_batches(dtype):
+    """Structured batches of BATCH rows (x, y) in ``dtype`` for the add/remove search.
+
+    * ladder: |x| from 10^-2 to 10^1.5 (tanh from linear to saturated), |y| from 10^2.5 down;
+    * small: |x| ~ 10^U(-1.5, 0.5), |y| ~ 10^U(-1, 2.5) (unsaturated tanh: the per-example
+      gradient is a product of several roundings in the parameters' dtype), two seeds;
+    * hostile: NaN / ±inf features or labels, features at the dtype's max (the gradient
+      overflows: dropped), subnormal features, one dominating feature, a zero input with a
+      huge label, the rest ordinary.
+    """
+    import jax.numpy as jnp
+    import numpy as np
+
+    info = jnp.finfo(dtype)
+    rng = np.random.default_rng(17)
+    direction = rng.standard_normal((BATCH, D_IN))
+    direction /= np.linalg.norm(direction, axis=1, keepdims=True)
+    batches = [(direction * np.logspace(-2, 1.5, BATCH)[:, None], np.logspace(2.5, -1.5, BATCH))]
+    for _ in range(2):
+        x = rng.standard_normal((BATCH, D_IN)) * 10.0 ** rng.uniform(-1.5, 0.5, (BATCH, 1))
+        y = rng.choice([-1.0, 1.0], BATCH) * 10.0 ** rng.uniform(-1, 2.5, BATCH)
+        batches.append((x, y))
+    x = rng.standard_normal((BATCH, D_IN))
+    y = rng.standard_normal(BATCH)
+    x[0, 0], x[1, 1], y[2] = np.nan, np.inf, -np.inf
+    x[3], x[4] = float(info.max), -float(info.max) / 2
+    x[5] = float(info.smallest_subnormal) * np.arange(1, D_IN + 1)
+    x[6] = np.r_[1e3, np.full(D_IN - 1, 1e-3)]
+    x[7], y[7] = 0.0, float(info.max) / 4
+    batches.append((x, y))
+    with np.errstate(over="ignore", invalid="ignore"):
+        return [(np.asarray(a, dtype), np.asarray(b, dtype)) for a, b in batches]
+
+
+def low_precision(shape, devices=None, dtypes=LOW_DTYPES):
+    """bfloat16 / float16 parameters: per dtype, the worst ‖S(D) − S(D without i)‖ of the
+    clipped sums over the batches of :func:`low_precision_batches` (every i), whether every
+    sum was finite, and the sum's dtype (float32: the noise is drawn and added in it)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import dpjax
+    from dpjax.dp_sgd import sharded
+
+    out = {}
+    for name in dtypes:
+        dtype = jnp.dtype(name)
+        params, _, _ = problem()
+        params = jax.tree.map(lambda v, d=dtype: v.astype(d), params)
+        layout = sharded.mesh_layout(make_mesh(shape, devices), specs())
+        grad_fn = sharded.sharded_clipped_grad(dpjax.clipped_grad(loss, l2_clip_norm=CLIP), layout)
+        params = jax.device_put(params, layout.param_shardings())
+        clipped = jax.jit(lambda p, x, y, mask, g=grad_fn: g(p, x, y, mask=mask)[0])
+        worst, finite, full = 0.0, True, jnp.ones(BATCH, bool)
+        for x, y in low_precision_batches(dtype):
+            total = clipped(params, x, y, full)
+            finite &= all(bool(np.all(np.isfinite(np.asarray(v)))) for v in total.values())
+            for i in range(BATCH):
+                rest = clipped(params, x, y, full.at[i].set(False))
+                moved = sum(
+                    float(np.sum((np.float64(total[k]) - np.float64(rest[k])) ** 2)) for k in total
+                )
+                worst = max(worst, float(np.sqrt(moved)))
+        out[name] = {"worst": worst, "finite": finite, "sum_dtype": str(total["w1"].dtype)}
+    return out
 
 
 def make_private_step(shape):
@@ -138,16 +210,25 @@ def main(mode: str) -> None:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(f"localhost:{sys.argv[2]}", 2, int(sys.argv[3]))
         mesh = make_mesh((4, 2), jax.devices())
-        out = pieces((4, 2), mesh.devices.reshape(-1))
+        out = pieces((4, 2), mesh.devices.reshape(-1), low=())
         out = {k: out[k] for k in ("noisy", "noise_only", "out_specs")}
         out["processes"] = jax.process_count()
         print(json.dumps(out), flush=True)
         jax.distributed.shutdown()
         return
     assert jax.device_count() == 8, os.environ.get("XLA_FLAGS")
-    run = pieces if mode == "pieces" else make_private_step
-    shapes = [tuple(int(v) for v in s.split("x")) for s in sys.argv[2:]] or MESHES
-    print(json.dumps({f"{a}x{b}": run((a, b)) for a, b in shapes}), flush=True)
+    out = {}
+    for arg in sys.argv[2:] or [f"{a}x{b}" for a, b in MESHES]:
+        # "2x4:bfloat16": the low-precision dtypes to search ("2x4:" none, "2x4" all)
+        name, colon, low = arg.partition(":")
+        shape = tuple(int(v) for v in name.split("x"))
+        if mode == "pieces":
+            out[name] = pieces(
+                shape, low=tuple(low.split(",") if low else ()) if colon else LOW_DTYPES
+            )
+        else:
+            out[name] = make_private_step(shape)
+    print(json.dumps(out), flush=True)
 
 
 if __name__ == "__main__":

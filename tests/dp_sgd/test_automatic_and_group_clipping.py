@@ -20,7 +20,8 @@ import optax
 import pytest
 
 import dpjax
-from dpjax.dp_sgd.clipping import clipped_grad
+from dpjax.dp_sgd.clipping import DEFAULT_GAMMA, clipped_grad
+from tests.dp_sgd import adv_harness as H
 
 # rounding claims of compiled code: run on the users' -O3 code (tests/conftest.py)
 pytestmark = pytest.mark.codegen
@@ -361,3 +362,147 @@ def test_sharded_refuses_automatic_clipping():
     fn = clipped_grad(_linear, clip_rule="automatic")
     with pytest.raises(ValueError, match="grad_fn"):
         sharded.sharded_clipped_grad(fn, None)
+
+
+# ----------------------------------------------------------------------------- low precision
+#
+# bfloat16 / float16 parameters (so bfloat16 / float16 per-example gradients) through
+# make_private's clipped sum, vmap and ghost. The search (tests/dp_sgd/adv_harness.py,
+# ``block_search``) measures B = 16 examples per call: each example's gradient lives in its own
+# block of the parameters, so block i of the released float32 sum is example i's contribution,
+# rounding included. Starting rows: every 7th…128th mantissa of the dtype at the exponents
+# subnormal, smallest normal, ≈ γ, 1/2, 1, 2^10 and the largest (one coordinate: an exact norm),
+# equal magnitudes (the sum of squares rounds at every step), one coordinate dominating, norms
+# near γ, entries at the dtype's max (bfloat16: ‖g‖² overflows float32: dropped), random
+# magnitudes, NaN / ±inf; then 6 rounds of ±1…3-ulp mutants of the 16 worst rows. Claim: every
+# contribution ≤ f·R (f: the summation shrink of the 16-row call; AUTO-S), leaf l ≤ f·c_l and the
+# example ≤ f·sqrt(Σ c_l²) (per-layer), every released sum finite.
+
+LOW = {"bf16": jnp.bfloat16, "f16": jnp.float16}
+BLOCK_ROWS, BLOCK_WIDTH = 16, 4
+LAYER_CLIPS = {"a": 0.3, "b": 0.4}
+
+
+def _low_precision_starts(dtype, width: int, seed: int, gamma: float, count: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    sweep = H.one_hot_sweep(dtype, width, count=count)
+    return np.concatenate([sweep, H.structured_rows(dtype, width, rng, gamma)])
+
+
+def _two_leaf_starts(dtype, width: int, seed: int, count: int) -> np.ndarray:
+    """Rows of two leaves: one leaf adversarial and the other 0, and both adversarial."""
+    one = _low_precision_starts(dtype, width, seed, DEFAULT_GAMMA, count)
+    zero = np.zeros_like(one)
+    other = one[np.random.default_rng(seed + 1).permutation(one.shape[0])]
+    return np.concatenate([np.c_[one, zero], np.c_[zero, one], np.c_[one, other]])
+
+
+def _block_release(model, private):
+    params = model.params()
+    grad_fn = private.grad_fn
+
+    def release(batch):
+        return grad_fn(params, batch)[0]
+
+    release(model.batch(np.zeros((model.rows, model.width * len(model.leaves)), model.dtype)))
+    return release, grad_fn.recorded_shrink(grad_fn.release_for(model.rows))
+
+
+def _check_search(worst, what):
+    assert worst.finite, f"{what}: a non-finite released sum (NaN/inf rows must be dropped)"
+    assert worst.ratio <= 1.0, f"{what}: contribution {worst.ratio!r}·bound at {worst.row!r}"
+    assert worst.total_ratio <= 1.0, f"{what}: total {worst.total_ratio!r}·bound"
+    assert worst.ratio > 1 - 1e-4, f"{what}: the search never reached the bound ({worst.ratio})"
+
+
+def _automatic_search(dtype_name, clipping, gamma, seed, rows=BLOCK_ROWS, count=256, rounds=6):
+    dtype = LOW[dtype_name]
+    model = H.BlockModel(("w",), rows, BLOCK_WIDTH, dtype)
+    r = 0.37
+    private = _private(
+        model.loss,
+        l2_clip_norm=r,
+        clip_rule="automatic",
+        gamma=gamma,
+        noise_multiplier=1.0,
+        clipping=clipping,
+    )
+    release, f = _block_release(model, private)
+    starts = _low_precision_starts(dtype, BLOCK_WIDTH, seed, gamma, count)
+    worst = H.block_search(release, model, [f * r], f * r, starts, seed=seed, generations=rounds)
+    return worst, f
+
+
+LOW_CASES = [
+    ("bf16", "vmap"),
+    ("f16", "ghost"),
+    pytest.param("bf16", "ghost", marks=pytest.mark.slow),
+    pytest.param("f16", "vmap", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("dtype_name, clipping", LOW_CASES)
+def test_automatic_low_precision_search_contribution_at_most_R(dtype_name, clipping):
+    """AUTO-S with bf16/fp16 gradients (x64 off, the JAX default): the worst contribution the
+    structured search finds is ≤ f·R and within 1e-4 of it."""
+    with jax.enable_x64(False):
+        worst, f = _automatic_search(dtype_name, clipping, DEFAULT_GAMMA, seed=21)
+    _check_search(worst, f"automatic {dtype_name} {clipping}")
+
+
+def _per_layer_search(dtype_name, clipping, seed, rows=BLOCK_ROWS, count=256, rounds=6):
+    dtype = LOW[dtype_name]
+    model = H.BlockModel(("a", "b"), rows, BLOCK_WIDTH, dtype)
+    private = _private(
+        model.loss,
+        l2_clip_norm=LAYER_CLIPS,
+        per_layer=True,
+        noise_multiplier=1.0,
+        clipping=clipping,
+    )
+    release, f = _block_release(model, private)
+    clips = [f * LAYER_CLIPS[k] for k in model.leaves]
+    total = f * math.sqrt(sum(c * c for c in LAYER_CLIPS.values()))
+    starts = _two_leaf_starts(dtype, BLOCK_WIDTH, seed, count)
+    worst = H.block_search(release, model, clips, total, starts, seed=seed, generations=rounds)
+    return worst, f
+
+
+@pytest.mark.parametrize(
+    "dtype_name, clipping",
+    [
+        ("bf16", "ghost"),
+        ("f16", "vmap"),
+        pytest.param("bf16", "vmap", marks=pytest.mark.slow),
+        pytest.param("f16", "ghost", marks=pytest.mark.slow),
+    ],
+)
+def test_per_layer_low_precision_search_each_leaf_within_its_clip(dtype_name, clipping):
+    """Per-layer clip norms c_a = 0.3, c_b = 0.4 (total 0.5) with bf16/fp16 gradients: leaf l's
+    worst contribution ≤ f·c_l, the example's ≤ f·0.5, every released sum finite."""
+    with jax.enable_x64(False):
+        worst, f = _per_layer_search(dtype_name, clipping, seed=22)
+    _check_search(worst, f"per-layer {dtype_name} {clipping}")
+
+
+EXHAUSTIVE = [(d, c) for d in LOW for c in ("vmap", "ghost")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype_name, clipping", EXHAUSTIVE)
+def test_automatic_low_precision_exhaustive_search(dtype_name, clipping):
+    """The default search with one example per call (no block zeros in its norm: the tightest
+    certified bound) and every mantissa of the dtype, 12 mutation rounds."""
+    with jax.enable_x64(False):
+        worst, _ = _automatic_search(
+            dtype_name, clipping, DEFAULT_GAMMA, seed=31, rows=1, count=1024, rounds=12
+        )
+    _check_search(worst, f"automatic {dtype_name} {clipping} (exhaustive)")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype_name, clipping", EXHAUSTIVE)
+def test_per_layer_low_precision_exhaustive_search(dtype_name, clipping):
+    with jax.enable_x64(False):
+        worst, _ = _per_layer_search(dtype_name, clipping, seed=32, rows=1, count=1024, rounds=12)
+    _check_search(worst, f"per-layer {dtype_name} {clipping} (exhaustive)")

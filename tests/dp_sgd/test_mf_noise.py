@@ -346,3 +346,15 @@ def test_low_precision_updates_get_float32_correlated_noise(dtype):
         out, state = jax.jit(banded.update)(params, state)
     assert jax.tree.leaves(state.noise_buffers)[0].dtype == jnp.float32
     assert np.unique(np.asarray(out, np.float64)).size > 256
+
+
+def test_float16_updates_refuse_a_noise_std_they_cannot_hold():
+    """σ·clip = 3·10⁴ on float16 updates: the float32 noise cast back to float16 made 553 of
+    20 000 coordinates ±inf (one step, C = I) where add_gaussian_noise refuses the std. Now
+    refused the same way (float32 updates take it: the bf16/f32 tests above)."""
+    tx = correlated_noise(np.eye(2), noise_multiplier=1.0, l2_clip_norm=3e4, key=jax.random.key(0))
+    half = jnp.zeros(64, jnp.float16)
+    with pytest.raises(ValueError, match="stddev"):
+        tx.update(half, tx.init(half), half)
+    with pytest.raises(ValueError, match="stddev"):
+        jax.jit(tx.update)(half, tx.init(half), half)

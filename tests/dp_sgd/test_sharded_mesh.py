@@ -1,8 +1,9 @@
 """DP-SGD with parameters sharded over a (data, model) mesh: same release on every mesh shape.
 
 The mesh checks run in a subprocess with 8 forced CPU devices (``tests/dp_sgd/mesh_checks.py``):
-the default suite runs the two ends (1×1 and 2×4: both axes sharded), the slow suite every
-shape (1×1, 8×1, 4×2, 2×4, 1×8), ``make_private`` on each, and a two-process
+the default suite runs the two ends (1×1 and 2×4: both axes sharded; the add/remove search with
+bfloat16 parameters on both, float16 on 2×4), the slow suite every shape (1×1, 8×1, 4×2, 2×4,
+1×8) with both low-precision dtypes, ``make_private`` on each, and a two-process
 ``jax.distributed`` job. The cheap checks (layout validation, the noise's law and its
 independence of the sharding on this process's 4 devices) run in process.
 """
@@ -48,7 +49,7 @@ def run_checks(*args: str) -> dict:
 
 @pytest.fixture(scope="module")
 def two_ends():
-    return run_checks("pieces", "1x1", "2x4")
+    return run_checks("pieces", "1x1:bfloat16", "2x4:bfloat16,float16")
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +88,20 @@ def check_add_remove(results: dict) -> None:
             assert 0.9 * mesh_checks.CLIP < moved <= mesh_checks.CLIP, (name, moved)
 
 
+def check_low_precision(results: dict) -> None:
+    """bfloat16 / float16 parameters, the structured batches of
+    :func:`mesh_checks.low_precision_batches` (unsaturated and saturated tanh, NaN/inf, the
+    dtype's max, subnormals): removing any one example moves the clipped sum by ≤ C, every sum
+    is finite and float32 (the noise is drawn and added in float32). Without one stored copy of
+    the per-example gradients (XLA recomputed the bfloat16 gradient with excess precision in
+    the sum's fusion, not in the norm's) the 1×1 mesh moved it by 1.00044·C."""
+    for name, res in results.items():
+        for dtype, low in res["low_precision"].items():
+            assert low["finite"], (name, dtype)
+            assert low["sum_dtype"] == "float32", (name, dtype, low["sum_dtype"])
+            assert 0.9 * mesh_checks.CLIP < low["worst"] <= mesh_checks.CLIP, (name, dtype, low)
+
+
 def check_no_full_size_buffers(results: dict) -> None:
     for name, res in results.items():
         model = int(name.split("x")[1])
@@ -105,6 +120,12 @@ def test_two_mesh_ends_one_example_moves_the_release_by_at_most_c(two_ends):
     check_add_remove(two_ends)
 
 
+def test_two_mesh_ends_low_precision_params_move_the_clipped_sum_by_at_most_c(two_ends):
+    assert set(two_ends["1x1"]["low_precision"]) == {"bfloat16"}
+    assert set(two_ends["2x4"]["low_precision"]) == {"bfloat16", "float16"}
+    check_low_precision(two_ends)
+
+
 def test_sharded_mesh_holds_no_full_size_noise_or_gradient_buffer(two_ends):
     check_no_full_size_buffers(two_ends)
 
@@ -113,6 +134,7 @@ def test_sharded_mesh_holds_no_full_size_noise_or_gradient_buffer(two_ends):
 def test_every_mesh_shape_same_release_sensitivity_and_memory(every_shape):
     check_same_release(every_shape)
     check_add_remove(every_shape)
+    check_low_precision(every_shape)
     check_no_full_size_buffers(every_shape)
 
 
@@ -153,7 +175,7 @@ def test_two_processes_release_what_one_process_releases():
     for p, (_, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-4000:]
     two = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
-    one = run_checks("pieces", "4x2")["4x2"]
+    one = run_checks("pieces", "4x2:")["4x2"]
     assert [r["processes"] for r in two] == [2, 2]
     for r in two:
         for leaf in one["noisy"]:
@@ -270,3 +292,34 @@ def test_make_private_refuses_ghost_clipping_on_a_mesh():
             clipping="ghost",
             layout=layout,
         )
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_sharded_noise_on_low_precision_updates_is_float32_noise_cast_once(dtype):
+    """bfloat16/float16 updates given straight to ``add_sharded_gaussian_noise`` (make_private
+    hands it float32 sums): the noise is drawn and added in float32 and the sum cast once, so
+    the release is exactly the float32 release cast to the dtype. Not the 16-bit sampler: its
+    reach is 2.89 (bf16) / 3.49 (fp16) with at most 2^nmant + 1 values; n = 32768 draws of the
+    float32 sampler reach ≈ 4.1 (P(max < 3.5) ≈ 2e-7). The std is 1 within 5·√(1/2n) (≈ 2 %;
+    the 16-bit rounding moves it by < 0.4 %) and not 1.05. A stddev float16 cannot hold is
+    refused, as by add_gaussian_noise."""
+    layout = sharded.mesh_layout(_mesh((2, 2)), {"w": P("model")})
+    n = 32768
+
+    def noisy(updates):
+        tx = sharded.add_sharded_gaussian_noise(1.0, key=jax.random.key(3), layout=layout)
+        return tx.update(updates, tx.init(updates), updates)[0]["w"]
+
+    low = noisy({"w": jnp.zeros(n, dtype)})
+    wide = noisy({"w": jnp.zeros(n, jnp.float32)})
+    assert low.dtype == dtype and wide.dtype == jnp.float32
+    np.testing.assert_array_equal(np.asarray(low), np.asarray(wide.astype(dtype)))
+    values = np.asarray(low, np.float64)
+    assert np.max(np.abs(values)) > 3.5
+    assert np.unique(values).size > 1100  # 16-bit sampler: ≤ 1025 values
+    tol = 5 * np.sqrt(1 / (2 * n))
+    assert abs(values.std() - 1.0) < tol < abs(values.std() - 1.05)
+    big = sharded.add_sharded_gaussian_noise(1e4, key=jax.random.key(3), layout=layout)
+    half = {"w": jnp.zeros(8, jnp.float16)}
+    with pytest.raises(ValueError, match="stddev"):
+        big.update(half, big.init(half), half)

@@ -270,7 +270,9 @@ def correlated_noise(
             (when the count is concrete) a step past n, updates not shaped like params, or
             updates batched by a ``jax.vmap`` that the state is not batched by (one noise
             draw for every row; see :func:`dpjax.dp_sgd.add_gaussian_noise`), or (eagerly)
-            updates with a NaN/inf entry (as for ``add_gaussian_noise``).
+            updates with a NaN/inf entry (as for ``add_gaussian_noise``); updates of a dtype
+            that cannot hold 9.2·σ·clip (float16 with σ·clip ≥ 7120, as
+            ``add_gaussian_noise``: give it the float32 sums of ``clipped_grad``).
             Under ``jax.jit`` a step past n cannot raise: it returns NaN updates and state
             (nothing computed from it can be released).
 
@@ -314,6 +316,9 @@ def correlated_noise(
     def update_fn(updates: Any, state: CorrelatedNoiseState, params: Any = None):
         shapes.check(updates, params)
         refuse_concrete_nonfinite_sums(updates)
+        # as add_gaussian_noise: a float16 update cannot hold the float32 noise (x_t's
+        # Gaussian terms alone reach 9.2·σ·clip); cast to float16 it would be ±inf
+        _tx._refuse_noise_beyond_dtype(updates, stddev)
         if _validate.is_concrete(state.count) and int(state.count) >= n:
             _validate.fail(
                 "state.count",
