@@ -435,6 +435,21 @@ def add_gaussian_noise(stddev: float, *, key: jax.Array) -> optax.GradientTransf
         >>> noisy.shape, int(state.count)
         ((3,), 1)
     """
+    init_fn, add_noise = _gaussian_noise_fns(stddev, key)
+
+    def update_fn(updates: Any, state: NoiseState, params: Any = None):
+        return add_noise(updates, state, params, stddev)
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _gaussian_noise_fns(stddev: float, key: jax.Array):
+    """``(init_fn, add_noise)`` shared by :func:`add_gaussian_noise` and its runtime-std twin.
+
+    ``add_noise(updates, state, params, scale)`` draws the noise at ``scale``: ``stddev``
+    itself, or a traced value the caller guarantees equal to it. Every host-side check uses
+    ``stddev`` (concrete), so both transforms refuse exactly the same inputs.
+    """
     _validate.non_negative("stddev", stddev)
     key = _check_key(key)
     impl = _key_impl(key)
@@ -444,15 +459,17 @@ def add_gaussian_noise(stddev: float, *, key: jax.Array) -> optax.GradientTransf
         shapes.record(params)
         return _init_noise_state(key)
 
-    def update_fn(updates: Any, state: NoiseState, params: Any = None):
+    def add_noise(updates: Any, state: NoiseState, params: Any, scale: Any):
         shapes.check(updates, params)
         refuse_concrete_nonfinite_sums(updates)
         _refuse_noise_beyond_dtype(updates, stddev)
+        for leaf in jax.tree.leaves(updates):
+            _noise.check_scale_representable(stddev, _noise.noise_dtype_of(leaf))
         next_key, noise_key, release = _checked_next_keys(updates, state, impl)
-        noisy = _noise.tree_add_iid_noise(noise_key, _fusion_barrier(updates), _normal, stddev)
+        noisy = _noise.tree_add_iid_noise(noise_key, _fusion_barrier(updates), _normal, scale)
         return release(noisy), NoiseState(key=next_key, count=optax.safe_increment(state.count))
 
-    return optax.GradientTransformation(init_fn, update_fn)
+    return init_fn, add_noise
 
 
 def _gaussian_noise_at_runtime_stddev(
@@ -469,27 +486,12 @@ def _gaussian_noise_at_runtime_stddev(
     is cast to the noise dtype before the product in both), but one compiled step serves
     every σ of the same shapes (the persistent compilation cache can reuse it across ε).
     """
-    _validate.non_negative("stddev", stddev)
-    key = _check_key(key)
-    impl = _key_impl(key)
-    shapes = _ParamShapes()
-
-    def init_fn(params: Any) -> NoiseState:
-        shapes.record(params)
-        return _init_noise_state(key)
+    init_fn, add_noise = _gaussian_noise_fns(stddev, key)
 
     def update_fn(updates: Any, state: NoiseState, params: Any = None, *, noise_stddev: Any,
                   **extra_args: Any):  # fmt: skip
         del extra_args
-        shapes.check(updates, params)
-        refuse_concrete_nonfinite_sums(updates)
-        _refuse_noise_beyond_dtype(updates, stddev)
-        _noise.check_scale_representable(stddev, jnp.float32)
-        next_key, noise_key, release = _checked_next_keys(updates, state, impl)
-        noisy = _noise.tree_add_iid_noise(
-            noise_key, _fusion_barrier(updates), _normal, noise_stddev
-        )
-        return release(noisy), NoiseState(key=next_key, count=optax.safe_increment(state.count))
+        return add_noise(updates, state, params, noise_stddev)
 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 

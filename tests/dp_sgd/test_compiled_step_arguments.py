@@ -148,3 +148,33 @@ def test_ghost_norms_with_public_weights_match_per_example_gradients():
         for c in ("ghost", "vmap")
     }
     np.testing.assert_allclose(np.asarray(out["ghost"]), np.asarray(out["vmap"]), atol=1e-5)
+
+
+def _runtime_noise(stddev, key):
+    tx = _gaussian_noise_at_runtime_stddev(stddev, key=key)
+    # as in the compiled step: the std reaches the update traced, so only the plan's value
+    # (the transform's own ``stddev``) can be checked on the host
+    step = jax.jit(lambda u, s, sd: tx.update(u, s, None, noise_stddev=sd))
+    return tx, lambda updates, state: step(updates, state, jnp.float32(stddev))
+
+
+def _constant_noise(stddev, key):
+    tx = add_gaussian_noise(stddev, key=key)
+    return tx, lambda updates, state: tx.update(updates, state, None)
+
+
+@pytest.mark.parametrize("make", [_runtime_noise, _constant_noise], ids=["runtime", "constant"])
+@pytest.mark.parametrize(
+    ("stddev", "dtype", "named"),
+    [(1e4, jnp.float16, "float16"), (1e-40, jnp.float32, "noise scale")],
+    ids=["beyond_float16", "flushed_in_float32"],
+)
+def test_runtime_and_constant_noise_refuse_the_same_unholdable_std(make, stddev, dtype, named):
+    """Both Gaussian paths refuse a std the leaf's dtype cannot hold (float16 overflow) or that
+    its noise dtype flushes to zero (1e-40 in float32): the runtime path checks the plan's σ·C."""
+    with jax.enable_x64(False):
+        tx, update = make(stddev, jax.random.key(0))
+        updates = jnp.zeros(4, dtype)
+        state = tx.init(updates)
+        with pytest.raises(ValueError, match=named):
+            update(updates, state)
