@@ -178,3 +178,20 @@ def test_runtime_and_constant_noise_refuse_the_same_unholdable_std(make, stddev,
         state = tx.init(updates)
         with pytest.raises(ValueError, match=named):
             update(updates, state)
+
+
+def test_a_larger_cap_is_the_one_the_accountant_charges_the_overflow_of():
+    """The truncation slack is charged for the GIVEN cap: the plan records it and the per-step
+    overflow chance is P[Binomial(n + 1, q) > cap] (scipy), smaller than the default cap's."""
+    from scipy.stats import binom
+
+    from dpjax.dp_sgd.training.accounting import _overflow
+
+    w0 = {"w0": jnp.ones((3, 2))}
+    default = _private(_public_loss, 0.8, public=w0)
+    given = default.max_batch_size + 5
+    larger = _private(_public_loss, 0.8, public=w0, cap=given)
+    assert larger.max_batch_size == larger._plan.max_batch_size == given
+    q = larger.sampling_rate
+    np.testing.assert_allclose(_overflow(larger._plan), binom.sf(given, N + 1, q), rtol=1e-9)
+    assert _overflow(larger._plan) < _overflow(default._plan)
