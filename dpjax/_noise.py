@@ -175,7 +175,7 @@ def exact_sum_with_noise(
         host = np.dtype(jnp.result_type(leaf)) if not exact_in(leaf.dtype, z.dtype) else None
     if host is not None and not exact_in(host, z.dtype):
         values = np.asarray(leaf)
-        noise = jnp.asarray(scale).astype(z.dtype) * z  # the noise s·z, as the device adds it
+        noise = scale_rounded_up(scale, z.dtype) * z  # the noise s·z, as the device adds it
         if _validate.is_concrete(noise):
             return _host_sum(values, noise, out_dtype)
         if not np.array_equal(values.astype(z.dtype).astype(values.dtype), values):
@@ -196,7 +196,35 @@ def exact_sum_with_noise(
         hi = min(int(jnp.iinfo(x.dtype).max), limit)
         x = jnp.clip(x, lo, hi)
     wide = x.astype(z.dtype)
-    return (wide + jnp.asarray(scale).astype(z.dtype) * z).astype(out_dtype)
+    return (wide + scale_rounded_up(scale, z.dtype) * z).astype(out_dtype)
+
+
+def scale_rounded_up(scale: Any, dtype: Any) -> Any:
+    """The noise scale in ``dtype``, rounded UP: never below the value the accountant charges.
+
+    A cast rounds to nearest, which lands up to half an ulp BELOW the float64 scale (σ·Δ) that
+    the privacy event records (float32: 3·10⁻⁸ relative), i.e. slightly less noise than
+    charged. Here a concrete scale is rounded on the host in float64 and moved to the next
+    ``dtype`` value up where the cast went down; a traced scale wider than ``dtype`` is rounded
+    the same way in the graph; a traced scale already in ``dtype`` (or narrower) is cast as is:
+    its rounding is the caller's (pass it rounded up, as :class:`~dpjax.dp_sgd.PrivateTraining`
+    does).
+
+    Returns:
+        A numpy scalar/array of ``dtype`` for a concrete scale, else a traced ``dtype`` array.
+    """
+    dtype = np.dtype(dtype)
+    if _validate.is_concrete(scale):
+        exact = np.asarray(scale, dtype=np.float64)
+        rounded = exact.astype(dtype)
+        went_down = rounded.astype(np.float64) < exact
+        return np.where(went_down, np.nextafter(rounded, np.asarray(np.inf, dtype)), rounded)
+    traced = jnp.asarray(scale)
+    rounded = traced.astype(dtype)
+    if not jnp.issubdtype(traced.dtype, jnp.floating) or traced.dtype.itemsize <= dtype.itemsize:
+        return rounded
+    went_down = rounded.astype(traced.dtype) < traced
+    return jnp.where(went_down, jnp.nextafter(rounded, jnp.asarray(jnp.inf, dtype)), rounded)
 
 
 def check_scale_representable(scale: Any, dtype: Any) -> None:

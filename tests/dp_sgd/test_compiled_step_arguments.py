@@ -4,6 +4,8 @@ noised, and the noise is still exactly σ·C of the plan the ledger records."""
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,6 +13,7 @@ import optax
 import pytest
 
 import dpjax
+from dpjax import _noise
 from dpjax.dp_sgd.transforms import _gaussian_noise_at_runtime_stddev, add_gaussian_noise
 
 N, B = 64, 8
@@ -39,7 +42,7 @@ def _private(loss, sigma, key=1, public=None, optimizer=None, cap=None, clipping
 
 def _step_hlo(private, params, data):
     state = private.init(params)
-    stddev = np.asarray(private._runtime_stddev, jax.dtypes.canonicalize_dtype(np.float64))
+    stddev = _noise.scale_rounded_up(private._runtime_stddev, np.float64)
     lowered = private._jitted_step.lower(
         params, state.step, state.key, state.opt_state, data, None, stddev, private.public
     )
@@ -113,6 +116,14 @@ def test_public_needs_a_loss_that_takes_it_and_numeric_leaves():
         _private(_public_loss, 1.0, public={"w0": "weights"})
 
 
+def _float32_at_or_above(x: float) -> np.float32:
+    """The smallest float32 ≥ x, decided in exact rationals (not by the code under test)."""
+    nearest = np.float32(x)
+    if Fraction(float(nearest)) < Fraction(x):
+        return np.nextafter(nearest, np.float32(np.inf))
+    return nearest
+
+
 @pytest.mark.parametrize("x64", [False, True])
 def test_runtime_sigma_c_noise_is_bit_identical_to_the_constant_path(x64):
     """σ·C = 0.7·1.1 is no float32 number: both paths round it the same way (no less noise)."""
@@ -123,11 +134,33 @@ def test_runtime_sigma_c_noise_is_bit_identical_to_the_constant_path(x64):
         const = add_gaussian_noise(sigma_c, key=key)
         runtime = _gaussian_noise_at_runtime_stddev(sigma_c, key=key)
         want, _ = const.update(updates, const.init(updates), updates)
-        s = np.asarray(sigma_c, jax.dtypes.canonicalize_dtype(np.float64))
+        s = _noise.scale_rounded_up(sigma_c, jax.dtypes.canonicalize_dtype(np.float64))
         got, _ = jax.jit(lambda u, st, s: runtime.update(u, st, u, noise_stddev=s))(
             updates, runtime.init(updates), s
         )
     assert np.asarray(got["w"]).tobytes() == np.asarray(want["w"]).tobytes()
+
+
+@pytest.mark.parametrize("x64", [False, True])
+def test_the_step_never_draws_less_than_the_sigma_c_its_ledger_charges(x64):
+    """Zero gradient, SGD(1), σ·C = 1.3, whose nearest float32 is BELOW 1.3: the step's noise is
+    the smallest float32 ≥ 1.3 times Z (never the nearest, which is less noise than charged),
+    with x64 off (σ·C a float32 argument) and on (a float64 argument, float32 noise)."""
+    sigma = 1.3
+    assert float(np.float32(sigma)) < sigma  # the case where rounding to nearest loses noise
+    with jax.enable_x64(x64):
+        private = _private(lambda w, x: 0.0 * jnp.sum(w) * jnp.sum(x), sigma,
+                           optimizer=optax.sgd(1.0), clipping="vmap")  # fmt: skip
+        w = jnp.zeros((4000,), jnp.float32)
+        out, _, _ = private.fit(w, _data(), steps=1, progress=False)
+        noise_key, _ = jax.random.split(jax.random.key(1))
+        unit = add_gaussian_noise(1.0, key=noise_key)  # 1·Z is Z exactly
+        z, _ = unit.update(jnp.zeros_like(w), unit.init(w), w)
+    batch = np.float32(private.expected_batch_size)
+    charged = -(_float32_at_or_above(sigma) * np.asarray(z, np.float32)) / batch
+    np.testing.assert_array_equal(np.asarray(out), charged)
+    nearest = -(np.float32(sigma) * np.asarray(z, np.float32)) / batch
+    assert not np.array_equal(np.asarray(out), nearest)  # teeth: the two roundings differ
 
 
 def _two_layer_public_loss(w, x, public):

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dpjax import _validate
+from dpjax import _noise, _validate
 from dpjax.dp_sgd import adaptive_clip
 from dpjax.dp_sgd._vmap_guard import void_unless as _void_unless
 from dpjax.dp_sgd.matrix_factorization import row_order as _row_order
@@ -109,8 +109,9 @@ class Stepping:
         # σ·C of THIS object's plan (the σ its ledger row records and epsilon charges), as
         # an argument: one compiled step for every σ; never a value from the caller
         stddev = None
-        if self._runtime_stddev is not None:  # float64 under x64, else rounded to float32
-            stddev = np.asarray(self._runtime_stddev, jax.dtypes.canonicalize_dtype(np.float64))
+        if self._runtime_stddev is not None:  # float64 under x64, else rounded UP to float32
+            canonical = jax.dtypes.canonicalize_dtype(np.float64)
+            stddev = _noise.scale_rounded_up(self._runtime_stddev, canonical)
         params, (count, key, opt_state), metrics = self._jitted_step(
             params, state.step, state.key, state.opt_state, data, digest, stddev, self.public
         )
