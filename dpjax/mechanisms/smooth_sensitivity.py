@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dpjax import _validate
-from dpjax._noise import noise_dtype_of, tree_add_noise
+from dpjax._noise import noise_dtype_of, scale_rounded_up, tree_add_noise
 from dpjax.mechanisms._nonfinite import refuse_nonfinite
 from dpjax.mechanisms._vmap_guard import guarded_release
 from dpjax.mechanisms.sensitivity import clip_into_range
@@ -435,6 +435,20 @@ def _decay_weights(n: int, beta: float, dtype: Any) -> np.ndarray:
     return np.exp(-beta * np.arange(n + 1, dtype=np.float64)).astype(dtype)
 
 
+def _scale_rounded_up(multiplier: float, s: jax.Array) -> jax.Array:
+    """multiplier·S in S's dtype, never below the real product (the scale the recipe needs).
+
+    In float64 the product is used as is (as every other float64 noise scale). In float32
+    (x64 off) fl(fl(m)·S) lands up to about one ulp below m·S; here m is rounded up to float32
+    and the rounded product moved one float up, which is ≥ m·S because a rounding to nearest is
+    off by at most half an ulp of the result.
+    """
+    if np.dtype(s.dtype) == np.dtype(np.float64):
+        return multiplier * s
+    product = scale_rounded_up(multiplier, s.dtype) * s
+    return jnp.nextafter(product, jnp.asarray(jnp.inf, s.dtype))
+
+
 @functools.partial(jax.jit, static_argnames=("upper", "beta", "floor"))
 def _smooth_sensitivity_sorted(x: jax.Array, upper: float, beta: float, floor: float) -> jax.Array:
     """Equation (4) on sorted, in-range data, floored at ``floor`` (jitted per shape, Λ, β, c)."""
@@ -540,4 +554,4 @@ def smooth_median(
         "laplace": jax.random.laplace,
         "gaussian": jax.random.normal,
     }[noise]
-    return tree_add_noise(key, median, sampler, params.multiplier * s)
+    return tree_add_noise(key, median, sampler, _scale_rounded_up(params.multiplier, s))

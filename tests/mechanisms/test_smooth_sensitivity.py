@@ -356,3 +356,29 @@ def test_smooth_sensitivity_floor_keeps_it_smooth():
     for a, b in zip(values, values[1:], strict=False):
         assert 0.0 < a and 0.0 < b
         assert a <= math.exp(beta) * b * (1 + 1e-12) and b <= math.exp(beta) * a * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("noise", ["gaussian", "heavy_tailed"])
+def test_float32_release_scale_is_never_below_multiplier_times_s(monkeypatch, noise):
+    """x64 off: the scale handed to the noise is ≥ multiplier·S_β in exact rationals. The
+    float32 product fl(fl(m)·S) was below m·S for about half of these data sets."""
+    from fractions import Fraction
+
+    import dpjax.mechanisms.smooth_sensitivity as ss
+
+    scales = []
+    real = ss.tree_add_noise
+    monkeypatch.setattr(
+        ss, "tree_add_noise", lambda k, v, smp, s: scales.append(s) or real(k, v, smp, s)
+    )
+    delta = 0.0 if noise == "heavy_tailed" else 1e-6
+    p = M.smooth_noise_parameters(epsilon=1.0, delta=delta, noise=noise)
+    below = 0
+    with jax.enable_x64(False):
+        for seed in range(3):
+            x = jnp.asarray(np.random.default_rng(seed).uniform(size=51), jnp.float32)
+            s = M.smooth_sensitivity_median(x, upper=1.0, beta=p.beta)
+            M.smooth_median(jax.random.key(0), x, upper=1.0, epsilon=1.0, delta=delta, noise=noise)
+            drawn = Fraction(float(np.asarray(scales[-1])))
+            below += drawn < Fraction(p.multiplier) * Fraction(float(s))
+    assert below == 0
