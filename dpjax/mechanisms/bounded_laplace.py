@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dpjax import _random, _validate
-from dpjax._noise import exact_in, float_dtype_of, host_dtype
+from dpjax._noise import exact_in, float_dtype_of, host_dtype, scale_rounded_up
 from dpjax.mechanisms._nonfinite import refuse_nonfinite
 from dpjax.mechanisms._vmap_guard import guarded_release
 from dpjax.mechanisms.sensitivity import clip_into_range
@@ -213,7 +213,10 @@ def _sample(key: jax.Array, q: Any, b: float, lo: float, hi: float) -> jax.Array
     q = _exact_integer_centre(jnp.asarray(q), dtype)
     w, from_top = _random._unit_and_sign(key, jnp.shape(q), dtype)
     q_wide = clip_into_range(q, lower=lo, upper=hi).astype(dtype)
-    v = _inverse_cdf_from_ends(q_wide, w, from_top, b, lo, hi)
+    # b in ``dtype`` rounded UP (a nearest cast could land below the b the condition holds for;
+    # the condition holds for every larger b, which the bisection of the scale relies on)
+    b_wide = float(scale_rounded_up(b, dtype))
+    v = _inverse_cdf_from_ends(q_wide, w, from_top, b_wide, lo, hi)
     return jnp.clip(v.astype(out_dtype), lo, hi)
 
 

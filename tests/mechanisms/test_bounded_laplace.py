@@ -324,3 +324,23 @@ def test_float32_support_reaches_the_same_top_for_neighbours(dtype, q, q2):
         beyond_bottom = _restricted_laplace_cdf(a2, b, bottom)
         assert beyond_top <= floor, (a, a2, top, beyond_top)
         assert beyond_bottom <= floor, (a, a2, bottom, beyond_bottom)
+
+
+def test_float32_quantile_uses_b_rounded_up(monkeypatch, key):
+    """x64 off: the b the float32 quantile is evaluated at (a Python float, cast to float32 by
+    JAX) is ≥ the b whose ΔC condition holds; at ε = 0.5 the nearest float32 is below it."""
+    import importlib
+    from fractions import Fraction
+
+    bl = importlib.import_module("dpjax.mechanisms.bounded_laplace")  # the module, not the function
+    b = M.bounded_laplace_scale(sensitivity=1.0, epsilon=0.5, lower=L, upper=U)
+    assert Fraction(float(np.float32(b))) < Fraction(b)  # nearest rounding would lose noise
+    used = []
+    real = bl._inverse_cdf_from_ends
+    monkeypatch.setattr(
+        bl, "_inverse_cdf_from_ends", lambda q, w, top, b_, lo, hi, **kw: used.append(b_)
+        or real(q, w, top, b_, lo, hi, **kw)
+    )  # fmt: skip
+    with jax.enable_x64(False):
+        M.bounded_laplace(key, jnp.float32(3.0), sensitivity=1.0, epsilon=0.5, lower=L, upper=U)
+    assert used and all(Fraction(float(np.float32(u))) >= Fraction(b) for u in used)
