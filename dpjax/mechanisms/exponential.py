@@ -29,6 +29,7 @@ from dpjax._noise import (
     exact_in,
     exact_sum_with_noise,
     float_dtype_of,
+    scale_rounded_up,
     tree_noise_like,
 )
 from dpjax._random import noise_dtype
@@ -117,7 +118,7 @@ def _noisy_scores(key: jax.Array, scores: jax.Array, sampler, scale: float) -> j
     # vector is not), so a rounding between the sum and the argmax would not be
     # post-processing.
     if isinstance(scores, np.ndarray) and not exact_in(scores.dtype, noise.dtype):
-        w = jnp.asarray(scale, noise.dtype) * noise  # the noise T·Z as the device draws it
+        w = scale_rounded_up(scale, noise.dtype) * noise  # T·Z, T never rounded below
         if _validate.is_concrete(w):
             return scores.astype(np.float64) + np.asarray(w, np.float64)
     return exact_sum_with_noise(scores, noise, scale, out_dtype=noise.dtype)

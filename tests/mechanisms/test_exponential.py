@@ -409,3 +409,27 @@ def test_non_finite_rule_is_lipschitz_and_monotone_per_pattern():
         assert np.all(sv[monotone] >= su[monotone])
         tight = bound > 0
         assert np.max(gap[tight] / bound[tight]) > 0.99  # the search reached the bound
+
+
+def test_float64_host_scores_get_noise_at_the_temperature_rounded_up(monkeypatch, key):
+    """x64 off, float64 numpy scores (summed with the noise on the host): the noise is T'·Z
+    with T' the smallest float32 ≥ T = 2Δ/ε; the nearest float32 of T = 20/3 is below it."""
+    import importlib
+    from fractions import Fraction
+
+    ex = importlib.import_module("dpjax.mechanisms.exponential")
+    temperature = M.exponential_mechanism_scale(sensitivity=1.0, epsilon=0.3)
+    nearest = np.float32(temperature)
+    assert Fraction(float(nearest)) < Fraction(temperature)
+    up = np.nextafter(nearest, np.float32(np.inf))
+    seen = {}
+    real_noise, real_argmax = ex.tree_noise_like, ex._argmax
+    monkeypatch.setattr(ex, "tree_noise_like", lambda *a: seen.setdefault("z", real_noise(*a)))
+    monkeypatch.setattr(
+        ex, "_argmax", lambda v: seen.setdefault("noisy", v) is v and real_argmax(v)
+    )
+    with jax.enable_x64(False):
+        M.exponential_mechanism(key, np.zeros(64), sensitivity=1.0, epsilon=0.3)
+    z = np.asarray(seen["z"])
+    assert z.dtype == np.float32
+    np.testing.assert_array_equal(seen["noisy"], (up * z).astype(np.float64))
