@@ -439,7 +439,8 @@ def add_sharded_gaussian_noise(
         layout: the :class:`MeshLayout` of the parameters.
 
     Raises:
-        TypeError: no key. ValueError: negative stddev; a key that is not threefry2x32.
+        TypeError: no key. ValueError: negative stddev; a key that is not threefry2x32; (at
+            update) a nonzero stddev below the smallest normal number of the noise dtype.
 
     Formal guarantees:
         With stddev = σ·Δ₂ each update is the Gaussian mechanism (Dwork & Roth 2014,
@@ -461,6 +462,8 @@ def add_sharded_gaussian_noise(
         shapes.check(updates, params)
         refuse_concrete_nonfinite_sums(updates)
         _tx._refuse_noise_beyond_dtype(updates, stddev)
+        for leaf in jax.tree.leaves(updates):  # a subnormal std is flushed to 0 on the device
+            _noise.check_scale_representable(stddev, _noise.noise_dtype_of(leaf))
         next_key, noise_key, release = _tx._checked_next_keys(updates, state, impl)
         leaves, treedef = jax.tree.flatten(updates)
         specs = _specs_for(layout, updates)

@@ -323,3 +323,13 @@ def test_sharded_noise_on_low_precision_updates_is_float32_noise_cast_once(dtype
     half = {"w": jnp.zeros(8, jnp.float16)}
     with pytest.raises(ValueError, match="stddev"):
         big.update(half, big.init(half), half)
+
+
+def test_sharded_noise_refuses_a_std_the_device_flushes_to_zero():
+    """σ·C = 1e-40 is subnormal in float32: the device flushed the (rounded-up) scale to 0 and
+    released the sum without noise; refused as by add_gaussian_noise."""
+    layout = sharded.mesh_layout(_mesh((1, 1)), {"w": P("model")})
+    tx = sharded.add_sharded_gaussian_noise(1e-40, key=jax.random.key(3), layout=layout)
+    updates = {"w": jnp.zeros(8, jnp.float32)}
+    with pytest.raises(ValueError, match="noise scale"):
+        tx.update(updates, tx.init(updates), updates)
