@@ -482,9 +482,11 @@ def _gaussian_noise_at_runtime_stddev(
     passes at every update. The host-side checks (non-negative, non-vanishing, a dtype that
     holds 9.2·stddev) use ``stddev``, the value the caller must pass as ``s``:
     ``PrivateTraining.step`` passes its own σ·C (the σ its ledger records), never a
-    user-supplied value. Same key: bit-identical to :func:`add_gaussian_noise` (the scale
-    is cast to the noise dtype before the product in both), but one compiled step serves
-    every σ of the same shapes (the persistent compilation cache can reuse it across ε).
+    user-supplied value, rounded UP to float32 when x64 is off (a traced scale already in the
+    noise dtype is used as is). Same key: bit-identical to :func:`add_gaussian_noise` (the
+    scale is rounded up to the noise dtype before the product in both), but one compiled
+    step serves every σ of the same shapes (the persistent compilation cache can reuse it
+    across ε).
     """
     init_fn, add_noise = _gaussian_noise_fns(stddev, key)
 
