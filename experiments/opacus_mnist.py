@@ -27,8 +27,14 @@ Same in both frameworks: the architecture (layer for layer), preprocessing, loss
 cross-entropy over the expected batch), clip C, noise multiplier σ, Poisson sampling rate,
 number of steps, learning rate and momentum, hence the same ε. ε is printed as each framework
 accounts it: dpjax's PLD accountant and Opacus's default (PRV) accountant, both add/remove-one.
-Not the same: the initial weights (each framework's default initialiser: flax's LeCun normal,
-PyTorch's Kaiming uniform) and the random streams.
+The initial weights follow the same law where the setting says ``init="torch"`` (the
+SampleConvNet settings: PyTorch's default ``Conv2d``/``Linear`` init, weights and biases
+U(±1/√fan_in), drawn on dpjax's side by :func:`torch_default_init`); ``tb_cnn`` keeps flax's
+default (LeCun normal weights, zero biases), and ``--init flax|torch`` overrides either. Rows
+measured before this option existed ran flax's init and record ``init: flax``. With the same
+initial weights copied across, the loss and gradients agree to float32 rounding (the non-private
+step is the same; the tests check it). Not the same: the random streams (the draws of the
+initial weights, the batches, the noise).
 
 Scales: ``quick`` (one epoch of each setting, one seed: NOT the papers' protocol, which runs
 15 and 40 epochs; the numbers committed to the published-results table), ``full`` (the
