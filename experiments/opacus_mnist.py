@@ -27,8 +27,14 @@ Same in both frameworks: the architecture (layer for layer), preprocessing, loss
 cross-entropy over the expected batch), clip C, noise multiplier σ, Poisson sampling rate,
 number of steps, learning rate and momentum, hence the same ε. ε is printed as each framework
 accounts it: dpjax's PLD accountant and Opacus's default (PRV) accountant, both add/remove-one.
-Not the same: the initial weights (each framework's default initialiser: flax's LeCun normal,
-PyTorch's Kaiming uniform) and the random streams.
+The initial weights follow the same law where the setting says ``init="torch"`` (the
+SampleConvNet settings: PyTorch's default ``Conv2d``/``Linear`` init, weights and biases
+U(±1/√fan_in), drawn on dpjax's side by :func:`torch_default_init`); ``tb_cnn`` keeps flax's
+default (LeCun normal weights, zero biases), and ``--init flax|torch`` overrides either. Rows
+measured before this option existed ran flax's init and record ``init: flax``. With the same
+initial weights copied across, the loss and gradients agree to float32 rounding (the non-private
+step is the same; the tests check it). Not the same: the random streams (the draws of the
+initial weights, the batches, the noise).
 
 Scales: ``quick`` (one epoch of each setting, one seed: NOT the papers' protocol, which runs
 15 and 40 epochs; the numbers committed to the published-results table), ``full`` (the
@@ -54,12 +60,16 @@ N_TRAIN = 60_000
 # Opacus's MNIST example (SampleConvNet): its model, preprocessing, q = 240/60 000 and SGD
 # without momentum, shared by the README's rows, which differ in σ, C, lr and epochs.
 _SAMPLE_CONVNET = dict(activation="relu", padding=3, normalise=True, batch_size=240,
-                       momentum=0.0, delta=1e-5)  # fmt: skip
+                       momentum=0.0, delta=1e-5, init="torch")  # fmt: skip
+# Initialisers of the dpjax model: "torch" draws what PyTorch's default Conv2d/Linear init draws
+# (kaiming_uniform(a=√5) weights, i.e. U(±1/√fan_in), and biases U(±1/√fan_in)): the peer's
+# model; "flax" is flax's default (LeCun normal weights, zero biases).
+INITS = ("flax", "torch")
 SETTINGS = {
     "tb_cnn": dict(
         label="Tramèr & Boneh 2021 end-to-end tanh CNN",
         activation="tanh", padding=2, normalise=False, batch_size=512, learning_rate=0.5,
-        momentum=0.9, l2_clip_norm=0.1, noise_multiplier=1.23, epochs=40, delta=1e-5,
+        momentum=0.9, init="flax", l2_clip_norm=0.1, noise_multiplier=1.23, epochs=40, delta=1e-5,
         published=98.1, published_note="98.1 % at ε = 3 (RDP), 40 epochs",
     ),
     "opacus_example": dict(
@@ -117,21 +127,44 @@ def images(x: np.ndarray, normalise: bool) -> np.ndarray:
 # --------------------------------------------------------------------------- dpjax side
 
 
-def build_jax_model(setting: str, key):
-    """The setting's CNN in flax nnx (NHWC), layer for layer the torch one below."""
+def torch_default_init(fan_in: int) -> dict:
+    """flax ``kernel_init``/``bias_init`` drawing what PyTorch's default ``Conv2d``/``Linear``
+    init draws for a layer of ``fan_in`` inputs (in_channels × kernel area, or in_features):
+    weights kaiming_uniform(a=√5) = U(±1/√fan_in), biases U(±1/√fan_in)."""
+    import jax
+
+    if fan_in < 1:
+        raise ValueError(f"fan_in must be a positive integer; got {fan_in}")
+    bound = 1.0 / np.sqrt(fan_in)
+
+    def uniform(key, shape, dtype=np.float32):
+        return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+    return dict(kernel_init=uniform, bias_init=uniform)
+
+
+def build_jax_model(setting: str, key, init: str | None = None):
+    """The setting's CNN in flax nnx (NHWC), layer for layer the torch one below; initialised
+    by ``init`` (one of :data:`INITS`; default the setting's)."""
     import jax.numpy as jnp
     from flax import nnx
 
     hyper = SETTINGS[setting]
+    init = hyper["init"] if init is None else init
+    if init not in INITS:
+        raise ValueError(f"init must be one of {INITS}; got {init!r}")
     act = jnp.tanh if hyper["activation"] == "tanh" else nnx.relu
     pad = hyper["padding"]
+    inits = (lambda fan_in: torch_default_init(fan_in)) if init == "torch" else (lambda _: {})
 
     class CNN(nnx.Module):
         def __init__(self, rngs):
-            self.conv1 = nnx.Conv(1, 16, (8, 8), strides=2, padding=((pad, pad),) * 2, rngs=rngs)
-            self.conv2 = nnx.Conv(16, 32, (4, 4), strides=2, padding="VALID", rngs=rngs)
-            self.fc1 = nnx.Linear(32 * 4 * 4, 32, rngs=rngs)
-            self.fc2 = nnx.Linear(32, 10, rngs=rngs)
+            self.conv1 = nnx.Conv(1, 16, (8, 8), strides=2, padding=((pad, pad),) * 2,
+                                  rngs=rngs, **inits(1 * 8 * 8))  # fmt: skip
+            self.conv2 = nnx.Conv(16, 32, (4, 4), strides=2, padding="VALID", rngs=rngs,
+                                  **inits(16 * 4 * 4))  # fmt: skip
+            self.fc1 = nnx.Linear(32 * 4 * 4, 32, rngs=rngs, **inits(32 * 4 * 4))
+            self.fc2 = nnx.Linear(32, 10, rngs=rngs, **inits(32))
 
         def __call__(self, x):
             pool = lambda h: nnx.max_pool(h, (2, 2), strides=(1, 1))  # noqa: E731
@@ -177,9 +210,12 @@ def _test_accuracy(model, data: dict) -> float:
     return float(np.mean(predictions == data["yte"]))
 
 
-def train_jax_nonprivate(setting: str, data: dict, *, steps: int, seed: int) -> dict:
+def train_jax_nonprivate(
+    setting: str, data: dict, *, steps: int, seed: int, init: str | None = None
+) -> dict:
     """The non-private baseline on dpjax's side: the same flax model trained by plain optax SGD
-    (mean cross-entropy over shuffled batches; no clipping, no noise, no dpjax DP code)."""
+    (mean cross-entropy over shuffled batches; no clipping, no noise, no dpjax DP code). The row
+    also holds ``curve``: the test accuracy after each epoch (its evaluation not timed)."""
     import jax
     import jax.numpy as jnp
     import optax
@@ -188,7 +224,7 @@ def train_jax_nonprivate(setting: str, data: dict, *, steps: int, seed: int) -> 
     import dpjax
 
     hyper = SETTINGS[setting]
-    model = build_jax_model(setting, jax.random.key(seed))
+    model = build_jax_model(setting, jax.random.key(seed), init)
     loss_fn, params = dpjax.dp_sgd.nnx_loss(model, _jax_example_loss)
     optimizer = optax.sgd(hyper["learning_rate"], momentum=hyper["momentum"] or None)
     no_rng = jax.random.key(0)
@@ -207,18 +243,34 @@ def train_jax_nonprivate(setting: str, data: dict, *, steps: int, seed: int) -> 
     xtr, ytr = jnp.asarray(data["xtr"]), jnp.asarray(data["ytr"])
     start, cpu = time.perf_counter(), time.process_time()
     opt_state = optimizer.init(params)
-    for rows in order:
+    per_epoch, curve, untimed = len(data["ytr"]) // hyper["batch_size"], [], [0.0, 0.0]
+    for i, rows in enumerate(order):
         params, opt_state = step(params, opt_state, xtr[rows], ytr[rows])
+        if (i + 1) % per_epoch == 0 and i + 1 < len(order):
+            wall, cpu_at = time.perf_counter(), time.process_time()
+            nnx.update(model, params)
+            curve.append(round(100 * _test_accuracy(model, data), 2))
+            untimed[0] += time.perf_counter() - wall
+            untimed[1] += time.process_time() - cpu_at
     jax.block_until_ready(params)
-    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
+    seconds = time.perf_counter() - start - untimed[0]
+    cpu_seconds = time.process_time() - cpu - untimed[1]
     nnx.update(model, params)
-    return dict(framework="dpjax", test_accuracy=_test_accuracy(model, data), epsilon=None,
+    accuracy = _test_accuracy(model, data)
+    return dict(framework="dpjax", test_accuracy=accuracy, curve=curve + [round(100 * accuracy, 2)],
+                init=_init_of(setting, init), epsilon=None,
                 accountant="none (non-private)", steps=len(order), seconds=seconds,
                 cpu_seconds=cpu_seconds,
                 threads=f"XLA CPU, {jax.device_count()} device(s)")  # fmt: skip
 
 
-def train_dpjax(setting: str, data: dict, *, steps: int, seed: int) -> dict:
+def _init_of(setting: str, init: str | None) -> str:
+    return SETTINGS[setting]["init"] if init is None else init
+
+
+def train_dpjax(
+    setting: str, data: dict, *, steps: int, seed: int, init: str | None = None
+) -> dict:
     """dpjax.make_private with the setting's hyperparameters; time, accuracy, ε (PLD). A
     non-private setting goes to :func:`train_jax_nonprivate`."""
     import jax
@@ -228,10 +280,10 @@ def train_dpjax(setting: str, data: dict, *, steps: int, seed: int) -> dict:
     import dpjax
 
     if not is_private(setting):
-        return train_jax_nonprivate(setting, data, steps=steps, seed=seed)
+        return train_jax_nonprivate(setting, data, steps=steps, seed=seed, init=init)
     hyper = SETTINGS[setting]
     model_key, private_key = jax.random.split(jax.random.key(seed))
-    model = build_jax_model(setting, model_key)
+    model = build_jax_model(setting, model_key, init)
     loss_fn, params = dpjax.dp_sgd.nnx_loss(model, _jax_example_loss)
     momentum = hyper["momentum"] or None
     private = dpjax.make_private(
@@ -248,6 +300,7 @@ def train_dpjax(setting: str, data: dict, *, steps: int, seed: int) -> dict:
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
     nnx.update(model, params)
     return dict(framework="dpjax", test_accuracy=_test_accuracy(model, data),
+                init=_init_of(setting, init),
                 epsilon=float(private.epsilon(state)), accountant="dpjax PLD",
                 steps=int(state.step), seconds=seconds, cpu_seconds=cpu_seconds,
                 threads=f"XLA CPU, {jax.device_count()} device(s)")  # fmt: skip
@@ -342,14 +395,23 @@ def load(setting: str, n_train: int | None, n_test: int | None) -> dict:
                 xte=images(xte[:n_test], norm), yte=yte[:n_test].astype(np.int64))  # fmt: skip
 
 
-def measure(setting: str, size: str, seed: int = 0, frameworks=FRAMEWORKS, data=None) -> list:
-    """Train ``setting`` at ``size`` in each framework (one after the other); the rows."""
+def measure(
+    setting: str,
+    size: str,
+    seed: int = 0,
+    frameworks=FRAMEWORKS,
+    data=None,
+    init: str | None = None,
+) -> list:
+    """Train ``setting`` at ``size`` in each framework (one after the other); the rows. ``init``
+    (dpjax's side; default the setting's) is one of :data:`INITS`."""
     spec, hyper = SIZES[size], SETTINGS[setting]
     data = load(setting, spec["n_train"], spec["n_test"]) if data is None else data
     steps = steps_for(setting, size, len(data["ytr"]))
     rows = []
     for framework in frameworks:
-        row = TRAINERS[framework](setting, data, steps=steps, seed=seed)
+        extra = dict(init=init) if framework == "dpjax" else {}
+        row = TRAINERS[framework](setting, data, steps=steps, seed=seed, **extra)
         row.update(setting=setting, size=size, seed=seed, n_train=len(data["ytr"]),
                    epochs=steps * hyper["batch_size"] / len(data["ytr"]),
                    sampling_rate=hyper["batch_size"] / len(data["ytr"]))  # fmt: skip
@@ -388,7 +450,7 @@ def skipped(reason: str) -> dict:
 
 def run(out_dir: pathlib.Path, *, full: bool = False, seed: int = 0, size: str | None = None,
         settings: tuple[str, ...] = DEFAULT_SETTINGS,
-        frameworks: tuple[str, ...] = FRAMEWORKS):  # fmt: skip
+        frameworks: tuple[str, ...] = FRAMEWORKS, init: str | None = None):  # fmt: skip
     """``settings`` (default: the two of the time-to-accuracy table) in ``frameworks`` (default
     both) at ``size`` (quick unless ``full``); writes ``opacus_mnist.json`` with the commit of
     the code that ran. Torch/opacus (when Opacus runs) or MNIST missing: a SKIPPED section."""
@@ -415,7 +477,8 @@ def run(out_dir: pathlib.Path, *, full: bool = False, seed: int = 0, size: str |
     out_dir.mkdir(parents=True, exist_ok=True)
     commit = code_commit()
     try:
-        rows = [row for setting in settings for row in measure(setting, size, seed, frameworks)]
+        rows = [row for setting in settings
+                for row in measure(setting, size, seed, frameworks, init=init)]  # fmt: skip
     except DataMissingError as error:
         return skipped(f"the MNIST files are missing. {error}")
     payload = dict(size=size, commit=commit, settings=SETTINGS, rows=rows)
@@ -437,11 +500,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--setting", choices=tuple(SETTINGS), action="append")
     parser.add_argument("--framework", choices=FRAMEWORKS, action="append")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--init", choices=INITS, help="dpjax's initialiser (default: the setting's)"
+    )
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("out/opacus_mnist"))
     args = parser.parse_args(argv)
     result = run(args.out, full=args.full, seed=args.seed,
                  settings=tuple(args.setting or DEFAULT_SETTINGS),
-                 frameworks=tuple(args.framework or FRAMEWORKS))  # fmt: skip
+                 frameworks=tuple(args.framework or FRAMEWORKS), init=args.init)  # fmt: skip
     (args.out / "opacus_mnist.md").write_text(result["report_md"])
     print(f"[opacus_mnist] {result['verdict']}")
     return 0

@@ -178,6 +178,7 @@ def _time_row(setting: str, rows: list[dict], size: str, command: str) -> list[d
         name: dict(accuracy=100 * r["test_accuracy"], epsilon=r["epsilon"],
                    accountant=r["accountant"], wall_seconds=r["seconds"],
                    cpu_seconds=r["cpu_seconds"], threads=r.get("threads"))
+        | ({"init": _init(setting, [r])} if name == "dpjax" else {})
         for name, r in runs.items()
     }  # fmt: skip
     first = runs["dpjax"]
@@ -188,18 +189,38 @@ def _time_row(setting: str, rows: list[dict], size: str, command: str) -> list[d
                  command=command)]  # fmt: skip
 
 
+def _init(setting: str, runs: list[dict]) -> str:
+    """The initialiser dpjax's ``runs`` used: one for all of them (a run written before
+    ``opacus_mnist`` recorded it used flax's default, the only one then)."""
+    inits = sorted({r.get("init", "flax") for r in runs})
+    if len(inits) != 1:
+        raise ValueError(f"sources must hold runs of one init for {setting}; got {inits}")
+    return inits[0]
+
+
+def _opacus_command(setting: str, init: str) -> str:
+    """The command of one seed of ``setting`` (``--init`` when not the setting's default)."""
+    from experiments.opacus_mnist import SETTINGS
+
+    default = SETTINGS.get(setting, {}).get("init")
+    return f"{OPACUS_EXAMPLE_CMD} {setting}" + ("" if init == default else f" --init {init}")
+
+
 def _accuracy_row(setting: str, runs: list[dict]) -> dict:
-    """dpjax's full-protocol accuracies of ``setting`` over its seeds (one run per seed)."""
+    """dpjax's full-protocol accuracies of ``setting`` over its seeds (one run per seed), with
+    the initialiser they ran (and the per-epoch test curves when the runs recorded them)."""
     seeds = [r["seed"] for r in runs]
     if len(set(seeds)) != len(seeds):
         raise ValueError(f"sources must hold one dpjax run per seed of {setting}; got {seeds}")
+    init = _init(setting, runs)
+    curves = {"curves": [r["curve"] for r in runs]} if all("curve" in r for r in runs) else {}
     return dict(key=f"opacus_mnist/{setting}", protocol="full",
                 accuracies=[100 * r["test_accuracy"] for r in runs], seeds=seeds,
                 epsilon=runs[0]["epsilon"], delta=runs[0].get("delta", 1e-5) if
                 runs[0]["epsilon"] is not None else None, steps=runs[0]["steps"],
                 wall_seconds=[r["seconds"] for r in runs],
-                cpu_seconds=[r["cpu_seconds"] for r in runs],
-                command=f"{OPACUS_EXAMPLE_CMD} {setting}")  # fmt: skip
+                cpu_seconds=[r["cpu_seconds"] for r in runs], init=init, **curves,
+                command=_opacus_command(setting, init))  # fmt: skip
 
 
 # What ``record`` reads: file name -> (rows maker, experiment name).

@@ -247,7 +247,10 @@ def test_full_opacus_example_runs_fill_their_rows_with_seeds_commit_and_opacus_b
     assert "94.61 ± 0.09 (3 seeds); Opacus 94.48 (seed 0)" in eps_116
     assert "✓ 95% CI [94.39, 94.83] ∋ paper" in eps_116 and "PARTIAL" not in eps_116
     assert "code abc123def456" in eps_116 and "| 1.050 |" in eps_116
-    assert f"(`{published.OPACUS_EXAMPLE_CMD} opacus_example`)" in eps_116  # runnable
+    # runs written before dpjax's side recorded its init ran flax's: the row says so, and its
+    # command reruns that init (the setting's default is now PyTorch's, the peer's model)
+    assert {r["init"] for r in rows[1:]} == {"flax"} and rows[0]["frameworks"]["dpjax"]["init"]
+    assert f"(`{published.OPACUS_EXAMPLE_CMD} opacus_example --init flax`)" in eps_116
     (baseline,) = [ln for ln in lines if "non-private" in ln]
     assert "99.01 (1 seed)" in baseline and f"PARTIAL: 1 of 3 seeds; {why}" in baseline
     assert "| ∞ |" in baseline and "✓" not in baseline and "✗" not in baseline
@@ -293,3 +296,20 @@ def test_a_one_seed_row_is_plotted_as_one_seed_without_a_ci(tmp_path):
     assert (point["epsilon"], point["accuracy"]) == (0.834, 94.24)
     pytest.importorskip("matplotlib")
     assert published.plot(tmp_path / "p.png", [one]) == "p.png"
+
+
+def test_an_accuracy_row_records_its_init_and_its_per_epoch_curves(tmp_path):
+    """Runs with init "torch" (the setting's default) and their test curves: the row holds
+    both and the plain command; runs of two inits never pool into one row."""
+    path = _full_opacus_json(tmp_path / "opacus_mnist.json")
+    payload = json.loads(path.read_text())
+    payload["rows"] = [r | dict(init="torch", curve=[97.0, 99.01]) for r in payload["rows"]
+                       if r["setting"] == "opacus_example_nonprivate"]  # fmt: skip
+    path.write_text(json.dumps(payload))
+    (row,) = published.record(path, results_file=tmp_path / "r.json")
+    assert row["init"] == "torch" and row["curves"] == [[97.0, 99.01]]
+    assert row["command"] == f"{published.OPACUS_EXAMPLE_CMD} opacus_example_nonprivate"
+    payload["rows"].append(payload["rows"][0] | dict(seed=1, init="flax"))
+    path.write_text(json.dumps(payload))
+    with pytest.raises(ValueError, match="one init"):
+        published.record(path, results_file=tmp_path / "r.json")
