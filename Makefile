@@ -63,21 +63,11 @@ docs: $(VENV)/.installed-docs
 	@echo "[docs] open docs/_build/html/index.html"
 
 ## Run the default test suite (statistical heavy suites are marked `slow` and excluded), in two
-## passes that run at the same time: everything compiled at LLVM -O0 (the suite is compile-bound;
-## $(WORKERS) workers, output shown live), and the `codegen` tests (rounding claims of compiled code)
-## on the users' -O3 code generation (tests/conftest.py) in one more process, whose output is
-## printed when both are done. The second pass fills the cores the first leaves idle (its start-up,
-## its last modules); `make test` fails if either pass fails.
-TEST_FAST    := DPJAX_TEST_FAST_COMPILE=1 $(PY) -m pytest -m "not slow and not torch and not codegen" -q $(XDIST)
-TEST_CODEGEN := $(PY) -m pytest -m "codegen and not slow and not torch" -q -n 0
+## passes: everything compiled at LLVM -O0 (the suite is compile-bound), then the `codegen` tests
+## (rounding claims of compiled code) on the users' -O3 code generation (tests/conftest.py).
 test: $(VENV)/.installed-dev
-	@log=$$(mktemp -d); \
-	( $(TEST_CODEGEN) > $$log/codegen.log 2>&1; echo $$? > $$log/codegen.rc ) & \
-	echo "[test] pass 1 (-O0, not codegen) below; pass 2 (-O3, codegen) runs alongside, printed after"; \
-	$(TEST_FAST); fast=$$?; wait; codegen=$$(cat $$log/codegen.rc); \
-	echo "[test] pass 2 (-O3, codegen):"; cat $$log/codegen.log; rm -rf $$log; \
-	echo "[test] pass 1 exit $$fast, pass 2 exit $$codegen"; \
-	[ $$fast -eq 0 ] && [ $$codegen -eq 0 ]
+	DPJAX_TEST_FAST_COMPILE=1 $(PY) -m pytest -m "not slow and not torch and not codegen" -q $(XDIST)
+	$(PY) -m pytest -m "codegen and not slow and not torch" -q $(XDIST)
 
 ## The heavy statistical suites (audits with many trials, full-scale checks).
 test-slow: $(VENV)/.installed-dev
