@@ -155,7 +155,7 @@ def build_jax_model(setting: str, key, init: str | None = None):
         raise ValueError(f"init must be one of {INITS}; got {init!r}")
     act = jnp.tanh if hyper["activation"] == "tanh" else nnx.relu
     pad = hyper["padding"]
-    inits = (lambda fan_in: torch_default_init(fan_in)) if init == "torch" else (lambda _: {})
+    inits = torch_default_init if init == "torch" else (lambda _fan_in: {})
 
     class CNN(nnx.Module):
         def __init__(self, rngs):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from fractions import Fraction
 
 import numpy as np
 from scipy import stats
@@ -61,3 +62,11 @@ def assert_frequencies(counts, probs, *, wrong_probs=(), alpha=1e-4):
     assert statistic(probs) <= crit, f"chi2 {statistic(probs):.4g} > {crit:.4g}"
     for wrong in wrong_probs:
         assert statistic(wrong) > crit, "chi-square has no power against a wrong distribution"
+
+
+def float32_at_or_above(x: float) -> np.float32:
+    """The smallest float32 ≥ x, decided in exact rationals (not by the code under test)."""
+    nearest = np.float32(x)
+    if Fraction(float(nearest)) < Fraction(x):
+        return np.nextafter(nearest, np.float32(np.inf))
+    return nearest

@@ -463,8 +463,6 @@ def _gaussian_noise_fns(stddev: float, key: jax.Array):
         shapes.check(updates, params)
         refuse_concrete_nonfinite_sums(updates)
         _refuse_noise_beyond_dtype(updates, stddev)
-        for leaf in jax.tree.leaves(updates):
-            _noise.check_scale_representable(stddev, _noise.noise_dtype_of(leaf))
         next_key, noise_key, release = _checked_next_keys(updates, state, impl)
         noisy = _noise.tree_add_iid_noise(noise_key, _fusion_barrier(updates), _normal, scale)
         return release(noisy), NoiseState(key=next_key, count=optax.safe_increment(state.count))
@@ -499,13 +497,17 @@ def _gaussian_noise_at_runtime_stddev(
 
 
 def _refuse_noise_beyond_dtype(updates: Any, stddev: float) -> None:
-    """Refuse updates whose dtype cannot hold the noise (e.g. float16 with σ·C ≥ 7120).
+    """Refuse a std the updates' dtypes cannot hold: too large for the leaf (e.g. float16 with
+    σ·C ≥ 7120) or too small for the noise dtype (a subnormal std is flushed to 0).
 
     The noise is drawn and added in float32 and the noisy sum cast back to each leaf's dtype;
     a leaf of float16 (largest value 65504) would turn every draw beyond its range into ±inf
-    (checked on the dtype, so also under ``jit``).
+    (checked on the dtype, so also under ``jit``). A nonzero std below the noise dtype's
+    smallest normal number would release almost no noise
+    (:func:`dpjax._noise.check_scale_representable`).
     """
     for leaf in jax.tree.leaves(updates):
+        _noise.check_scale_representable(stddev, _noise.noise_dtype_of(leaf))
         dtype = _noise.float_dtype_of(leaf)
         top = float(jnp.finfo(dtype).max)
         if GAUSSIAN_SUPPORT * stddev >= top:

@@ -1,7 +1,6 @@
 """The shared noise path: per-leaf and flat i.i.d. draws."""
 
 import math
-from fractions import Fraction
 
 import jax
 import jax.numpy as jnp
@@ -10,7 +9,7 @@ import pytest
 from scipy import stats
 
 from dpjax import _noise
-from tests.helpers import assert_distribution
+from tests.helpers import assert_distribution, float32_at_or_above
 
 
 def _tree():
@@ -57,21 +56,13 @@ def test_iid_noise_fresh_per_key_and_jit_matches_eager(key):
     np.testing.assert_allclose(jitted(k1, tree)["a"], 2.0 * n1, rtol=1e-12)
 
 
-def _float32_at_or_above(x: float) -> np.float32:
-    """The smallest float32 ≥ x, decided in exact rationals (not by the code under test)."""
-    nearest = np.float32(x)
-    if Fraction(float(nearest)) < Fraction(x):
-        return np.nextafter(nearest, np.float32(np.inf))
-    return nearest
-
-
 _SCALES = [0.7 * 1.1, 1.3, 1 / 3, 4.05 * 0.1, 7119.9, 1.5 * 2.0**-126, 2.0**-20 / 3, 1.0, 0.0]
 
 
 def test_noise_scale_in_float32_is_the_smallest_float32_not_below_it():
     """Concrete (host) and traced float64 (in the graph) scales land on the smallest float32 ≥
     the charged float64 value; nearest rounding lands below for some of them."""
-    want = np.array([_float32_at_or_above(x) for x in _SCALES], np.float32)
+    want = np.array([float32_at_or_above(x) for x in _SCALES], np.float32)
     assert np.any(np.float32(_SCALES) < np.array(_SCALES))  # nearest would lose noise here
     host = np.array([_noise.scale_rounded_up(x, np.float32) for x in _SCALES])
     assert host.dtype == np.float32 and host.tobytes() == want.tobytes()
@@ -86,5 +77,5 @@ def test_float32_release_noise_is_the_rounded_up_scale_times_z(key, sigma):
         zeros = {"w": jnp.zeros((5000,), jnp.float32)}
         z = _noise.tree_add_iid_noise(key, zeros, jax.random.normal, 1.0)["w"]
         got = _noise.tree_add_iid_noise(key, zeros, jax.random.normal, sigma)["w"]
-    want = _float32_at_or_above(sigma) * np.asarray(z)
+    want = float32_at_or_above(sigma) * np.asarray(z)
     assert np.asarray(got).tobytes() == want.tobytes()

@@ -4,8 +4,6 @@ noised, and the noise is still exactly σ·C of the plan the ledger records."""
 
 from __future__ import annotations
 
-from fractions import Fraction
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,6 +13,7 @@ import pytest
 import dpjax
 from dpjax import _noise
 from dpjax.dp_sgd.transforms import _gaussian_noise_at_runtime_stddev, add_gaussian_noise
+from tests.helpers import float32_at_or_above
 
 N, B = 64, 8
 
@@ -116,14 +115,6 @@ def test_public_needs_a_loss_that_takes_it_and_numeric_leaves():
         _private(_public_loss, 1.0, public={"w0": "weights"})
 
 
-def _float32_at_or_above(x: float) -> np.float32:
-    """The smallest float32 ≥ x, decided in exact rationals (not by the code under test)."""
-    nearest = np.float32(x)
-    if Fraction(float(nearest)) < Fraction(x):
-        return np.nextafter(nearest, np.float32(np.inf))
-    return nearest
-
-
 @pytest.mark.parametrize("x64", [False, True])
 def test_runtime_sigma_c_noise_is_bit_identical_to_the_constant_path(x64):
     """σ·C = 0.7·1.1 is no float32 number: both paths round it the same way (no less noise)."""
@@ -157,7 +148,7 @@ def test_the_step_never_draws_less_than_the_sigma_c_its_ledger_charges(x64):
         unit = add_gaussian_noise(1.0, key=noise_key)  # 1·Z is Z exactly
         z, _ = unit.update(jnp.zeros_like(w), unit.init(w), w)
     batch = np.float32(private.expected_batch_size)
-    charged = -(_float32_at_or_above(sigma) * np.asarray(z, np.float32)) / batch
+    charged = -(float32_at_or_above(sigma) * np.asarray(z, np.float32)) / batch
     np.testing.assert_array_equal(np.asarray(out), charged)
     nearest = -(np.float32(sigma) * np.asarray(z, np.float32)) / batch
     assert not np.array_equal(np.asarray(out), nearest)  # teeth: the two roundings differ
