@@ -64,17 +64,23 @@ docs: $(VENV)/.installed-docs
 
 ## Run the default test suite (statistical heavy suites are marked `slow` and excluded), in two
 ## passes: everything compiled at LLVM -O0 (the suite is compile-bound), then the `codegen` tests
-## (rounding claims of compiled code) on the users' -O3 code generation (tests/conftest.py).
+## (rounding claims of compiled code) on the users' -O3 code generation (tests/conftest.py). The
+## second pass collects only the files that name the marker (CODEGEN_FILES; a test that carries it
+## names it in its file). Python writes its bytecode and pytest its rewritten test modules to
+## __pycache__ even where the environment says PYTHONDONTWRITEBYTECODE: every worker, pass and
+## subprocess of a test would otherwise compile them again (about 9 of 17 CPU-s per collection).
+CODEGEN_FILES = $(shell grep -rlw --include='test_*.py' codegen tests)
+TEST_ENV      := PYTHONDONTWRITEBYTECODE=
 test: $(VENV)/.installed-dev
-	DPJAX_TEST_FAST_COMPILE=1 $(PY) -m pytest -m "not slow and not torch and not codegen" -q $(XDIST)
-	$(PY) -m pytest -m "codegen and not slow and not torch" -q $(XDIST)
+	$(TEST_ENV) DPJAX_TEST_FAST_COMPILE=1 $(PY) -m pytest -m "not slow and not torch and not codegen" -q $(XDIST)
+	$(TEST_ENV) $(PY) -m pytest -m "codegen and not slow and not torch" -q $(XDIST) $(CODEGEN_FILES)
 
 ## The heavy statistical suites (audits with many trials, full-scale checks).
 test-slow: $(VENV)/.installed-dev
-	$(PY) -m pytest -m "slow and not torch" -q $(XDIST)
+	$(TEST_ENV) $(PY) -m pytest -m "slow and not torch" -q $(XDIST)
 
 test-all: $(VENV)/.installed-dev
-	$(PY) -m pytest -q $(XDIST)
+	$(TEST_ENV) $(PY) -m pytest -q $(XDIST)
 
 lint: $(VENV)/.installed-dev
 	$(PY) -m ruff check dpjax tests experiments benchmarks

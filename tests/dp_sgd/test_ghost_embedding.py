@@ -6,6 +6,7 @@ per-token segment sums ``Σ_{s: tok_s = tok_t} g_s``. The references are indepen
 per-example gradients by ``jax.vmap(jax.grad)``, clipped and summed in float64 NumPy.
 """
 
+import functools
 import json
 import os
 import subprocess
@@ -28,13 +29,18 @@ from tests.dp_sgd.test_ghost import assert_close, reference, run
 pytestmark = pytest.mark.codegen
 
 
+@functools.cache
+def _per_example_grads(loss_fn, n_batch_args):
+    """One jitted ``vmap(grad(loss_fn))`` per loss (a second reference call reuses its program)."""
+    return jax.jit(jax.vmap(jax.grad(loss_fn), in_axes=(None,) + (0,) * n_batch_args))
+
+
 def jitted_reference(loss_fn, params, batch, clip):
     """``tests.dp_sgd.test_ghost.reference`` with the per-example gradients from ONE jitted call.
 
     (flax's eager ops differ from their jitted versions by ~1e-8 relative even in float64.)
     """
-    grads = jax.jit(jax.vmap(jax.grad(loss_fn), in_axes=(None,) + (0,) * len(batch)))
-    grads = grads(params, *batch)
+    grads = _per_example_grads(loss_fn, len(batch))(params, *batch)
     leaves = [np.asarray(g, np.float64) for g in jax.tree.leaves(grads)]
     norms = np.linalg.norm(np.concatenate([g.reshape(g.shape[0], -1) for g in leaves], 1), axis=1)
     scale = np.minimum(1.0, clip / norms)
