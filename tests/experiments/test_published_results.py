@@ -40,7 +40,8 @@ def test_record_then_render_a_measured_row_and_the_not_run_rows(tmp_path):
     fmnist = next(ln for ln in lines if "ScatterNet + linear" in ln and "Fashion-MNIST" in ln)
     assert "not run here" in fmnist and "scatternet --full" in fmnist
     cnn = next(ln for ln in lines if "end-to-end tanh CNN" in ln and "| MNIST |" in ln)
-    assert "not run here: needs GPU" in cnn and "`python -m experiments mnist_cnn --full`" in cnn
+    assert "not run here: 40 epochs × 3 seeds" in cnn
+    assert f"`{published.OPACUS_EXAMPLE_CMD} tb_cnn`" in cnn
     opacus = [ln for ln in lines if published.OPACUS in ln]
     assert len(opacus) == 4 and all("not run here" in ln for ln in opacus)
     assert len(lines) == 2 + len(published.ROWS)
