@@ -11,6 +11,8 @@ DPJAX_TEST_FAST_COMPILE=1 (the first pass of `make test`), compiles with LLVM at
 """
 
 import os
+import pathlib
+import re
 import shutil
 import tempfile
 
@@ -113,7 +115,20 @@ def pytest_collection_modifyitems(config, items):
     )
     for item in items:
         if item.get_closest_marker("codegen"):
+            _check_names_codegen(item)
             item.add_marker(skip)
+
+
+def _check_names_codegen(item):
+    """`make test`'s second pass collects only the test files whose text names `codegen`
+    (Makefile: CODEGEN_FILES); a test marked from elsewhere (a helper module, a conftest) would
+    run in neither pass, so the first pass refuses it."""
+    path = pathlib.Path(str(item.fspath))
+    if re.search(r"\bcodegen\b", path.read_text()) is None:
+        raise pytest.UsageError(
+            f"{item.nodeid} carries the codegen marker but its file does not name it: put "
+            "`pytestmark = pytest.mark.codegen` or `@pytest.mark.codegen` in the file"
+        )
 
 
 @pytest.fixture
