@@ -76,9 +76,13 @@ ROWS: tuple[dict, ...] = (
          why="40 epochs × 3 seeds ≈ 1.1 h of CPU (1 172 DP-SGD steps of a CNN at batch 2 048 a "
          "seed)"),
     dict(paper=TB, dataset="MNIST", model="ScatterNet + CNN", epsilon=3.0, published=98.7,
-         key=None, command=None, why="needs GPU; no dpjax experiment yet"),
+         key="scatternet-cnn/mnist",
+         command="python -m experiments.scatternet --full --head cnn --dataset mnist",
+         why="not run here yet"),
     dict(paper=TB, dataset="Fashion-MNIST", model="ScatterNet + CNN", epsilon=3.0,
-         published=89.0, key=None, command=None, why="needs GPU; no dpjax experiment yet"),
+         published=89.0, key="scatternet-cnn/fashion-mnist",
+         command="python -m experiments.scatternet --full --head cnn --dataset fashion-mnist",
+         why="not run here yet"),
     dict(paper=OPACUS, dataset="MNIST", model="SampleConvNet, non-private", epsilon=None,
          published=98.94, key="opacus_mnist/opacus_example_nonprivate",
          command=f"{OPACUS_EXAMPLE_CMD} opacus_example_nonprivate",
@@ -118,9 +122,12 @@ def machine() -> str:
 
 
 def _scatternet_key(run: dict) -> str:
-    """``scatternet/<data set>`` for flat clipping (runs recorded before the option have no
-    ``clip_rule``), ``scatternet-automatic/<data set>`` for automatic clipping."""
-    rule = run.get("clip_rule", "flat")
+    """``scatternet/<data set>`` for flat clipping of the linear head (runs recorded before the
+    options have no ``clip_rule`` or ``head``), ``scatternet-automatic/<data set>`` for automatic
+    clipping, ``scatternet-cnn/<data set>`` for the CNN head."""
+    rule, head = run.get("clip_rule", "flat"), run.get("head", "linear")
+    if head != "linear":
+        return f"scatternet-{head}/{run['dataset']}"
     return (
         f"scatternet/{run['dataset']}" if rule == "flat" else f"scatternet-{rule}/{run['dataset']}"
     )
@@ -131,7 +138,11 @@ def rows_from_scatternet(payload: dict, command: str) -> list[dict]:
     out = []
     for key in dict.fromkeys(_scatternet_key(r) for r in payload["runs"]):
         runs = [r for r in payload["runs"] if _scatternet_key(r) == key]
-        if runs[0].get("clip_rule", "flat") != "flat":
+        if runs[0].get("head", "linear") != "linear":
+            flag = " --full" if payload["size"] == "full" else ""
+            command = (f"python -m experiments.scatternet{flag} --head {runs[0]['head']} "
+                       f"--dataset {runs[0]['dataset']}")  # fmt: skip
+        elif runs[0].get("clip_rule", "flat") != "flat":
             flag = " --full" if payload["size"] == "full" else ""
             command = (f"python -m experiments.scatternet{flag} --clip-rule "
                        f"{runs[0]['clip_rule']} --dataset {runs[0]['dataset']}")  # fmt: skip

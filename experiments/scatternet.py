@@ -74,6 +74,21 @@ HYPER = {
                           noise_multiplier=4.05, epochs=40, delta=1e-5, norm="group",
                           groups=27),
 }  # fmt: skip
+# ScatterNet + CNN (their README's ``cnns.py --use_scattering`` commands; ``models.py``
+# ``MNIST_CNN`` with 81 input channels): the same normalisations, then conv 81 → 16 (3×3,
+# stride 2, padding 1: 7×7 → 4×4), tanh, conv 16 → 32 (3×3, stride 1, padding 1), tanh,
+# linear 512 → 32, tanh, linear 32 → 10; torch's default initialisation. The σ spend ε = 3
+# (their RDP) after 40 epochs like the linear rows'.
+HEADS = ("linear", "cnn")
+HYPER_CNN = {
+    "mnist": dict(HYPER["mnist"], batch_size=1024, learning_rate=1.0, noise_multiplier=1.35),
+    "fashion-mnist": dict(HYPER["fashion-mnist"], batch_size=2048, learning_rate=4.0,
+                          noise_multiplier=2.15),
+}  # fmt: skip
+PAPER_CNN = {
+    "mnist": dict(accuracy=98.7, epsilon=3.0, delta=1e-5),
+    "fashion-mnist": dict(accuracy=89.0, epsilon=3.0, delta=1e-5),
+}
 SIZES = {
     # NOT the paper's protocol: a subset and 100 steps, batch scaled to the paper's q
     "quick": dict(datasets=("mnist",), n_train=10_000, n_test=2_000, steps=100, seeds=1),
@@ -273,12 +288,16 @@ def standardize(features: np.ndarray, mean: np.ndarray, var: np.ndarray) -> np.n
 # --------------------------------------------------------------------------- DP-SGD
 
 
-def hyperparameters(dataset: str, clip_rule: str = "flat") -> dict:
-    """The run's hyperparameters: :data:`HYPER` for flat clipping; for ``"automatic"`` the same
-    with C → R = :data:`AUTOMATIC` ``["l2_clip_norm"]``, γ, and lr·R = lr_flat·C_flat."""
+def hyperparameters(dataset: str, clip_rule: str = "flat", head: str = "linear") -> dict:
+    """The run's hyperparameters: :data:`HYPER` (``head="cnn"``: :data:`HYPER_CNN`) for flat
+    clipping; for ``"automatic"`` the same with C → R = :data:`AUTOMATIC` ``["l2_clip_norm"]``,
+    γ, and lr·R = lr_flat·C_flat."""
     if clip_rule not in CLIP_RULES:
         raise ValueError(f"clip_rule must be one of {CLIP_RULES}; got {clip_rule!r}")
-    flat = dict(HYPER[dataset], clip_rule="flat")
+    if head not in HEADS:
+        raise ValueError(f"head must be one of {HEADS}; got {head!r}")
+    table = HYPER if head == "linear" else HYPER_CNN
+    flat = dict(table[dataset], clip_rule="flat", head=head)
     if clip_rule == "flat":
         return flat
     scale = AUTOMATIC["l2_clip_norm"]
@@ -334,17 +353,63 @@ def example_loss(params: dict, example: dict):
     return optax.softmax_cross_entropy_with_integer_labels(logits, example["y"])
 
 
+def init_cnn(key) -> dict:
+    """The ScatterNet + CNN head's parameters (NHWC convolutions), each drawn as torch's default
+    ``Conv2d``/``Linear`` init: U(±1/√fan_in) for weights and biases."""
+    import jax
+    import jax.numpy as jnp
+
+    shapes = {"conv1": ((3, 3, CHANNELS, 16), 9 * CHANNELS), "conv2": ((3, 3, 16, 32), 9 * 16),
+              "fc1": ((32 * 4 * 4, 32), 32 * 4 * 4), "fc2": ((32, 10), 32)}  # fmt: skip
+    params = {}
+    for (name, (shape, fan_in)), k in zip(shapes.items(), jax.random.split(key, 4), strict=True):
+        bound = 1.0 / math.sqrt(fan_in)
+        kw, kb = jax.random.split(k)
+        params[name] = {
+            "w": jax.random.uniform(kw, shape, jnp.float32, -bound, bound),
+            "b": jax.random.uniform(kb, shape[-1:], jnp.float32, -bound, bound),
+        }
+    return params
+
+
+def cnn_logits(params: dict, x):
+    """Logits of a batch ``x`` (b, 3 969) of normalised features (channel-major, as stored)."""
+    import jax
+    import jax.numpy as jnp
+
+    def conv(h, layer, stride):
+        out = jax.lax.conv_general_dilated(h, layer["w"], (stride, stride), ((1, 1), (1, 1)),
+                                           dimension_numbers=("NHWC", "HWIO", "NHWC"))  # fmt: skip
+        return jnp.tanh(out + layer["b"])
+
+    h = x.reshape(-1, CHANNELS, SIDE, SIDE).transpose(0, 2, 3, 1)
+    h = conv(conv(h, params["conv1"], 2), params["conv2"], 1)
+    h = jnp.tanh(h.reshape(len(h), -1) @ params["fc1"]["w"] + params["fc1"]["b"])
+    return h @ params["fc2"]["w"] + params["fc2"]["b"]
+
+
+def example_loss_cnn(params: dict, example: dict):
+    """Cross-entropy of ONE example under the ScatterNet + CNN head (make_private vmaps it)."""
+    import optax
+
+    logits = cnn_logits(params, example["x"][None])[0]
+    return optax.softmax_cross_entropy_with_integer_labels(logits, example["y"])
+
+
 def accuracy(params: dict, x: np.ndarray, y: np.ndarray) -> float:
     import jax.numpy as jnp
 
-    logits = jnp.asarray(x) @ params["w"] + params["b"]
+    if "conv1" in params:
+        logits = cnn_logits(params, jnp.asarray(x))
+    else:
+        logits = jnp.asarray(x) @ params["w"] + params["b"]
     return float(np.mean(np.asarray(jnp.argmax(logits, -1)) == np.asarray(y)))
 
 
-def plan(dataset: str, n: int, steps: int | None) -> dict:
+def plan(dataset: str, n: int, steps: int | None, head: str = "linear") -> dict:
     """Batch and steps: the paper's at full scale (T = 40·⌊n/b⌋); at the quick scale the batch
     keeps the paper's sampling rate b/60 000 on the subset and T = ``steps``."""
-    hyper = HYPER[dataset]
+    hyper = (HYPER if head == "linear" else HYPER_CNN)[dataset]
     if steps is None:
         batch = hyper["batch_size"]
         return dict(batch_size=batch, steps=hyper["epochs"] * (n // batch))
@@ -363,7 +428,8 @@ def total_epsilon(norm_events: list, dp_sgd_event, delta: float, dp_sgd_epsilon:
 
 
 def train_once(dataset: str, data: dict, *, steps: int | None, seed: int,
-               clip_rule: str = "flat", trace_epochs: bool = False) -> dict:  # fmt: skip
+               clip_rule: str = "flat", trace_epochs: bool = False,
+               head: str = "linear") -> dict:  # fmt: skip
     """Normalise, then one DP-SGD run with the paper's hyperparameters (flat clipping) or their
     automatic-clipping counterpart (:func:`hyperparameters`); accuracy, ε, time.
 
@@ -377,15 +443,15 @@ def train_once(dataset: str, data: dict, *, steps: int | None, seed: int,
 
     import dpjax
 
-    hyper = hyperparameters(dataset, clip_rule)
+    hyper = hyperparameters(dataset, clip_rule, head)
     rule = dict(clip_rule="automatic", gamma=hyper["gamma"]) if clip_rule == "automatic" else {}
     start, cpu = time.perf_counter(), time.process_time()
     init_key, private_key, norm_key = jax.random.split(jax.random.key(seed), 3)
     flat, norm_events = prepare(dataset, data, key=norm_key)
     n, d = flat["xtr"].shape
-    schedule = plan(dataset, n, steps)
+    schedule = plan(dataset, n, steps, head)
     private = dpjax.make_private(
-        example_loss,
+        example_loss if head == "linear" else example_loss_cnn,
         optimizer=optax.sgd(hyper["learning_rate"], momentum=hyper["momentum"]),
         l2_clip_norm=hyper["l2_clip_norm"],
         dataset_size=n,
@@ -408,9 +474,9 @@ def train_once(dataset: str, data: dict, *, steps: int | None, seed: int,
         every = max(1, n // schedule["batch_size"])
         callbacks.append(dpjax.dp_sgd.Evaluate(test_accuracy, every=every,
                                                eval_data_is_public=True))  # fmt: skip
+    initial = init_linear(init_key, d) if head == "linear" else init_cnn(init_key)
     params, state, _ = private.fit(
-        init_linear(init_key, d), data_jax, progress=False, log_every=schedule["steps"],
-        callbacks=callbacks,
+        initial, data_jax, progress=False, log_every=schedule["steps"], callbacks=callbacks,
     )  # fmt: skip
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
     sgd_epsilon = float(private.epsilon(state))
@@ -423,7 +489,7 @@ def train_once(dataset: str, data: dict, *, steps: int | None, seed: int,
         batch_size=schedule["batch_size"], sampling_rate=private.sampling_rate, n_train=n,
         n_test=len(flat["yte"]), seconds=seconds, cpu_seconds=cpu_seconds, clip_rule=clip_rule,
         l2_clip_norm=hyper["l2_clip_norm"], learning_rate=hyper["learning_rate"],
-        gamma=hyper.get("gamma"),
+        gamma=hyper.get("gamma"), head=head,
     ) | ({"test_accuracy_by_epoch": trace} if trace_epochs else {})  # fmt: skip
 
 
@@ -448,9 +514,13 @@ def markdown(size: str, runs: list[dict]) -> str:
         "quick: NOT the published protocol — MNIST only, first 10 000 training / 2 000 test "
         "images, 100 DP-SGD steps at the paper's σ, C, lr and sampling rate"
     )  # fmt: skip
+    head = runs[0].get("head", "linear")
+    paper, table = (PAPER, HYPER) if head == "linear" else (PAPER_CNN, HYPER_CNN)
+    model = "linear 3 969 → 10" if head == "linear" else (
+        "CNN (conv 16 3×3/2, conv 32 3×3, linear 512 → 32 → 10, tanh)")  # fmt: skip
     lines = [
-        TITLE, "",
-        f"Scale **{label}**. Scattering J = 2, L = 8 (81×7×7, kymatio), linear 3 969 → 10, "
+        TITLE if head == "linear" else TITLE.replace("+ linear", "+ CNN"), "",
+        f"Scale **{label}**. Scattering J = 2, L = 8 (81×7×7, kymatio), {model}, "
         "SGD momentum 0.9, C = 0.1, Poisson batches, δ = 1e-5. ε: dpjax's PLD accountant, "
         "add/remove-one, DP-SGD composed with the private normalisation where there is one.",
         "",
@@ -460,13 +530,13 @@ def markdown(size: str, runs: list[dict]) -> str:
     ]  # fmt: skip
     for dataset in dict.fromkeys(r["dataset"] for r in runs):
         mine = [r for r in runs if r["dataset"] == dataset]
-        hyper, acc = HYPER[dataset], [100 * r["test_accuracy"] for r in mine]
+        hyper, acc = table[dataset], [100 * r["test_accuracy"] for r in mine]
         m, lo, hi = mean_ci(acc)
         spread = f" [{lo:.2f}, {hi:.2f}]" if len(acc) > 1 else ""
         norm = "GroupNorm(27)" if hyper["norm"] == "group" else (
             f"private standardisation (σ = {hyper['norm_noise_multiplier']:g})")  # fmt: skip
         lines.append(
-            f"| {dataset} | {norm} | {PAPER[dataset]['accuracy']} | {m:.2f}{spread} "
+            f"| {dataset} | {norm} | {paper[dataset]['accuracy']} | {m:.2f}{spread} "
             f"({len(acc)} seed{'s' if len(acc) > 1 else ''}) | {mine[0]['epsilon']:.3f} "
             f"| {mine[0]['batch_size']} | {mine[0]['steps']} | {hyper['noise_multiplier']} "
             f"| {np.mean([r['seconds'] for r in mine]):.0f} |"
@@ -483,7 +553,7 @@ def skipped(reason: str) -> dict:
 
 def run(out_dir: pathlib.Path, *, full: bool = False, seed: int = 0, size: str | None = None,
         datasets: tuple[str, ...] | None = None, clip_rule: str = "flat",
-        trace_epochs: bool = False):  # fmt: skip
+        trace_epochs: bool = False, head: str = "linear"):  # fmt: skip
     """Train at the quick or full scale; write ``scatternet.json``; return the report section.
 
     Missing data files or a missing ``kymatio`` give a SKIPPED section that says why and how to
@@ -504,18 +574,21 @@ def run(out_dir: pathlib.Path, *, full: bool = False, seed: int = 0, size: str |
             data = load(dataset, spec["n_train"], spec["n_test"])
             for s in range(spec["seeds"]):
                 runs.append(train_once(dataset, data, steps=spec["steps"], seed=seed + s,
-                                       clip_rule=clip_rule, trace_epochs=trace_epochs))  # fmt: skip
+                                       clip_rule=clip_rule, trace_epochs=trace_epochs,
+                                       head=head))  # fmt: skip
                 print(f"[scatternet] {runs[-1]}", flush=True)
     except DataMissingError as error:
         return skipped(f"the {error.args[0].split(':')[0]} files are missing. {error}")
     except ImportError as error:
         return skipped(f"kymatio is not installed ({error}). pip install kymatio")
-    payload = dict(size=size, clip_rule=clip_rule, hyper=HYPER, automatic=AUTOMATIC, paper=PAPER,
-                   runs=runs)  # fmt: skip
+    payload = dict(size=size, clip_rule=clip_rule, head=head,
+                   hyper=HYPER if head == "linear" else HYPER_CNN, automatic=AUTOMATIC,
+                   paper=PAPER if head == "linear" else PAPER_CNN, runs=runs)  # fmt: skip
     write_json(out_dir / "scatternet.json", payload)
     verdict = "; ".join(
         f"{r['dataset']} {100 * r['test_accuracy']:.2f}% at ε = {r['epsilon']:.3f} "
-        f"(paper {PAPER[r['dataset']]['accuracy']}%)" for r in runs
+        f"(paper {(PAPER if head == 'linear' else PAPER_CNN)[r['dataset']]['accuracy']}%)"
+        for r in runs
     )  # fmt: skip
     return dict(report_md=markdown(size, runs), verdict=f"{size}: {verdict}", runs=runs)
 
@@ -536,13 +609,16 @@ def main(argv: list[str] | None = None) -> int:
         default="flat",
         help="flat clipping at C (the paper's) or automatic clipping (AUTO-S)",
     )
+    parser.add_argument("--head", choices=HEADS, default="linear",
+                        help="the classifier on the features: linear (ScatterNet + linear) or "
+                        "cnn (ScatterNet + CNN)")  # fmt: skip
     parser.add_argument("--trace-epochs", action="store_true",
                         help="also record the test accuracy after each epoch (a diagnostic; "
                         "the reported accuracy stays the last model's)")  # fmt: skip
     args = parser.parse_args(argv)
     result = run(args.out, full=args.full, seed=args.seed, clip_rule=args.clip_rule,
                  datasets=tuple(args.dataset) if args.dataset else None,
-                 trace_epochs=args.trace_epochs)  # fmt: skip
+                 trace_epochs=args.trace_epochs, head=args.head)  # fmt: skip
     (args.out / "scatternet.md").write_text(result["report_md"])
     print(f"[scatternet] {result['verdict']}")
     return 0

@@ -314,3 +314,18 @@ def test_an_accuracy_row_records_its_init_and_its_per_epoch_curves(tmp_path):
     path.write_text(json.dumps(payload))
     with pytest.raises(ValueError, match="one init"):
         published.record(path, results_file=tmp_path / "r.json")
+
+
+def test_a_scatternet_cnn_run_is_recorded_under_its_own_row(tmp_path):
+    """The CNN head's runs become ``scatternet-cnn/<data set>`` with their command, never the
+    linear head's row."""
+    path = _scatternet_json(tmp_path / "scatternet.json", (0.987, 0.986, 0.988))
+    payload = json.loads(path.read_text())
+    for r in payload["runs"]:
+        r["head"] = "cnn"
+    path.write_text(json.dumps(payload))
+    (row,) = published.record(path, results_file=tmp_path / "r.json")
+    assert row["key"] == "scatternet-cnn/mnist"
+    assert row["command"] == "python -m experiments.scatternet --full --head cnn --dataset mnist"
+    cnn = next(r for r in published.ROWS if r["key"] == row["key"])
+    assert cnn["model"] == "ScatterNet + CNN" and cnn["published"] == 98.7

@@ -8,6 +8,7 @@ import math
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -321,3 +322,48 @@ def test_trace_epochs_records_the_test_accuracy_of_each_epoch_and_keeps_the_last
     assert len(trace) == 3 and trace[-1] == run["test_accuracy"]
     plain = scatternet.train_once("fashion-mnist", {}, steps=24, seed=0)
     assert "test_accuracy_by_epoch" not in plain
+
+
+def test_the_cnn_head_is_the_papers_scatternet_cnn():
+    """ScatterNet + CNN (their ``models.py`` ``MNIST_CNN`` on 81 channels): conv 81 → 16 3×3
+    stride 2, conv 16 → 32 3×3, linear 512 → 32 → 10; torch's init bounds U(±1/√fan_in); their
+    README's batch, lr and σ, 40 epochs, C = 0.1, momentum 0.9, the linear rows' normalisations."""
+    params = scatternet.init_cnn(jax.random.key(0))
+    fan_in = {"conv1": 9 * 81, "conv2": 9 * 16, "fc1": 512, "fc2": 32}
+    shapes = {"conv1": (3, 3, 81, 16), "conv2": (3, 3, 16, 32), "fc1": (512, 32), "fc2": (32, 10)}
+    for name, layer in params.items():
+        assert layer["w"].shape == shapes[name] and layer["b"].shape == shapes[name][-1:]
+        bound = 1.0 / np.sqrt(fan_in[name])
+        for leaf in (layer["w"], layer["b"]):  # ≥ 320 weights reach 0.9·bound (P ≥ 1 − 0.9^320)
+            low = 0.9 * bound if leaf.size >= 100 else 0.0
+            assert low < float(jnp.max(jnp.abs(leaf))) <= bound, name
+    assert scatternet.cnn_logits(params, jnp.ones((5, 3969), jnp.float32)).shape == (5, 10)
+    assert scatternet.plan("mnist", 60_000, None, "cnn") == dict(batch_size=1024, steps=2320)
+    assert scatternet.plan("fashion-mnist", 60_000, None, "cnn") == dict(
+        batch_size=2048, steps=1160
+    )
+    mnist = scatternet.hyperparameters("mnist", head="cnn")
+    assert (mnist["learning_rate"], mnist["noise_multiplier"], mnist["norm"]) == (
+        1.0, 1.35, "standardize")  # fmt: skip
+    fashion = scatternet.hyperparameters("fashion-mnist", head="cnn")
+    assert (fashion["learning_rate"], fashion["noise_multiplier"], fashion["groups"]) == (
+        4.0,
+        2.15,
+        27,
+    )
+    for hyper in (mnist, fashion):
+        assert (hyper["l2_clip_norm"], hyper["momentum"], hyper["epochs"]) == (0.1, 0.9, 40)
+    with pytest.raises(ValueError, match="head"):
+        scatternet.hyperparameters("mnist", head="mlp")
+
+
+def test_the_cnn_heads_example_loss_is_its_batch_logits_cross_entropy():
+    """make_private differentiates the one-example loss: it must be the model's own logits."""
+    import optax
+
+    params = scatternet.init_cnn(jax.random.key(1))
+    x = jax.random.normal(jax.random.key(2), (4, 3969), jnp.float32)
+    y = jnp.array([0, 3, 9, 3], jnp.int32)
+    batch = optax.softmax_cross_entropy_with_integer_labels(scatternet.cnn_logits(params, x), y)
+    one = jax.vmap(scatternet.example_loss_cnn, in_axes=(None, 0))(params, {"x": x, "y": y})
+    np.testing.assert_allclose(np.asarray(one), np.asarray(batch), rtol=1e-5)
