@@ -358,3 +358,20 @@ def test_float16_updates_refuse_a_noise_std_they_cannot_hold():
         tx.update(half, tx.init(half), half)
     with pytest.raises(ValueError, match="stddev"):
         jax.jit(tx.update)(half, tx.init(half), half)
+
+
+def test_float32_updates_refuse_a_noise_std_their_noise_dtype_flushes():
+    """σ·clip = 1e-40 is subnormal in float32: the correlated noise would be flushed to (almost)
+    zero, as in the i.i.d. and sharded transforms, so it is refused the same way, also under
+    jit (the std is a constant of the transform)."""
+    tx = correlated_noise(
+        np.eye(2), noise_multiplier=1e-40, l2_clip_norm=1.0, key=jax.random.key(0)
+    )
+    single = jnp.zeros(64, jnp.float32)
+    with pytest.raises(ValueError, match="noise scale"):
+        tx.update(single, tx.init(single), single)
+    with pytest.raises(ValueError, match="noise scale"):
+        jax.jit(tx.update)(single, tx.init(single), single)
+    wide = jnp.zeros(64, jnp.float64)  # float64 noise holds 1e-40 as a normal number
+    noisy, _ = tx.update(wide, tx.init(wide), wide)
+    assert 0.0 < float(jnp.max(jnp.abs(noisy))) < 1e-38
