@@ -370,18 +370,15 @@ def init_cnn(key) -> dict:
     """The ScatterNet + CNN head's parameters (NHWC convolutions), each drawn as torch's default
     ``Conv2d``/``Linear`` init: U(±1/√fan_in) for weights and biases."""
     import jax
-    import jax.numpy as jnp
+
+    from experiments.opacus_mnist import torch_default_init
 
     shapes = {"conv1": ((3, 3, CHANNELS, 16), 9 * CHANNELS), "conv2": ((3, 3, 16, 32), 9 * 16),
               "fc1": ((32 * 4 * 4, 32), 32 * 4 * 4), "fc2": ((32, 10), 32)}  # fmt: skip
     params = {}
     for (name, (shape, fan_in)), k in zip(shapes.items(), jax.random.split(key, 4), strict=True):
-        bound = 1.0 / math.sqrt(fan_in)
-        kw, kb = jax.random.split(k)
-        params[name] = {
-            "w": jax.random.uniform(kw, shape, jnp.float32, -bound, bound),
-            "b": jax.random.uniform(kb, shape[-1:], jnp.float32, -bound, bound),
-        }
+        init, (kw, kb) = torch_default_init(fan_in), jax.random.split(k)
+        params[name] = {"w": init["kernel_init"](kw, shape), "b": init["bias_init"](kb, shape[-1:])}
     return params
 
 
