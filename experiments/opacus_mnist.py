@@ -160,6 +160,8 @@ def build_jax_model(setting: str, key, init: str | None = None):
     import jax.numpy as jnp
     from flax import nnx
 
+    from experiments.mnist_cnn import max_pool_2x2_stride1 as pool
+
     hyper = SETTINGS[setting]
     init = hyper["init"] if init is None else init
     if init not in INITS:
@@ -178,7 +180,6 @@ def build_jax_model(setting: str, key, init: str | None = None):
             self.fc2 = nnx.Linear(32, 10, rngs=rngs, **inits(32))
 
         def __call__(self, x):
-            pool = lambda h: nnx.max_pool(h, (2, 2), strides=(1, 1))  # noqa: E731
             h = pool(act(self.conv1(x)))
             h = pool(act(self.conv2(h)))
             h = act(self.fc1(h.reshape(h.shape[:-3] + (-1,))))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from experiments import mnist_cnn, registry
 
@@ -29,3 +30,20 @@ def test_the_model_has_the_papers_shapes():
     count = sum(x.size for x in jax.tree_util.tree_leaves(params))
     assert count == 16 * 64 + 16 + 32 * 16 * 16 + 32 + 512 * 32 + 32 + 32 * 10 + 10
     assert model(jnp.zeros((3, 28, 28, 1), jnp.float32)).shape == (3, 10)
+
+
+def test_the_shifted_max_pool_is_flaxs_max_pool_in_value_and_gradient():
+    """Both CNNs pool by four shifted maxima instead of ``nnx.max_pool`` (whose CPU gradient is
+    slow): the same values, and the same gradient wherever no window holds a tie (up to the
+    float32 rounding of summing an input's windows in another order)."""
+    from flax import nnx
+
+    h = jax.random.normal(jax.random.key(3), (2, 9, 7, 4), jnp.float32)
+    weights = jax.random.normal(jax.random.key(4), (2, 8, 6, 4), jnp.float32)
+    flax_pool = lambda a: nnx.max_pool(a, (2, 2), strides=(1, 1))  # noqa: E731
+    assert mnist_cnn.max_pool_2x2_stride1(h).shape == flax_pool(h).shape == (2, 8, 6, 4)
+    assert jnp.array_equal(mnist_cnn.max_pool_2x2_stride1(h), flax_pool(h))
+    grad = lambda pool: jax.grad(lambda a: jnp.sum(weights * pool(a)))(h)  # noqa: E731
+    np.testing.assert_allclose(grad(mnist_cnn.max_pool_2x2_stride1), grad(flax_pool),
+                               rtol=0, atol=1e-6)  # fmt: skip
+    assert float(jnp.abs(grad(flax_pool)).sum()) > 0
