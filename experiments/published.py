@@ -471,8 +471,8 @@ def markdown(measured: list[dict]) -> str:
             "date and machine they ran on). dpjax's ε is its own accounting (PLD, add/remove-"
             "one, Poisson sampling) for the paper's noise multiplier; the papers used RDP. "
             "Rows not run here give the command to run them. Wall times were measured on a "
-            "machine shared with other jobs (load 8–16 on 2 cores): the CPU time beside them "
-            "is the better measure of cost. The ScatterNet rows report the model after the "
+            "machine shared with other jobs (at first load 8–16 on 2 cores; later one run "
+            "pinned to each core): the CPU time beside them is the better measure of cost. The ScatterNet rows report the model after the "
             "paper's last step (40 epochs), with no choice of epoch on the test set.",
             "",
             table(measured),
@@ -516,8 +516,28 @@ def _time_section(measured: list[dict]) -> list[str]:
         "`PrivacyEngine`): no clipping, no noise, ε = ∞.",
         "",
         body,
+        *time_ratios(measured),
         *projections(measured),
     ]
+
+
+def time_ratios(measured: list[dict]) -> list[str]:
+    """One line per time-to-accuracy row that has both frameworks: dpjax's time over Opacus's
+    (CPU and wall; the two ran in the same session on the same machine), with the row's note."""
+    lines = []
+    for row in measured:
+        frameworks = row.get("frameworks", {})
+        if not row["key"].startswith("time/") or not {"dpjax", "opacus"} <= set(frameworks):
+            continue
+        mine, theirs = frameworks["dpjax"], frameworks["opacus"]
+        cpu = mine["cpu_seconds"] / theirs["cpu_seconds"]
+        wall = mine["wall_seconds"] / theirs["wall_seconds"]
+        note = f"; {row['note']}" if row.get("note") else ""
+        lines.append(
+            f"- {row['key'].removeprefix('time/')} ({row['protocol']}, seed {row['seed']}): "
+            f"dpjax / Opacus = {cpu:.2f} in CPU time, {wall:.2f} in wall time{note}."
+        )
+    return ["", *lines, ""] if lines else []
 
 
 SEEDS_FOR_A_ROW = 3

@@ -132,6 +132,11 @@ def test_time_to_accuracy_rows_fill_the_cnn_row_and_the_side_by_side_table(tmp_p
         and "| dpjax | 90.12 | 0.410 (dpjax PLD) | 118 (1.01) | 90 s" in (timing[2])
     )
     assert "| opacus | 88.76 | 0.400 (Opacus prv) |" in timing[3] and "| 210 s |" in timing[3]
+    # dpjax's times over Opacus's: CPU 150/210, wall 90/120
+    (ratio,) = [ln for ln in published.time_ratios(measured) if ln]
+    assert ratio == ("- tb_cnn (quick, seed 0): dpjax / Opacus = 0.71 in CPU time, "
+                     "0.75 in wall time.")  # fmt: skip
+    assert ratio in published.markdown(measured)
     assert "### Time to accuracy" in published.markdown(measured)
     assert "### Time to accuracy" not in published.markdown(measured[:1])
     # the measured reason for not running the paper's protocol: 150 CPU-s for 1.007 epoch,
