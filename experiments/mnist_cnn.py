@@ -48,24 +48,14 @@ SIZES = {
 }
 
 
-def max_pool_2x2_stride1(h):
-    """Max over each 2×2 window at stride 1 of NHWC ``h`` (``nnx.max_pool(h, (2, 2),
-    strides=(1, 1))``, both models' pooling), written as the maximum of four shifted views.
-
-    The same values as ``nnx.max_pool``; the gradient differs only at ties inside a window,
-    where ``max_pool`` sends it to one input and ``jnp.maximum`` splits it (after tanh ties do
-    not occur; after ReLU they are zeros, whose gradient ReLU stops anyway). Why not
-    ``nnx.max_pool``: XLA's CPU backend differentiates ``reduce_window`` through
-    ``select_and_scatter``, which was two thirds of the SampleConvNet's batch-gradient time
-    (61 → 22 ms at batch 240 on one core here; the guide's time-to-accuracy section)."""
-    top = jnp.maximum(h[..., :-1, :-1, :], h[..., 1:, :-1, :])
-    bottom = jnp.maximum(h[..., :-1, 1:, :], h[..., 1:, 1:, :])
-    return jnp.maximum(top, bottom)
-
-
 def build_model(key):
-    """Tramèr & Boneh's ``MNIST_CNN`` in flax nnx (NHWC)."""
+    """Tramèr & Boneh's ``MNIST_CNN`` in flax nnx (NHWC). Its max-pools are the benchmarks'
+    :func:`benchmarks.models.max_pool_2x2_stride1` (four shifted maxima: the same values as
+    ``nnx.max_pool(h, (2, 2), strides=(1, 1))`` and, on XLA:CPU, a much cheaper gradient; 61 →
+    22 ms for the SampleConvNet's batch gradient at batch 240 on one core here)."""
     from flax import nnx
+
+    from benchmarks.models import max_pool_2x2_stride1
 
     class CNN(nnx.Module):
         def __init__(self, rngs):

@@ -160,7 +160,7 @@ def build_jax_model(setting: str, key, init: str | None = None):
     import jax.numpy as jnp
     from flax import nnx
 
-    from experiments.mnist_cnn import max_pool_2x2_stride1 as pool
+    from benchmarks.models import max_pool_2x2_stride1 as pool
 
     hyper = SETTINGS[setting]
     init = hyper["init"] if init is None else init

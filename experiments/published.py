@@ -472,8 +472,9 @@ def markdown(measured: list[dict]) -> str:
             "one, Poisson sampling) for the paper's noise multiplier; the papers used RDP. "
             "Rows not run here give the command to run them. Wall times were measured on a "
             "machine shared with other jobs (at first load 8–16 on 2 cores; later one run "
-            "pinned to each core): the CPU time beside them is the better measure of cost. The ScatterNet rows report the model after the "
-            "paper's last step (40 epochs), with no choice of epoch on the test set.",
+            "pinned to each core): the CPU time beside them is the better measure of cost. "
+            "The ScatterNet rows report the model after the protocol's last step, with no "
+            "choice of epoch on the test set.",
             "",
             table(measured),
             *_baseline_section(measured),

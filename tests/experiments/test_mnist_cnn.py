@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks.models import max_pool_2x2_stride1
 from experiments import mnist_cnn, registry
 
 
@@ -41,9 +42,9 @@ def test_the_shifted_max_pool_is_flaxs_max_pool_in_value_and_gradient():
     h = jax.random.normal(jax.random.key(3), (2, 9, 7, 4), jnp.float32)
     weights = jax.random.normal(jax.random.key(4), (2, 8, 6, 4), jnp.float32)
     flax_pool = lambda a: nnx.max_pool(a, (2, 2), strides=(1, 1))  # noqa: E731
-    assert mnist_cnn.max_pool_2x2_stride1(h).shape == flax_pool(h).shape == (2, 8, 6, 4)
-    assert jnp.array_equal(mnist_cnn.max_pool_2x2_stride1(h), flax_pool(h))
+    assert max_pool_2x2_stride1(h).shape == flax_pool(h).shape == (2, 8, 6, 4)
+    assert jnp.array_equal(max_pool_2x2_stride1(h), flax_pool(h))
     grad = lambda pool: jax.grad(lambda a: jnp.sum(weights * pool(a)))(h)  # noqa: E731
-    np.testing.assert_allclose(grad(mnist_cnn.max_pool_2x2_stride1), grad(flax_pool),
+    np.testing.assert_allclose(grad(max_pool_2x2_stride1), grad(flax_pool),
                                rtol=0, atol=1e-6)  # fmt: skip
     assert float(jnp.abs(grad(flax_pool)).sum()) > 0
