@@ -68,13 +68,13 @@ ROWS: tuple[dict, ...] = (
          why="CPU, about 3 min of CPU per seed"),
     dict(paper=TB, dataset="MNIST", model="end-to-end tanh CNN", epsilon=3.0, published=98.1,
          key="opacus_mnist/tb_cnn", command=f"{OPACUS_EXAMPLE_CMD} tb_cnn",
-         why="40 epochs × 3 seeds ≈ 1.1 h of CPU (4 688 DP-SGD steps of a CNN at batch 512 "
-         "a seed)", time_key="time/tb_cnn"),
+         why="40 epochs × 3 seeds ≈ 33 min of CPU (4 688 DP-SGD steps of a CNN at batch 512 a "
+         "seed, 11 min of CPU each here)", time_key="time/tb_cnn"),
     dict(paper=TB, dataset="Fashion-MNIST", model="end-to-end tanh CNN", epsilon=3.0,
          published=86.0, key="opacus_mnist/tb_cnn_fmnist",
          command=f"{OPACUS_EXAMPLE_CMD} tb_cnn_fmnist",
-         why="40 epochs × 3 seeds ≈ 1.1 h of CPU (1 172 DP-SGD steps of a CNN at batch 2 048 a "
-         "seed)"),
+         why="40 epochs × 3 seeds (1 172 DP-SGD steps of a CNN at batch 2 048 a seed, 20.5 min "
+         "of CPU each here before the shifted-maximum pooling)"),
     dict(paper=TB, dataset="MNIST", model="ScatterNet + CNN", epsilon=3.0, published=98.7,
          key="scatternet-cnn/mnist",
          command="python -m experiments.scatternet --full --head cnn --dataset mnist",
@@ -90,12 +90,12 @@ ROWS: tuple[dict, ...] = (
     dict(paper=OPACUS, dataset="MNIST", model="SampleConvNet", epsilon=6.86, published=97.09,
          key="opacus_mnist/opacus_example_sigma0.7",
          command=f"{OPACUS_EXAMPLE_CMD} opacus_example_sigma0.7",
-         why="45 epochs × 3 seeds ≈ 1.6 h of CPU at the 43 s of CPU an epoch measured for "
+         why="45 epochs × 3 seeds ≈ 50 min of CPU at the 22 s of CPU an epoch measured for "
          "σ = 1.3 here"),
     dict(paper=OPACUS, dataset="MNIST", model="SampleConvNet", epsilon=2.91, published=96.78,
          key="opacus_mnist/opacus_example_sigma1.1",
          command=f"{OPACUS_EXAMPLE_CMD} opacus_example_sigma1.1",
-         why="60 epochs × 3 seeds ≈ 2.1 h of CPU at the 43 s of CPU an epoch measured for "
+         why="60 epochs × 3 seeds ≈ 66 min of CPU at the 22 s of CPU an epoch measured for "
          "σ = 1.3 here"),
     dict(paper=OPACUS, dataset="MNIST", model="SampleConvNet", epsilon=1.16, published=94.63,
          key="opacus_mnist/opacus_example", command=f"{OPACUS_EXAMPLE_CMD} opacus_example",
@@ -138,21 +138,21 @@ def rows_from_scatternet(payload: dict, command: str) -> list[dict]:
     out = []
     for key in dict.fromkeys(_scatternet_key(r) for r in payload["runs"]):
         runs = [r for r in payload["runs"] if _scatternet_key(r) == key]
+        flag = " --full" if payload["size"] == "full" else ""
+        row_command = command  # the flat linear head's; the options name their own
         if runs[0].get("head", "linear") != "linear":
-            flag = " --full" if payload["size"] == "full" else ""
-            command = (f"python -m experiments.scatternet{flag} --head {runs[0]['head']} "
-                       f"--dataset {runs[0]['dataset']}")  # fmt: skip
+            row_command = (f"python -m experiments.scatternet{flag} --head {runs[0]['head']} "
+                           f"--dataset {runs[0]['dataset']}")  # fmt: skip
         elif runs[0].get("clip_rule", "flat") != "flat":
-            flag = " --full" if payload["size"] == "full" else ""
-            command = (f"python -m experiments.scatternet{flag} --clip-rule "
-                       f"{runs[0]['clip_rule']} --dataset {runs[0]['dataset']}")  # fmt: skip
+            row_command = (f"python -m experiments.scatternet{flag} --clip-rule "
+                           f"{runs[0]['clip_rule']} --dataset {runs[0]['dataset']}")  # fmt: skip
         out.append(
             dict(key=key, protocol=payload["size"],
                  accuracies=[100 * r["test_accuracy"] for r in runs],
                  seeds=[r["seed"] for r in runs], epsilon=runs[0]["epsilon"],
                  delta=runs[0]["delta"], steps=runs[0]["steps"],
                  wall_seconds=[r["seconds"] for r in runs],
-                 cpu_seconds=[r.get("cpu_seconds") for r in runs], command=command,
+                 cpu_seconds=[r.get("cpu_seconds") for r in runs], command=row_command,
                  **_clip_settings(runs[0]))
         )  # fmt: skip
     return out

@@ -334,3 +334,16 @@ def test_a_scatternet_cnn_run_is_recorded_under_its_own_row(tmp_path):
     assert row["command"] == "python -m experiments.scatternet --full --head cnn --dataset mnist"
     cnn = next(r for r in published.ROWS if r["key"] == row["key"])
     assert cnn["model"] == "ScatterNet + CNN" and cnn["published"] == 98.7
+
+
+def test_each_scatternet_row_of_one_file_keeps_its_own_command(tmp_path):
+    """A file with CNN-head runs before linear-head runs: the linear row's command is the plain
+    one, not the command of the row recorded before it."""
+    path = _scatternet_json(tmp_path / "scatternet.json", (0.987, 0.986, 0.988))
+    payload = json.loads(path.read_text())
+    payload["runs"] = [dict(r, head="cnn") for r in payload["runs"]] + payload["runs"]
+    path.write_text(json.dumps(payload))
+    rows = {r["key"]: r for r in published.record(path, results_file=tmp_path / "r.json")}
+    assert sorted(rows) == ["scatternet-cnn/mnist", "scatternet/mnist"]
+    assert rows["scatternet/mnist"]["command"] == "python -m experiments scatternet --full"
+    assert "--head cnn" in rows["scatternet-cnn/mnist"]["command"]
